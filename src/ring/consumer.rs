@@ -1,0 +1,236 @@
+//! A consumer's side of the protocol: join, pin the next message, release it, leave.
+
+use std::cell::Cell;
+
+use super::atomic::{fence, Ordering};
+use super::layout::entry_state;
+use super::producer::wants_wake;
+use super::stamp;
+use super::{Policy, Ring, RingCorrupt};
+
+/// Where a new consumer starts reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum StartAt {
+    /// The newest message already published (if it is still in the ring), then everything after.
+    #[default]
+    Newest,
+    /// Only messages published after joining.
+    Next,
+    /// The oldest message still in the ring. Under `Block`, the oldest one that cannot be
+    /// overwritten while joining: with `capacity` slots, the last `capacity - 1` messages.
+    Oldest,
+}
+
+/// Why a consumer cannot join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinError {
+    /// Every consumer table entry is taken.
+    Full,
+}
+
+/// A message pinned by a consumer: the slot cannot be overwritten until it is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    /// Slot index.
+    pub slot: usize,
+    /// Sequence number of the message.
+    pub seq: u64,
+    /// Length as published. Not yet checked against the slot size: that is the caller's job.
+    pub len: u64,
+    /// Publish timestamp.
+    pub timestamp_ns: u64,
+    /// Messages this consumer lost (overwritten before it got to them) since its previous
+    /// message.
+    pub lag: u64,
+}
+
+/// A consumer's private state. `Cell`s, because a consumer may hold several messages at once
+/// (`&self` receive); it is `!Sync`.
+#[derive(Debug)]
+pub struct ConsumerCore {
+    /// Its consumer table entry.
+    index: usize,
+    /// Copy of the entry's cursor; the entry's is the shared one.
+    cursor: Cell<u64>,
+    /// Losses not yet reported with a message.
+    lag: Cell<u64>,
+    /// Statistics mirrored into the entry.
+    received: Cell<u64>,
+    lost: Cell<u64>,
+    holding: Cell<u64>,
+}
+
+impl ConsumerCore {
+    /// Claims a free consumer table entry and starts at `start`.
+    pub fn join(
+        ring: &Ring<'_>,
+        start: StartAt,
+        pid: u32,
+        start_time: u64,
+    ) -> Result<ConsumerCore, JoinError> {
+        for (index, entry) in ring.consumers.iter().enumerate() {
+            if entry.state.load(Ordering::Relaxed) != entry_state::FREE {
+                continue;
+            }
+            // Acquire: a previous owner's last writes to the entry happen before ours.
+            if entry
+                .state
+                .compare_exchange(
+                    entry_state::FREE,
+                    entry_state::JOINING,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            entry.generation.fetch_add(1, Ordering::Relaxed);
+            entry.pid.store(pid, Ordering::Relaxed);
+            entry.start_time.store(start_time, Ordering::Relaxed);
+            entry.received.store(0, Ordering::Relaxed);
+            entry.lost.store(0, Ordering::Relaxed);
+            entry.holding.store(0, Ordering::Relaxed);
+            let cursor_at = |head: u64| match start {
+                StartAt::Newest => head.saturating_sub(1),
+                StartAt::Next => head,
+                StartAt::Oldest => head.saturating_sub(ring.capacity()),
+            };
+            // Acquire: pairs with the producer's Release head store.
+            let head = ring.producer.head.load(Ordering::Acquire);
+            entry.cursor.store(cursor_at(head), Ordering::Relaxed);
+            // Release: the producer's Acquire state load then sees the fields above.
+            entry.state.store(entry_state::ACTIVE, Ordering::Release);
+            // Release: pairs with the producer's Acquire load; tells it to rescan cursors.
+            ring.producer.joins.fetch_add(1, Ordering::Release);
+            // SeqCst fence, against the one in each publish: a producer claim whose `joins`
+            // load (after the previous publish's fence) missed our bump had its fence before
+            // ours, so the head we load next is at least that claim's sequence number `s`.
+            // Every later claim sees the bump and rescans. So only message `head2 - cap` can
+            // be overwritten behind our back; in Block we start after it and lose nothing.
+            fence(Ordering::SeqCst);
+            let head2 = ring.producer.head.load(Ordering::Acquire);
+            let mut cursor = cursor_at(head2).max(cursor_at(head));
+            if ring.policy == Policy::Block {
+                cursor = cursor.max((head2 + 1).saturating_sub(ring.capacity()));
+            }
+            // Release: pairs with the producer's Acquire cursor load.
+            entry.cursor.store(cursor, Ordering::Release);
+            return Ok(ConsumerCore {
+                index,
+                cursor: Cell::new(cursor),
+                lag: Cell::new(0),
+                received: Cell::new(0),
+                lost: Cell::new(0),
+                holding: Cell::new(0),
+            });
+        }
+        Err(JoinError::Full)
+    }
+
+    /// Its consumer table entry.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Sequence number of the next message it will receive.
+    pub fn cursor(&self) -> u64 {
+        self.cursor.get()
+    }
+
+    /// Pins the next message if one is published. `Ok(None)`: nothing yet. The second value
+    /// says whether the producer sleeps and must be woken (the cursor moved).
+    pub fn try_pin(&self, ring: &Ring<'_>) -> Result<Option<(Pinned, bool)>, RingCorrupt> {
+        'next: loop {
+            let c = self.cursor.get();
+            let index = ring.slot_of(c);
+            let line = &ring.slots[index];
+            // Relaxed: the pin CAS below acquires; this load only decides what to try.
+            let mut st = line.stamp.load(Ordering::Relaxed);
+            loop {
+                let d = stamp::tag_diff(stamp::tag(st), c);
+                if d < 0 || (d == 0 && stamp::is_writing(st)) {
+                    return Ok(None);
+                }
+                if d > 0 {
+                    // Message `c` was overwritten: the producer claimed `c + k*cap`, so it has
+                    // published at least up to `c + cap - 1`. Jump to the oldest one left.
+                    // Acquire: pairs with the producer's Release head store.
+                    let head = ring.producer.head.load(Ordering::Acquire);
+                    let next = (c + 1).max(head.saturating_sub(ring.capacity()));
+                    self.lag.set(self.lag.get() + (next - c));
+                    self.lost.set(self.lost.get() + (next - c));
+                    self.cursor.set(next);
+                    continue 'next;
+                }
+                let held = stamp::held(st);
+                if held >= ring.consumers.len() as u64 {
+                    let held = held as u32;
+                    return Err(RingCorrupt::HeldCount {
+                        slot: index as u32,
+                        held,
+                    });
+                }
+                // Acquire on success: pairs with the producer's Release publish store, so the
+                // payload and metadata it wrote are visible.
+                match line.stamp.compare_exchange_weak(
+                    st,
+                    st + 1,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => st = actual,
+                }
+            }
+            let pinned = Pinned {
+                slot: index,
+                seq: c,
+                len: line.len.load(Ordering::Relaxed),
+                timestamp_ns: line.timestamp_ns.load(Ordering::Relaxed),
+                lag: self.lag.replace(0),
+            };
+            self.cursor.set(c + 1);
+            self.received.set(self.received.get() + 1);
+            self.holding.set(self.holding.get() + 1);
+            let entry = &ring.consumers[self.index];
+            // Release: orders the pin CAS before the cursor, for the producer's Acquire load.
+            entry.cursor.store(c + 1, Ordering::Release);
+            entry.received.store(self.received.get(), Ordering::Relaxed);
+            entry.lost.store(self.lost.get(), Ordering::Relaxed);
+            entry.holding.store(self.holding.get(), Ordering::Relaxed);
+            // Only a Block producer waits for cursors; in Overwrite it waits only on releases.
+            let wake = ring.policy == Policy::Block && wants_wake(ring.producer_wake);
+            return Ok(Some((pinned, wake)));
+        }
+    }
+
+    /// Releases a message pinned by this consumer. Returns whether the producer sleeps and must
+    /// be woken.
+    pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
+        let line = &ring.slots[slot];
+        // Release: our reads of the slot happen before the producer's claim (Acquire CAS).
+        let prev = line.stamp.fetch_sub(1, Ordering::Release);
+        self.holding.set(self.holding.get().saturating_sub(1));
+        ring.consumers[self.index]
+            .holding
+            .store(self.holding.get(), Ordering::Relaxed);
+        if stamp::held(prev) == 0 {
+            // Someone else zeroed our hold. Undo our borrow and report it.
+            line.stamp.fetch_add(1, Ordering::Relaxed);
+            return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
+        }
+        Ok(wants_wake(ring.producer_wake))
+    }
+
+    /// Leaves the ring (every pinned message must have been released). Returns whether the
+    /// producer sleeps and must be woken: it may be blocked on this consumer.
+    pub fn leave(self, ring: &Ring<'_>) -> bool {
+        debug_assert_eq!(self.holding.get(), 0, "leaving while holding slots");
+        // Release: our last reads of the ring happen before a new owner's writes.
+        ring.consumers[self.index]
+            .state
+            .store(entry_state::FREE, Ordering::Release);
+        wants_wake(ring.producer_wake)
+    }
+}
