@@ -1,4 +1,53 @@
 //! gpuring: a broadcast ring of buffers from one producer process to many consumer processes.
+//!
+//! A POSIX shared-memory segment holds a lock-free ring of slots. The producer fills a slot and
+//! publishes it; every consumer receives it, in its own process, without a copy. In host-memory
+//! mode (this build) the payload lives in the segment itself.
+//!
+//! ```no_run
+//! use gpuring::{Consumer, Producer};
+//!
+//! let mut tx = Producer::builder("demo").capacity(8).slot_size(4096).create()?;
+//! // ...in another process:
+//! let rx = Consumer::open("demo")?;
+//!
+//! tx.send(b"hello", b"")?;
+//! let msg = rx.recv()?;
+//! assert_eq!(&*msg, b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Layers, each depending only on those before it: [`shm`] (segments), [`ring`] (the protocol,
+//! no OS calls), `wait` (futex sleeping), then [`Producer`] and [`Consumer`].
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
+pub mod error;
 pub mod ring;
+pub mod shm;
+
+#[cfg(not(loom))]
+mod consumer;
+#[cfg(not(loom))]
+mod mapped;
+#[cfg(not(loom))]
+pub mod pattern;
+#[cfg(not(loom))]
+mod producer;
+#[cfg(not(loom))]
+mod stats;
+#[cfg(not(loom))]
+mod wait;
+
+#[cfg(not(loom))]
+pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
+pub use error::{
+    AcquireError, AcquireTimeoutError, Corruption, CreateError, NameError, OpenError, PublishError,
+    RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
+};
+#[cfg(not(loom))]
+pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
+pub use ring::{Policy, StartAt};
+pub use shm::{Layout, MemoryKind, MAX_NAME_LEN};
+#[cfg(not(loom))]
+pub use stats::ConsumerInfo;

@@ -166,10 +166,7 @@ impl ConsumerCore {
                 let held = stamp::held(st);
                 if held >= ring.consumers.len() as u64 {
                     let held = held as u32;
-                    return Err(RingCorrupt::HeldCount {
-                        slot: index as u32,
-                        held,
-                    });
+                    return Err(RingCorrupt::HeldCount { slot: index as u32, held });
                 }
                 // Acquire on success: pairs with the producer's Release publish store, so the
                 // payload and metadata it wrote are visible.
@@ -212,9 +209,7 @@ impl ConsumerCore {
         // Release: our reads of the slot happen before the producer's claim (Acquire CAS).
         let prev = line.stamp.fetch_sub(1, Ordering::Release);
         self.holding.set(self.holding.get().saturating_sub(1));
-        ring.consumers[self.index]
-            .holding
-            .store(self.holding.get(), Ordering::Relaxed);
+        ring.consumers[self.index].holding.store(self.holding.get(), Ordering::Relaxed);
         if stamp::held(prev) == 0 {
             // Someone else zeroed our hold. Undo our borrow and report it.
             line.stamp.fetch_add(1, Ordering::Relaxed);
@@ -225,12 +220,10 @@ impl ConsumerCore {
 
     /// Leaves the ring (every pinned message must have been released). Returns whether the
     /// producer sleeps and must be woken: it may be blocked on this consumer.
-    pub fn leave(self, ring: &Ring<'_>) -> bool {
+    pub fn leave(&self, ring: &Ring<'_>) -> bool {
         debug_assert_eq!(self.holding.get(), 0, "leaving while holding slots");
         // Release: our last reads of the ring happen before a new owner's writes.
-        ring.consumers[self.index]
-            .state
-            .store(entry_state::FREE, Ordering::Release);
+        ring.consumers[self.index].state.store(entry_state::FREE, Ordering::Release);
         wants_wake(ring.producer_wake)
     }
 }

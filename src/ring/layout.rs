@@ -100,10 +100,7 @@ impl Default for ProducerLine {
 impl WakeLine {
     /// Initial state: no sleepers.
     pub fn new() -> WakeLine {
-        WakeLine {
-            word: AtomicU32::new(0),
-            sleepers: AtomicU32::new(0),
-        }
+        WakeLine { word: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
     }
 }
 

@@ -138,10 +138,7 @@ impl std::fmt::Display for RingCorrupt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RingCorrupt::HeldCount { slot, held } => {
-                write!(
-                    f,
-                    "slot {slot} has held count {held}, more than the consumers"
-                )
+                write!(f, "slot {slot} has held count {held}, more than the consumers")
             }
             RingCorrupt::SlotTag { slot } => {
                 write!(f, "slot {slot} has a stamp the producer never wrote")
@@ -206,9 +203,7 @@ impl HeapRing {
             consumer_wake: WakeLine::new(),
             producer_wake: WakeLine::new(),
             consumers: (0..max_consumers).map(|_| ConsumerEntry::new()).collect(),
-            slots: (0..capacity)
-                .map(|i| SlotLine::new(stamp::initial(i, capacity)))
-                .collect(),
+            slots: (0..capacity).map(|i| SlotLine::new(stamp::initial(i, capacity))).collect(),
             policy,
         }
     }

@@ -43,12 +43,7 @@ pub struct ProducerCore {
 impl ProducerCore {
     /// The producer of a fresh ring.
     pub fn new() -> ProducerCore {
-        ProducerCore {
-            next: 0,
-            claimed: false,
-            min_cursor: 0,
-            joins_seen: 0,
-        }
+        ProducerCore { next: 0, claimed: false, min_cursor: 0, joins_seen: 0 }
     }
 
     /// Sequence number of the next message to publish.
@@ -88,9 +83,7 @@ impl ProducerCore {
         let mut st = line.stamp.load(Ordering::Relaxed);
         loop {
             if stamp::is_writing(st) || stamp::tag_diff(stamp::tag(st), prev) != 0 {
-                return Err(ClaimError::Corrupt(RingCorrupt::SlotTag {
-                    slot: index as u32,
-                }));
+                return Err(ClaimError::Corrupt(RingCorrupt::SlotTag { slot: index as u32 }));
             }
             let held = stamp::held(st);
             if held > ring.consumers.len() as u64 {

@@ -1,0 +1,337 @@
+//! A consumer: opens a ring, receives messages, releases them on drop.
+
+use std::cell::Cell;
+use std::ops::Deref;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::mapped::MappedRing;
+use crate::ring::{ConsumerCore, JoinError, Pinned, Policy, StartAt};
+use crate::shm::process::ProcessId;
+use crate::shm::{OpenOptions, Params, Segment, ShmName};
+use crate::wait::{self, WaitConfig};
+
+/// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
+#[derive(Clone, Debug)]
+pub struct ConsumerBuilder {
+    name: String,
+    start: StartAt,
+    allow_foreign_owner: bool,
+    spin: Duration,
+    liveness: Duration,
+}
+
+impl ConsumerBuilder {
+    /// Where to start reading. Default [`StartAt::Newest`].
+    pub fn start_at(mut self, start: StartAt) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Accept a ring created by another user. Off by default.
+    pub fn allow_foreign_owner(mut self, allow: bool) -> Self {
+        self.allow_foreign_owner = allow;
+        self
+    }
+
+    /// How long a receive spins and yields before sleeping. Default 50 µs.
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// How often a waiting receive checks that the producer is alive. Default 100 ms.
+    pub fn liveness_interval(mut self, every: Duration) -> Self {
+        self.liveness = every;
+        self
+    }
+
+    /// Opens the ring and joins it.
+    pub fn open(self) -> Result<Consumer, OpenError> {
+        let name = ShmName::new(&self.name).map_err(OpenError::InvalidName)?;
+        let opts = OpenOptions { allow_foreign_owner: self.allow_foreign_owner };
+        let seg = Segment::open(&name, opts)?;
+        let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
+        let map = MappedRing::new(seg, params, layout);
+        let producer =
+            ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive() {
+            return Err(OpenError::Disconnected);
+        }
+        let me = ProcessId::current();
+        let core = ConsumerCore::join(&map.ring(), self.start, me.pid, me.start_time)
+            .map_err(|JoinError::Full| OpenError::TooManyConsumers { max: params.max_consumers })?;
+        Ok(Consumer {
+            map,
+            core,
+            producer,
+            producer_dead: Cell::new(false),
+            last_check: Cell::new(Instant::now()),
+            deferred: Cell::new(None),
+            wait: WaitConfig { spin: self.spin, tick: self.liveness },
+        })
+    }
+}
+
+/// One consumer of a ring. Every consumer receives every message (unless it lags under
+/// [`Policy::Overwrite`]).
+///
+/// `recv` takes `&self`, so one consumer may hold several messages at once. A consumer is
+/// `Send` but not `Sync`: use one per thread.
+pub struct Consumer {
+    map: MappedRing,
+    core: ConsumerCore,
+    producer: ProcessId,
+    /// Set once the producer was found dead; then the consumer drains and disconnects.
+    producer_dead: Cell<bool>,
+    /// When the producer's liveness was last checked.
+    last_check: Cell<Instant>,
+    /// Damage found while releasing (in `Drop`), reported by the next receive.
+    deferred: Cell<Option<Corruption>>,
+    wait: WaitConfig,
+}
+
+impl Consumer {
+    /// Opens ring `name` with default settings (start at the newest message).
+    pub fn open(name: &str) -> Result<Consumer, OpenError> {
+        Consumer::builder(name).open()
+    }
+
+    /// Starts configuring a consumer of ring `name`.
+    pub fn builder(name: &str) -> ConsumerBuilder {
+        ConsumerBuilder {
+            name: name.to_owned(),
+            start: StartAt::Newest,
+            allow_foreign_owner: false,
+            spin: Duration::from_micros(50),
+            liveness: Duration::from_millis(100),
+        }
+    }
+
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        self.map.segment().name().ring()
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.map.params().capacity
+    }
+
+    /// Largest message.
+    pub fn slot_size(&self) -> usize {
+        self.map.slot_size()
+    }
+
+    /// User header bytes per message.
+    pub fn user_header_size(&self) -> usize {
+        self.map.user_header_size()
+    }
+
+    /// The producer's policy.
+    pub fn policy(&self) -> Policy {
+        self.map.policy()
+    }
+
+    /// The producer's process id.
+    pub fn producer_pid(&self) -> u32 {
+        self.producer.pid
+    }
+
+    /// The ring instance's epoch: differs between a ring and a later one with the same name.
+    pub fn epoch(&self) -> u64 {
+        self.map.params().epoch
+    }
+
+    /// Receives the next message if one is waiting.
+    pub fn try_recv(&self) -> Result<ReadSlot<'_>, TryRecvError> {
+        if self.last_check.get().elapsed() >= self.wait.tick {
+            self.check_producer();
+        }
+        match self.poll() {
+            Some(Ok(m)) => Ok(ReadSlot { consumer: self, m }),
+            Some(Err(e)) => Err(e),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Receives the next message, waiting as long as it takes. Returns `Disconnected` once the
+    /// producer has closed (or died) and every message it published was received.
+    pub fn recv(&self) -> Result<ReadSlot<'_>, RecvError> {
+        match self.recv_until(None) {
+            Ok(slot) => Ok(slot),
+            Err(RecvTimeoutError::Disconnected) => Err(RecvError::Disconnected),
+            Err(RecvTimeoutError::Corrupt(c)) => Err(RecvError::Corrupt(c)),
+            Err(RecvTimeoutError::Timeout) => unreachable!("no deadline"),
+        }
+    }
+
+    /// Receives the next message, waiting at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<ReadSlot<'_>, RecvTimeoutError> {
+        self.recv_until(Some(Instant::now() + timeout))
+    }
+
+    /// An iterator that receives until the producer disconnects (or the segment is damaged).
+    pub fn iter(&self) -> Iter<'_> {
+        Iter { consumer: self }
+    }
+
+    fn recv_until(&self, deadline: Option<Instant>) -> Result<ReadSlot<'_>, RecvTimeoutError> {
+        let line = self.map.ring().consumer_wake;
+        let idle = || {
+            self.check_producer();
+            None
+        };
+        match wait::wait_until(line, self.wait, deadline, || self.poll(), idle) {
+            Some(Ok(m)) => Ok(ReadSlot { consumer: self, m }),
+            Some(Err(TryRecvError::Disconnected)) => Err(RecvTimeoutError::Disconnected),
+            Some(Err(TryRecvError::Corrupt(c))) => Err(RecvTimeoutError::Corrupt(c)),
+            Some(Err(TryRecvError::Empty)) | None => Err(RecvTimeoutError::Timeout),
+        }
+    }
+
+    /// Whether the producer closed or died.
+    fn closed(&self) -> bool {
+        // Acquire: pairs with the producer's Release store, so every message it published
+        // before closing is visible to the pin that follows.
+        self.producer_dead.get() || self.map.header().closed.load(Ordering::Acquire) != 0
+    }
+
+    fn check_producer(&self) {
+        self.last_check.set(Instant::now());
+        if !self.producer.is_alive() {
+            self.producer_dead.set(true);
+        }
+    }
+
+    /// One attempt: a message, an error, or `None` (nothing yet).
+    fn poll(&self) -> Option<Result<Pinned, TryRecvError>> {
+        if let Some(c) = self.deferred.take() {
+            return Some(Err(TryRecvError::Corrupt(c)));
+        }
+        match self.pin() {
+            Ok(Some(m)) => Some(Ok(m)),
+            Err(c) => Some(Err(TryRecvError::Corrupt(c))),
+            Ok(None) if !self.closed() => None,
+            // Closed: anything published before the close is visible now; look once more.
+            Ok(None) => match self.pin() {
+                Ok(Some(m)) => Some(Ok(m)),
+                Ok(None) => Some(Err(TryRecvError::Disconnected)),
+                Err(c) => Some(Err(TryRecvError::Corrupt(c))),
+            },
+        }
+    }
+
+    fn pin(&self) -> Result<Option<Pinned>, Corruption> {
+        let ring = self.map.ring();
+        let Some((m, wake)) = self.core.try_pin(&ring)? else {
+            return Ok(None);
+        };
+        if wake {
+            wait::wake_all(ring.producer_wake);
+        }
+        if m.len > self.map.params().slot_size {
+            self.release(m.slot);
+            return Err(Corruption::MessageLength {
+                len: m.len,
+                slot_size: self.map.params().slot_size,
+            });
+        }
+        Ok(Some(m))
+    }
+
+    fn release(&self, slot: usize) {
+        let ring = self.map.ring();
+        match self.core.release(&ring, slot) {
+            Ok(true) => wait::wake_all(ring.producer_wake),
+            Ok(false) => {}
+            Err(c) => self.deferred.set(Some(c.into())),
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let ring = self.map.ring();
+        if self.core.leave(&ring) {
+            wait::wake_all(ring.producer_wake);
+        }
+    }
+}
+
+/// A received message. It stays valid (the producer cannot overwrite it) until dropped.
+///
+/// Derefs to the message bytes.
+pub struct ReadSlot<'a> {
+    consumer: &'a Consumer,
+    /// Invariant: pinned by `consumer`, `len <= slot_size`.
+    m: Pinned,
+}
+
+impl ReadSlot<'_> {
+    /// Sequence number: the count of messages the producer published before this one.
+    pub fn seq(&self) -> u64 {
+        self.m.seq
+    }
+
+    /// CLOCK_MONOTONIC nanoseconds when the producer published it.
+    pub fn timestamp_ns(&self) -> u64 {
+        self.m.timestamp_ns
+    }
+
+    /// Messages this consumer lost (overwritten unread) just before this one.
+    pub fn lag(&self) -> u64 {
+        self.m.lag
+    }
+
+    /// The user header, `user_header_size` bytes (zero-padded past what the producer wrote).
+    pub fn header(&self) -> &[u8] {
+        let map = &self.consumer.map;
+        // SAFETY: the slot is pinned, so no correct producer writes its user header until we
+        // release it; the region is `user_header_size` bytes inside the mapping.
+        unsafe { std::slice::from_raw_parts(map.user_header(self.m.slot), map.user_header_size()) }
+    }
+
+    /// Slot index (for diagnostics).
+    pub fn slot(&self) -> usize {
+        self.m.slot
+    }
+}
+
+impl Deref for ReadSlot<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let map = &self.consumer.map;
+        // SAFETY: the slot is pinned (no correct producer writes it until release) and
+        // len <= slot_size, checked when it was pinned, so the bytes lie in the slot's payload.
+        unsafe { std::slice::from_raw_parts(map.payload(self.m.slot), self.m.len as usize) }
+    }
+}
+
+impl Drop for ReadSlot<'_> {
+    fn drop(&mut self) {
+        self.consumer.release(self.m.slot);
+    }
+}
+
+/// Receives until the producer disconnects. See [`Consumer::iter`].
+pub struct Iter<'a> {
+    consumer: &'a Consumer,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = ReadSlot<'a>;
+    fn next(&mut self) -> Option<ReadSlot<'a>> {
+        self.consumer.recv().ok()
+    }
+}
+
+impl<'a> IntoIterator for &'a Consumer {
+    type Item = ReadSlot<'a>;
+    type IntoIter = Iter<'a>;
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}

@@ -1,0 +1,360 @@
+//! Error types, one per operation, written by hand in the style of `std::sync::mpsc`.
+
+use std::fmt;
+use std::io;
+
+use crate::ring::RingCorrupt;
+
+/// A value in a segment that a correct peer cannot have written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Corruption {
+    /// A header field is out of range or inconsistent.
+    Field {
+        /// The field.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+    },
+    /// The ring's shared state (stamps, counts) is damaged.
+    Ring(RingCorrupt),
+    /// A published message is longer than its slot.
+    MessageLength {
+        /// Length found.
+        len: u64,
+        /// Slot size.
+        slot_size: u64,
+    },
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::Field { field, value } => write!(f, "header field {field} = {value}"),
+            Corruption::Ring(r) => r.fmt(f),
+            Corruption::MessageLength { len, slot_size } => {
+                write!(f, "message length {len} exceeds slot size {slot_size}")
+            }
+        }
+    }
+}
+
+impl From<RingCorrupt> for Corruption {
+    fn from(r: RingCorrupt) -> Self {
+        Corruption::Ring(r)
+    }
+}
+
+/// A ring name that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NameError {
+    /// The name is empty.
+    Empty,
+    /// The name has more than [`crate::MAX_NAME_LEN`] bytes.
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+    /// The name contains a `/`.
+    Slash,
+    /// The name contains a NUL byte.
+    Nul,
+    /// The name is `.` or `..`.
+    Dots,
+}
+
+impl fmt::Display for NameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NameError::Empty => f.write_str("ring name is empty"),
+            NameError::TooLong { len } => {
+                write!(f, "ring name is {len} bytes, more than {}", crate::MAX_NAME_LEN)
+            }
+            NameError::Slash => f.write_str("ring name contains '/'"),
+            NameError::Nul => f.write_str("ring name contains a NUL byte"),
+            NameError::Dots => f.write_str("ring name is '.' or '..'"),
+        }
+    }
+}
+
+impl std::error::Error for NameError {}
+
+/// Why [`crate::ProducerBuilder::create`] failed.
+#[derive(Debug)]
+pub enum CreateError {
+    /// The name is not valid.
+    InvalidName(NameError),
+    /// A configuration value is out of range.
+    InvalidConfig {
+        /// The setting.
+        field: &'static str,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// A ring with this name exists and its producer is alive.
+    AlreadyExists {
+        /// That producer's pid (0 if the segment was never initialised).
+        pid: u32,
+    },
+    /// The OS refused to create the segment for lack of permission.
+    PermissionDenied,
+    /// The requested memory kind is not available on this machine.
+    MemoryUnavailable {
+        /// Why.
+        reason: String,
+    },
+    /// Another OS error.
+    Io(io::Error),
+}
+
+impl fmt::Display for CreateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CreateError::InvalidName(e) => e.fmt(f),
+            CreateError::InvalidConfig { field, reason } => write!(f, "invalid {field}: {reason}"),
+            CreateError::AlreadyExists { pid } => {
+                write!(f, "a ring with this name exists and its producer (pid {pid}) is alive")
+            }
+            CreateError::PermissionDenied => f.write_str("permission denied creating the segment"),
+            CreateError::MemoryUnavailable { reason } => {
+                write!(f, "memory kind unavailable: {reason}")
+            }
+            CreateError::Io(e) => write!(f, "creating the segment: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CreateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CreateError::InvalidName(e) => Some(e),
+            CreateError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why [`crate::Consumer::open`] failed.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The name is not valid.
+    InvalidName(NameError),
+    /// No ring has this name.
+    NotFound,
+    /// The OS refused access to the segment.
+    PermissionDenied,
+    /// The segment belongs to another user and the caller did not allow that.
+    ForeignOwner {
+        /// The owner's uid.
+        uid: u32,
+    },
+    /// The segment is a symlink or not a regular file.
+    NotASegment,
+    /// The producer has not finished building the segment (or died while building it).
+    NotInitialized,
+    /// The segment does not start with gpuring's magic number.
+    BadMagic {
+        /// What was found.
+        found: u64,
+    },
+    /// The segment has another layout version.
+    VersionMismatch {
+        /// The segment's version.
+        found: u32,
+        /// This library's version.
+        expected: u32,
+    },
+    /// The segment is smaller than its header says.
+    Truncated {
+        /// Bytes the header needs.
+        needed: u64,
+        /// Bytes the file has.
+        actual: u64,
+    },
+    /// A header field is out of range.
+    Corrupt(Corruption),
+    /// The ring's memory kind cannot be used in this process.
+    MemoryUnavailable {
+        /// Why.
+        reason: String,
+    },
+    /// Every consumer table entry is taken.
+    TooManyConsumers {
+        /// The table size.
+        max: u32,
+    },
+    /// The producer of this ring is closed or dead.
+    Disconnected,
+    /// Another OS error.
+    Io(io::Error),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::InvalidName(e) => e.fmt(f),
+            OpenError::NotFound => f.write_str("no ring with this name"),
+            OpenError::PermissionDenied => f.write_str("permission denied opening the segment"),
+            OpenError::ForeignOwner { uid } => {
+                write!(f, "segment is owned by uid {uid}, not by this user")
+            }
+            OpenError::NotASegment => f.write_str("not a regular shared memory file"),
+            OpenError::NotInitialized => f.write_str("segment is not initialised (half-built)"),
+            OpenError::BadMagic { found } => write!(f, "not a gpuring segment (magic {found:#x})"),
+            OpenError::VersionMismatch { found, expected } => {
+                write!(f, "segment layout version {found}, this library reads {expected}")
+            }
+            OpenError::Truncated { needed, actual } => {
+                write!(f, "segment is {actual} bytes, its header needs {needed}")
+            }
+            OpenError::Corrupt(c) => write!(f, "corrupt segment: {c}"),
+            OpenError::MemoryUnavailable { reason } => {
+                write!(f, "memory kind unavailable: {reason}")
+            }
+            OpenError::TooManyConsumers { max } => {
+                write!(f, "ring already has its maximum of {max} consumers")
+            }
+            OpenError::Disconnected => f.write_str("the producer is closed or dead"),
+            OpenError::Io(e) => write!(f, "opening the segment: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::InvalidName(e) => Some(e),
+            OpenError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why [`crate::Consumer::try_recv`] returned no message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TryRecvError {
+    /// No message is waiting.
+    Empty,
+    /// The producer closed or died and every message was received.
+    Disconnected,
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::Consumer::recv`] returned no message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    /// The producer closed or died and every message was received.
+    Disconnected,
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::Consumer::recv_timeout`] returned no message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecvTimeoutError {
+    /// No message came in time.
+    Timeout,
+    /// The producer closed or died and every message was received.
+    Disconnected,
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::Producer::try_acquire`] returned no slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TryAcquireError {
+    /// The next slot is not free: a `Block` consumer is a full ring behind, or a consumer holds
+    /// it.
+    Full,
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::Producer::acquire`] returned no slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::Producer::acquire_timeout`] returned no slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireTimeoutError {
+    /// No slot came free in time.
+    Timeout,
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+/// Why [`crate::WriteSlot::publish`] refused a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PublishError {
+    /// The length exceeds the slot size.
+    TooLong {
+        /// Requested length.
+        len: usize,
+        /// Slot size.
+        slot_size: usize,
+    },
+    /// The user header exceeds the ring's user-header size.
+    HeaderTooLong {
+        /// Requested length.
+        len: usize,
+        /// The ring's user-header size.
+        max: usize,
+    },
+}
+
+/// Why [`crate::Producer::send`] failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// The message or header does not fit.
+    Publish(PublishError),
+    /// The segment is damaged.
+    Corrupt(Corruption),
+}
+
+macro_rules! display {
+    ($ty:ty { $($pat:pat => $($fmt:expr),+;)* }) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self { $($pat => write!(f, $($fmt),+),)* }
+            }
+        }
+        impl std::error::Error for $ty {}
+    };
+}
+
+display!(TryRecvError {
+    TryRecvError::Empty => "no message waiting";
+    TryRecvError::Disconnected => "producer disconnected";
+    TryRecvError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(RecvError {
+    RecvError::Disconnected => "producer disconnected";
+    RecvError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(RecvTimeoutError {
+    RecvTimeoutError::Timeout => "timed out waiting for a message";
+    RecvTimeoutError::Disconnected => "producer disconnected";
+    RecvTimeoutError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(TryAcquireError {
+    TryAcquireError::Full => "no free slot";
+    TryAcquireError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(AcquireError {
+    AcquireError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(AcquireTimeoutError {
+    AcquireTimeoutError::Timeout => "timed out waiting for a free slot";
+    AcquireTimeoutError::Corrupt(c) => "corrupt segment: {}", c;
+});
+display!(PublishError {
+    PublishError::TooLong { len, slot_size } => "message of {} bytes exceeds slot size {}", len, slot_size;
+    PublishError::HeaderTooLong { len, max } => "user header of {} bytes exceeds {}", len, max;
+});
+display!(SendError {
+    SendError::Publish(e) => "{}", e;
+    SendError::Corrupt(c) => "corrupt segment: {}", c;
+});

@@ -1,0 +1,415 @@
+//! The producer: creates a ring, fills slots, publishes them.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::{
+    AcquireError, AcquireTimeoutError, CreateError, PublishError, SendError, TryAcquireError,
+};
+use crate::mapped::MappedRing;
+use crate::ring::producer::{wants_wake, ClaimError};
+use crate::ring::{stamp, Policy, ProducerCore};
+use crate::shm::process::ProcessId;
+use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName, MAGIC};
+use crate::stats::ConsumerInfo;
+use crate::wait::{self, WaitConfig};
+use crate::Layout;
+
+/// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
+#[derive(Clone, Debug)]
+pub struct ProducerBuilder {
+    name: String,
+    capacity: u32,
+    slot_size: usize,
+    user_header_size: u32,
+    max_consumers: u32,
+    policy: Policy,
+    memory: MemoryKind,
+    mode: u32,
+    spin: Duration,
+}
+
+impl ProducerBuilder {
+    /// Number of slots (messages in flight). Default 8.
+    pub fn capacity(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Largest message, in bytes. Default 64 KiB.
+    pub fn slot_size(mut self, bytes: usize) -> Self {
+        self.slot_size = bytes;
+        self
+    }
+
+    /// Bytes of user header carried with each message (frame shape, format...). Default 64.
+    pub fn user_header_size(mut self, bytes: u32) -> Self {
+        self.user_header_size = bytes;
+        self
+    }
+
+    /// Size of the consumer table. Default 64.
+    pub fn max_consumers(mut self, n: u32) -> Self {
+        self.max_consumers = n;
+        self
+    }
+
+    /// What to do when the slowest consumer is a full ring behind. Default [`Policy::Block`].
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Where the payload lives. Default [`MemoryKind::Host`].
+    pub fn memory(mut self, memory: MemoryKind) -> Self {
+        self.memory = memory;
+        self
+    }
+
+    /// Permission bits of the segment, applied exactly (no umask). Default `0o600`: only this
+    /// user can open the ring.
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How long a blocked `acquire` spins and yields before sleeping. Default 50 µs.
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    fn params(&self) -> Result<Params, CreateError> {
+        let bad = |field, reason| Err(CreateError::InvalidConfig { field, reason });
+        if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
+            return bad("capacity", "must be 1..=65536");
+        }
+        if self.max_consumers == 0 || self.max_consumers > Params::MAX_CONSUMERS {
+            return bad("max_consumers", "must be 1..=4096");
+        }
+        if self.slot_size == 0 || self.slot_size as u64 > Params::MAX_SLOT_SIZE {
+            return bad("slot_size", "must be 1 byte..=1 TiB");
+        }
+        if self.user_header_size > Params::MAX_USER_HEADER {
+            return bad("user_header_size", "must be at most 65536");
+        }
+        if self.mode & !0o777 != 0 {
+            return bad("mode", "only permission bits (0o777) are allowed");
+        }
+        let me = ProcessId::current();
+        let p = Params {
+            capacity: self.capacity,
+            max_consumers: self.max_consumers,
+            slot_size: self.slot_size as u64,
+            user_header_size: self.user_header_size,
+            policy: self.policy as u32,
+            memory_kind: self.memory,
+            producer_pid: me.pid,
+            producer_start_time: me.start_time,
+            epoch: new_epoch(me),
+        };
+        let total = Layout::of(&p).total as u64;
+        if total > isize::MAX as u64 {
+            return bad("slot_size", "capacity x slot_size is too large to map");
+        }
+        Ok(p)
+    }
+
+    /// Creates the ring. If a ring with this name exists but its producer is dead, the stale
+    /// segment is removed first.
+    pub fn create(self) -> Result<Producer, CreateError> {
+        let name = ShmName::new(&self.name).map_err(CreateError::InvalidName)?;
+        let params = self.params()?;
+        let layout = Layout::of(&params);
+        let seg = match Segment::create(&name, layout.total, self.mode) {
+            Err(CreateError::AlreadyExists { .. }) => {
+                remove_if_stale(&name)?;
+                Segment::create(&name, layout.total, self.mode)?
+            }
+            other => other?,
+        };
+        // Build everything, then publish the header with `magic` last.
+        let header = seg.header();
+        params.write(header, layout.total as u64);
+        let map = MappedRing::new(seg, params, layout);
+        let ring = map.ring();
+        for (i, line) in ring.slots.iter().enumerate() {
+            // Relaxed: published by the Release store of `magic` below.
+            line.stamp.store(stamp::initial(i as u32, params.capacity), Ordering::Relaxed);
+        }
+        // Release: a consumer that Acquire-loads the magic sees the whole built segment.
+        map.header().magic.store(MAGIC, Ordering::Release);
+        let wait = WaitConfig { spin: self.spin, tick: Duration::from_millis(100) };
+        Ok(Producer { map, core: ProducerCore::new(), wait })
+    }
+}
+
+/// A fresh instance id: time and pid, so that a restarted ring differs from its predecessor.
+fn new_epoch(me: ProcessId) -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64) ^ (me.pid as u64)
+}
+
+/// Removes `name` if it belongs to a dead producer (or to a creator that died before writing
+/// its pid). Fails with `AlreadyExists` if its producer lives.
+fn remove_if_stale(name: &ShmName) -> Result<(), CreateError> {
+    use crate::error::OpenError;
+    let opts = OpenOptions::default();
+    let seg = match Segment::open(name, opts) {
+        Ok(seg) => seg,
+        Err(OpenError::NotFound) => return Ok(()),
+        Err(OpenError::Truncated { .. }) => {
+            // Too small for a header: a creator between shm_open and ftruncate, or one that died
+            // there. Give a live creator a moment.
+            std::thread::sleep(Duration::from_millis(200));
+            match Segment::open(name, opts) {
+                Err(OpenError::Truncated { .. }) => {
+                    let _ = Segment::unlink_name(name);
+                    return Ok(());
+                }
+                Err(OpenError::NotFound) => return Ok(()),
+                Ok(seg) => seg,
+                Err(e) => return Err(open_to_create(e)),
+            }
+        }
+        Err(e) => return Err(open_to_create(e)),
+    };
+    let h = seg.header();
+    // Relaxed: pid and start time are written before anything else and never change.
+    let owner = ProcessId {
+        pid: h.producer_pid.load(Ordering::Relaxed),
+        start_time: h.producer_start_time.load(Ordering::Relaxed),
+    };
+    if owner.pid != 0 && owner.is_alive() {
+        return Err(CreateError::AlreadyExists { pid: owner.pid });
+    }
+    if owner.pid == 0 && seg.age_secs().unwrap_or(0) < 2 {
+        return Err(CreateError::AlreadyExists { pid: 0 });
+    }
+    seg.unlink();
+    Ok(())
+}
+
+fn open_to_create(e: crate::error::OpenError) -> CreateError {
+    use crate::error::OpenError;
+    match e {
+        OpenError::PermissionDenied | OpenError::ForeignOwner { .. } => {
+            CreateError::PermissionDenied
+        }
+        OpenError::Io(e) => CreateError::Io(e),
+        _ => CreateError::AlreadyExists { pid: 0 },
+    }
+}
+
+/// The single producer of a ring.
+///
+/// Dropping it closes the ring: consumers receive what was published, then
+/// [`RecvError::Disconnected`](crate::RecvError::Disconnected). The segment's name is removed at
+/// once; consumers keep their mappings until they drop.
+pub struct Producer {
+    map: MappedRing,
+    core: ProducerCore,
+    wait: WaitConfig,
+}
+
+impl Producer {
+    /// Starts configuring a ring named `name`.
+    pub fn builder(name: &str) -> ProducerBuilder {
+        ProducerBuilder {
+            name: name.to_owned(),
+            capacity: 8,
+            slot_size: 64 * 1024,
+            user_header_size: 64,
+            max_consumers: 64,
+            policy: Policy::Block,
+            memory: MemoryKind::Host,
+            mode: 0o600,
+            spin: Duration::from_micros(50),
+        }
+    }
+
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        self.map.segment().name().ring()
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.map.params().capacity
+    }
+
+    /// Largest message.
+    pub fn slot_size(&self) -> usize {
+        self.map.slot_size()
+    }
+
+    /// User header bytes per message.
+    pub fn user_header_size(&self) -> usize {
+        self.map.user_header_size()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.map.policy()
+    }
+
+    /// Messages published so far.
+    pub fn published(&self) -> u64 {
+        self.core.next_seq()
+    }
+
+    /// Consumers currently joined.
+    pub fn consumer_count(&self) -> usize {
+        crate::stats::consumer_count(&self.map.ring())
+    }
+
+    /// A snapshot of every joined consumer's counters.
+    pub fn consumers(&self) -> Vec<ConsumerInfo> {
+        crate::stats::consumers(&self.map.ring())
+    }
+
+    /// A slot for the next message, if one is free now.
+    pub fn try_acquire(&mut self) -> Result<WriteSlot<'_>, TryAcquireError> {
+        match self.core.try_claim(&self.map.ring()) {
+            Ok(slot) => Ok(WriteSlot { producer: self, slot }),
+            Err(ClaimError::Blocked(_)) => Err(TryAcquireError::Full),
+            Err(ClaimError::Corrupt(c)) => Err(TryAcquireError::Corrupt(c.into())),
+        }
+    }
+
+    /// A slot for the next message, waiting as long as it takes (under `Block`, for the slowest
+    /// consumer; under both policies, for consumers that hold the slot).
+    pub fn acquire(&mut self) -> Result<WriteSlot<'_>, AcquireError> {
+        match self.acquire_until(None) {
+            Ok(slot) => Ok(slot),
+            Err(AcquireTimeoutError::Corrupt(c)) => Err(AcquireError::Corrupt(c)),
+            Err(AcquireTimeoutError::Timeout) => unreachable!("no deadline"),
+        }
+    }
+
+    /// A slot for the next message, waiting at most `timeout`.
+    pub fn acquire_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<WriteSlot<'_>, AcquireTimeoutError> {
+        self.acquire_until(Some(Instant::now() + timeout))
+    }
+
+    fn acquire_until(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<WriteSlot<'_>, AcquireTimeoutError> {
+        let Producer { map, core, wait } = self;
+        let ring = map.ring();
+        let claim = |core: &mut ProducerCore| match core.try_claim(&ring) {
+            Ok(slot) => Some(Ok(slot)),
+            Err(ClaimError::Blocked(_)) => None,
+            Err(ClaimError::Corrupt(c)) => Some(Err(AcquireTimeoutError::Corrupt(c.into()))),
+        };
+        let first = claim(core);
+        let result = match first {
+            Some(r) => r,
+            None => {
+                let started = Instant::now();
+                let r =
+                    wait::wait_until(ring.producer_wake, *wait, deadline, || claim(core), || None);
+                let ns = started.elapsed().as_nanos() as u64;
+                // Relaxed: a statistic, written only by the producer.
+                let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
+                ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+                r.unwrap_or(Err(AcquireTimeoutError::Timeout))
+            }
+        };
+        result.map(|slot| WriteSlot { producer: self, slot })
+    }
+
+    /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as
+    /// [`acquire`](Self::acquire) does. Returns the message's sequence number.
+    pub fn send(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
+        if data.len() > self.slot_size() {
+            let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
+            return Err(SendError::Publish(e));
+        }
+        let mut slot = self.acquire().map_err(|AcquireError::Corrupt(c)| SendError::Corrupt(c))?;
+        slot[..data.len()].copy_from_slice(data);
+        slot.publish(data.len(), header).map_err(SendError::Publish)
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        let ring = self.map.ring();
+        // Release: consumers that see `closed` (Acquire) see every publish before it.
+        self.map.header().closed.store(1, Ordering::Release);
+        if wants_wake(ring.consumer_wake) {
+            wait::wake_all(ring.consumer_wake);
+        }
+        self.map.segment().unlink();
+    }
+}
+
+/// A claimed slot: fill it, then [`publish`](WriteSlot::publish) it. Dropping it unpublished keeps
+/// it claimed; the next acquire returns the same slot.
+///
+/// Derefs to the slot's whole payload buffer (`slot_size` bytes).
+pub struct WriteSlot<'a> {
+    producer: &'a mut Producer,
+    slot: usize,
+}
+
+impl WriteSlot<'_> {
+    /// Sequence number this message will have.
+    pub fn seq(&self) -> u64 {
+        self.producer.core.next_seq()
+    }
+
+    /// Publishes the first `len` bytes of the slot with user header `header` (shorter than the
+    /// ring's user-header size is fine; the rest is zeroed). Returns the sequence number.
+    pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, PublishError> {
+        let map = &self.producer.map;
+        if len > map.slot_size() {
+            return Err(PublishError::TooLong { len, slot_size: map.slot_size() });
+        }
+        let max = map.user_header_size();
+        if header.len() > max {
+            return Err(PublishError::HeaderTooLong { len: header.len(), max });
+        }
+        let dst = map.user_header(self.slot);
+        // SAFETY: the slot is claimed by us, so no correct peer touches its user header; the
+        // region is `max` bytes long and header.len() <= max.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, header.len());
+            std::ptr::write_bytes(dst.add(header.len()), 0, max - header.len());
+        }
+        let ring = map.ring();
+        let (seq, wake) = self.producer.core.publish(&ring, len as u64, monotonic_ns());
+        if wake {
+            wait::wake_all(ring.consumer_wake);
+        }
+        Ok(seq)
+    }
+}
+
+impl Deref for WriteSlot<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let map = &self.producer.map;
+        // SAFETY: the slot is claimed by us (no correct peer writes it) and lies in the mapping.
+        unsafe { std::slice::from_raw_parts(map.payload(self.slot), map.slot_size()) }
+    }
+}
+
+impl DerefMut for WriteSlot<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let map = &self.producer.map;
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference we hand out.
+        unsafe { std::slice::from_raw_parts_mut(map.payload(self.slot), map.slot_size()) }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock of message timestamps.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

@@ -1,0 +1,356 @@
+//! The segment header and the placement of every region after it.
+//!
+//! The header is written by the producer before anyone can use the segment, `magic` last with
+//! Release. A reader loads `magic` with Acquire, then copies every field once into [`Params`]
+//! and checks it; it never reads the header's sizes again, so a peer that changes them later
+//! cannot make it index out of bounds.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::{Corruption, OpenError};
+
+/// `b"GPURING1"` as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
+
+/// Bumped on any change to the header or region layout.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Where a ring's payload lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum MemoryKind {
+    /// Payload in the shm segment itself.
+    Host = 1,
+}
+
+impl MemoryKind {
+    /// The kind stored as `raw` in a header.
+    pub fn from_raw(raw: u32) -> Option<MemoryKind> {
+        match raw {
+            1 => Some(MemoryKind::Host),
+            _ => None,
+        }
+    }
+
+    /// Its name, as printed by tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Host => "host",
+        }
+    }
+}
+
+/// The segment header, at offset 0. Every field is atomic because the memory is shared; all
+/// but `magic` and `closed` are written once, before `magic`.
+#[repr(C, align(128))]
+pub struct Header {
+    /// [`MAGIC`]; zero until the segment is fully built. Written last, with Release.
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub version: AtomicU32,
+    /// `size_of::<Header>()`.
+    pub header_size: AtomicU32,
+    /// Bytes of the whole segment, as laid out by [`Layout`].
+    pub total_size: AtomicU64,
+    /// Number of slots, 1..=[`Params::MAX_CAPACITY`].
+    pub capacity: AtomicU32,
+    /// Consumer table entries, 1..=[`Params::MAX_CONSUMERS`].
+    pub max_consumers: AtomicU32,
+    /// Payload bytes per slot.
+    pub slot_size: AtomicU64,
+    /// User header bytes per message.
+    pub user_header_size: AtomicU32,
+    /// [`crate::ring::Policy`] as u32.
+    pub policy: AtomicU32,
+    /// [`MemoryKind`] as u32.
+    pub memory_kind: AtomicU32,
+    /// Producer pid. Written first of all, so a half-built segment still names its builder.
+    pub producer_pid: AtomicU32,
+    /// Producer start time (see [`super::process::ProcessId`]). Written with the pid.
+    pub producer_start_time: AtomicU64,
+    /// Identifies this instance of the ring among all that had its name.
+    pub epoch: AtomicU64,
+    /// Set (Release) by the producer when it closes, after its last publish.
+    pub closed: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == 128);
+
+/// The header's values, copied out and checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Slots.
+    pub capacity: u32,
+    /// Consumer table entries.
+    pub max_consumers: u32,
+    /// Payload bytes per slot.
+    pub slot_size: u64,
+    /// User header bytes per message.
+    pub user_header_size: u32,
+    /// Raw policy; checked to be valid.
+    pub policy: u32,
+    /// Memory kind.
+    pub memory_kind: MemoryKind,
+    /// Producer pid.
+    pub producer_pid: u32,
+    /// Producer start time.
+    pub producer_start_time: u64,
+    /// Instance epoch.
+    pub epoch: u64,
+}
+
+impl Params {
+    /// Largest capacity.
+    pub const MAX_CAPACITY: u32 = 1 << 16;
+    /// Largest consumer table (the stamp's held count must not overflow).
+    pub const MAX_CONSUMERS: u32 = crate::ring::stamp::MAX_CONSUMERS;
+    /// Largest slot: 1 TiB.
+    pub const MAX_SLOT_SIZE: u64 = 1 << 40;
+    /// Largest user header.
+    pub const MAX_USER_HEADER: u32 = 1 << 16;
+
+    /// Checks every value's range. Returns the failing field.
+    pub fn check(&self) -> Result<(), Corruption> {
+        let bad = |field, value: u64| Err(Corruption::Field { field, value });
+        if self.capacity == 0 || self.capacity > Self::MAX_CAPACITY {
+            return bad("capacity", self.capacity as u64);
+        }
+        if self.max_consumers == 0 || self.max_consumers > Self::MAX_CONSUMERS {
+            return bad("max_consumers", self.max_consumers as u64);
+        }
+        if self.slot_size == 0 || self.slot_size > Self::MAX_SLOT_SIZE {
+            return bad("slot_size", self.slot_size);
+        }
+        if self.user_header_size > Self::MAX_USER_HEADER {
+            return bad("user_header_size", self.user_header_size as u64);
+        }
+        if crate::ring::Policy::from_raw(self.policy).is_none() {
+            return bad("policy", self.policy as u64);
+        }
+        Ok(())
+    }
+
+    /// Writes these values into a header that nobody else can see yet. `magic` is left alone.
+    pub fn write(&self, h: &Header, total_size: u64) {
+        // Relaxed throughout: the Release store of `magic` (by the caller, last) publishes them.
+        h.producer_pid.store(self.producer_pid, Ordering::Relaxed);
+        h.producer_start_time.store(self.producer_start_time, Ordering::Relaxed);
+        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.header_size.store(std::mem::size_of::<Header>() as u32, Ordering::Relaxed);
+        h.total_size.store(total_size, Ordering::Relaxed);
+        h.capacity.store(self.capacity, Ordering::Relaxed);
+        h.max_consumers.store(self.max_consumers, Ordering::Relaxed);
+        h.slot_size.store(self.slot_size, Ordering::Relaxed);
+        h.user_header_size.store(self.user_header_size, Ordering::Relaxed);
+        h.policy.store(self.policy, Ordering::Relaxed);
+        h.memory_kind.store(self.memory_kind as u32, Ordering::Relaxed);
+        h.epoch.store(self.epoch, Ordering::Relaxed);
+        h.closed.store(0, Ordering::Relaxed);
+    }
+
+    /// Reads and checks a header in a file of `file_size` bytes: magic, version, every field's
+    /// range, and the laid-out size against the file.
+    pub fn read(h: &Header, file_size: u64) -> Result<(Params, Layout), OpenError> {
+        // Acquire: pairs with the producer's Release store of `magic`, after all other fields.
+        let magic = h.magic.load(Ordering::Acquire);
+        if magic == 0 {
+            return Err(OpenError::NotInitialized);
+        }
+        if magic != MAGIC {
+            return Err(OpenError::BadMagic { found: magic });
+        }
+        let version = h.version.load(Ordering::Relaxed);
+        if version != LAYOUT_VERSION {
+            return Err(OpenError::VersionMismatch { found: version, expected: LAYOUT_VERSION });
+        }
+        let header_size = h.header_size.load(Ordering::Relaxed);
+        if header_size as usize != std::mem::size_of::<Header>() {
+            let value = header_size as u64;
+            return Err(OpenError::Corrupt(Corruption::Field { field: "header_size", value }));
+        }
+        let raw_kind = h.memory_kind.load(Ordering::Relaxed);
+        let Some(memory_kind) = MemoryKind::from_raw(raw_kind) else {
+            let value = raw_kind as u64;
+            return Err(OpenError::Corrupt(Corruption::Field { field: "memory_kind", value }));
+        };
+        let p = Params {
+            capacity: h.capacity.load(Ordering::Relaxed),
+            max_consumers: h.max_consumers.load(Ordering::Relaxed),
+            slot_size: h.slot_size.load(Ordering::Relaxed),
+            user_header_size: h.user_header_size.load(Ordering::Relaxed),
+            policy: h.policy.load(Ordering::Relaxed),
+            memory_kind,
+            producer_pid: h.producer_pid.load(Ordering::Relaxed),
+            producer_start_time: h.producer_start_time.load(Ordering::Relaxed),
+            epoch: h.epoch.load(Ordering::Relaxed),
+        };
+        p.check().map_err(OpenError::Corrupt)?;
+        let layout = Layout::of(&p);
+        let total = h.total_size.load(Ordering::Relaxed);
+        if total != layout.total as u64 {
+            let value = total;
+            return Err(OpenError::Corrupt(Corruption::Field { field: "total_size", value }));
+        }
+        if file_size < total {
+            return Err(OpenError::Truncated { needed: total, actual: file_size });
+        }
+        Ok((p, layout))
+    }
+}
+
+/// Byte offsets of the regions of a segment, derived from [`Params`] alone.
+///
+/// ```text
+/// 0                 Header                      128 B
+/// producer          ring::ProducerLine          128 B
+/// consumer_wake     ring::WakeLine              128 B   (consumers sleep here)
+/// producer_wake     ring::WakeLine              128 B   (the producer sleeps here)
+/// consumers         ring::ConsumerEntry x max_consumers, 128 B each
+/// slots             ring::SlotLine x capacity, 128 B each
+/// user_headers      capacity x user_header_stride       (user_header_size rounded up to 64)
+/// payload           capacity x payload_stride, page-aligned (slot_size rounded up to 128)
+/// total             page-rounded end
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// [`crate::ring::ProducerLine`].
+    pub producer: usize,
+    /// [`crate::ring::WakeLine`] consumers sleep on.
+    pub consumer_wake: usize,
+    /// [`crate::ring::WakeLine`] the producer sleeps on.
+    pub producer_wake: usize,
+    /// Consumer table.
+    pub consumers: usize,
+    /// Slot lines.
+    pub slots: usize,
+    /// User headers.
+    pub user_headers: usize,
+    /// Distance between two user headers.
+    pub user_header_stride: usize,
+    /// Payload (host memory kind).
+    pub payload: usize,
+    /// Distance between two payload slots.
+    pub payload_stride: usize,
+    /// Segment size.
+    pub total: usize,
+}
+
+/// Every shared structure is 128 bytes.
+const LINE: usize = 128;
+const PAGE: usize = 4096;
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+impl Layout {
+    /// The layout for `p`, whose ranges must have passed [`Params::check`] (which keeps every
+    /// product below in range: at most 2^16 slots of 2^40 bytes).
+    pub fn of(p: &Params) -> Layout {
+        let cap = p.capacity as usize;
+        let producer = LINE;
+        let consumer_wake = producer + LINE;
+        let producer_wake = consumer_wake + LINE;
+        let consumers = producer_wake + LINE;
+        let slots = consumers + LINE * p.max_consumers as usize;
+        let user_headers = slots + LINE * cap;
+        let user_header_stride = round_up(p.user_header_size as usize, 64);
+        let payload = round_up(user_headers + user_header_stride * cap, PAGE);
+        let payload_stride = match p.memory_kind {
+            MemoryKind::Host => round_up(p.slot_size as usize, LINE),
+        };
+        let total = round_up(payload + payload_stride * cap, PAGE);
+        Layout {
+            producer,
+            consumer_wake,
+            producer_wake,
+            consumers,
+            slots,
+            user_headers,
+            user_header_stride,
+            payload,
+            payload_stride,
+            total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Params {
+        Params {
+            capacity: 8,
+            max_consumers: 4,
+            slot_size: 1000,
+            user_header_size: 20,
+            policy: 1,
+            memory_kind: MemoryKind::Host,
+            producer_pid: 1,
+            producer_start_time: 2,
+            epoch: 3,
+        }
+    }
+
+    #[test]
+    fn layout_is_aligned_and_ordered() {
+        let l = Layout::of(&params());
+        assert_eq!(l.consumers, 512);
+        assert_eq!(l.slots, 512 + 4 * 128);
+        assert_eq!(l.user_header_stride, 64);
+        assert_eq!(l.payload % 4096, 0);
+        assert_eq!(l.payload_stride, 1024);
+        assert_eq!(l.total, l.payload + 8192);
+    }
+
+    #[test]
+    fn read_checks_everything() {
+        let h: Header = Header {
+            magic: AtomicU64::new(0),
+            version: AtomicU32::new(0),
+            header_size: AtomicU32::new(0),
+            total_size: AtomicU64::new(0),
+            capacity: AtomicU32::new(0),
+            max_consumers: AtomicU32::new(0),
+            slot_size: AtomicU64::new(0),
+            user_header_size: AtomicU32::new(0),
+            policy: AtomicU32::new(0),
+            memory_kind: AtomicU32::new(0),
+            producer_pid: AtomicU32::new(0),
+            producer_start_time: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            closed: AtomicU32::new(0),
+        };
+        let p = params();
+        let total = Layout::of(&p).total as u64;
+        p.write(&h, total);
+        assert!(matches!(Params::read(&h, total), Err(OpenError::NotInitialized)));
+        h.magic.store(MAGIC, Ordering::Release);
+        assert_eq!(Params::read(&h, total).unwrap().0, p);
+        assert!(matches!(
+            Params::read(&h, total - 1),
+            Err(OpenError::Truncated { needed, actual }) if needed == total && actual == total - 1
+        ));
+        h.version.store(9, Ordering::Relaxed);
+        assert!(matches!(
+            Params::read(&h, total),
+            Err(OpenError::VersionMismatch { found: 9, expected: LAYOUT_VERSION })
+        ));
+        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.capacity.store(0, Ordering::Relaxed);
+        assert!(matches!(
+            Params::read(&h, total),
+            Err(OpenError::Corrupt(Corruption::Field { field: "capacity", value: 0 }))
+        ));
+        h.capacity.store(8, Ordering::Relaxed);
+        h.total_size.store(total + 4096, Ordering::Relaxed);
+        assert!(matches!(
+            Params::read(&h, total),
+            Err(OpenError::Corrupt(Corruption::Field { field: "total_size", .. }))
+        ));
+        h.total_size.store(total, Ordering::Relaxed);
+        h.magic.store(0xdead, Ordering::Relaxed);
+        assert!(matches!(Params::read(&h, total), Err(OpenError::BadMagic { found: 0xdead })));
+    }
+}

@@ -1,0 +1,11 @@
+//! The OS layer: POSIX shared memory segments, their header, names, owner checks and process
+//! identity. Nothing here knows the ring protocol; it places bytes and checks them.
+
+mod header;
+mod name;
+pub mod process;
+mod segment;
+
+pub use header::{Header, Layout, MemoryKind, Params, LAYOUT_VERSION, MAGIC};
+pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};
+pub use segment::{OpenOptions, Segment};

@@ -1,0 +1,74 @@
+//! Process identity: a pid plus the process's start time, so that a reused pid is not mistaken
+//! for the process that once had it.
+
+use std::fs;
+
+/// A process as recorded in a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessId {
+    /// The pid.
+    pub pid: u32,
+    /// Start time in clock ticks after boot (`/proc/PID/stat` field 22).
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// This process.
+    pub fn current() -> ProcessId {
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        // Our own /proc entry is always readable; 0 only if /proc is not mounted.
+        ProcessId { pid, start_time: start_time(pid).unwrap_or(0) }
+    }
+
+    /// Whether this process still runs. A pid that now belongs to a process with another start
+    /// time counts as dead; a zombie counts as dead (it will not touch the segment again).
+    pub fn is_alive(&self) -> bool {
+        if self.pid == 0 || self.pid > i32::MAX as u32 {
+            return false;
+        }
+        match read_stat(self.pid) {
+            Some((state, start)) => state != 'Z' && state != 'X' && start == self.start_time,
+            None => false,
+        }
+    }
+}
+
+/// The start time of `pid`, if it runs.
+pub fn start_time(pid: u32) -> Option<u64> {
+    read_stat(pid).map(|(_, start)| start)
+}
+
+/// (state, start time) from `/proc/PID/stat`.
+fn read_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces or ')': split after
+    // the last ')'. Then field 3 is the state and field 22 the start time.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_is_alive_and_fakes_are_not() {
+        let me = ProcessId::current();
+        assert!(me.start_time > 0);
+        assert!(me.is_alive());
+        assert!(!ProcessId { start_time: me.start_time + 1, ..me }.is_alive());
+        assert!(!ProcessId { pid: 0, start_time: 0 }.is_alive());
+        assert!(!ProcessId { pid: u32::MAX, start_time: 0 }.is_alive());
+    }
+
+    #[test]
+    fn exited_child_is_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!ProcessId { pid, start_time: start_time(pid).unwrap_or(1) }.is_alive());
+    }
+}

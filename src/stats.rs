@@ -1,0 +1,65 @@
+//! Counters kept in the segment, read without disturbing the hot path.
+
+use std::sync::atomic::Ordering;
+
+use crate::ring::layout::entry_state;
+use crate::ring::Ring;
+use crate::shm::process::ProcessId;
+
+/// One joined consumer, as its table entry says now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerInfo {
+    /// Consumer table index.
+    pub index: usize,
+    /// Its pid.
+    pub pid: u32,
+    /// Whether that process still runs.
+    pub alive: bool,
+    /// Sequence number of the next message it will receive.
+    pub cursor: u64,
+    /// Messages published that it has not received yet.
+    pub lag: u64,
+    /// Messages received.
+    pub received: u64,
+    /// Messages lost by lagging (`Overwrite`).
+    pub lost: u64,
+    /// Slots it holds now.
+    pub holding: u64,
+}
+
+/// Number of active consumers.
+pub(crate) fn consumer_count(ring: &Ring<'_>) -> usize {
+    ring.consumers
+        .iter()
+        // Relaxed: a snapshot for display or polling; nothing is read through it.
+        .filter(|e| e.state.load(Ordering::Relaxed) == entry_state::ACTIVE)
+        .count()
+}
+
+/// A snapshot of every active consumer.
+pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
+    // Relaxed throughout: statistics, each value read once and only displayed.
+    let head = ring.producer.head.load(Ordering::Relaxed);
+    ring.consumers
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.state.load(Ordering::Relaxed) == entry_state::ACTIVE)
+        .map(|(index, e)| {
+            let id = ProcessId {
+                pid: e.pid.load(Ordering::Relaxed),
+                start_time: e.start_time.load(Ordering::Relaxed),
+            };
+            let cursor = e.cursor.load(Ordering::Relaxed);
+            ConsumerInfo {
+                index,
+                pid: id.pid,
+                alive: id.is_alive(),
+                cursor,
+                lag: head.saturating_sub(cursor),
+                received: e.received.load(Ordering::Relaxed),
+                lost: e.lost.load(Ordering::Relaxed),
+                holding: e.holding.load(Ordering::Relaxed),
+            }
+        })
+        .collect()
+}

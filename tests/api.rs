@@ -1,0 +1,200 @@
+//! The public API within one process: sending, receiving, closing and the errors of each.
+
+mod common;
+
+use std::time::Duration;
+
+use common::unique_name;
+use gpuring::{
+    Consumer, CreateError, NameError, OpenError, Policy, Producer, PublishError, RecvError,
+    RecvTimeoutError, StartAt, TryAcquireError, TryRecvError,
+};
+
+#[test]
+fn send_and_receive_with_header() {
+    let name = unique_name("basic");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(256).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    assert_eq!(tx.consumer_count(), 1);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    let seq = tx.send(b"frame", &[1, 2, 3]).unwrap();
+    assert_eq!(seq, 0);
+    let m = rx.recv().unwrap();
+    assert_eq!(&*m, b"frame");
+    assert_eq!(m.seq(), 0);
+    assert_eq!(m.lag(), 0);
+    assert_eq!(&m.header()[..4], &[1, 2, 3, 0]);
+    assert_eq!(m.header().len(), 64);
+    assert!(m.timestamp_ns() > 0);
+}
+
+#[test]
+fn several_messages_held_at_once() {
+    let name = unique_name("hold");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    for i in 0..4u8 {
+        tx.send(&[i; 10], b"").unwrap();
+    }
+    let held: Vec<_> = (0..4).map(|_| rx.recv().unwrap()).collect();
+    // Every slot is held: no slot for the producer.
+    assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Full)));
+    assert_eq!(tx.consumers()[0].holding, 4);
+    for (i, m) in held.iter().enumerate() {
+        assert_eq!(&**m, &[i as u8; 10]);
+    }
+    drop(held);
+    assert!(tx.try_acquire().is_ok());
+}
+
+#[test]
+fn disconnected_after_drain() {
+    let name = unique_name("drain");
+    let mut tx = Producer::builder(&name).capacity(4).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    tx.send(b"a", b"").unwrap();
+    tx.send(b"b", b"").unwrap();
+    drop(tx);
+    assert!(!std::path::Path::new(&format!("/dev/shm/gpuring.{name}")).exists());
+    assert_eq!(&*rx.recv().unwrap(), b"a");
+    assert_eq!(&*rx.recv().unwrap(), b"b");
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Disconnected)));
+    assert!(matches!(Consumer::open(&name), Err(OpenError::NotFound)));
+}
+
+#[test]
+fn timeouts() {
+    let name = unique_name("timeout");
+    let mut tx = Producer::builder(&name).capacity(1).policy(Policy::Block).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    let t = std::time::Instant::now();
+    assert!(matches!(rx.recv_timeout(Duration::from_millis(30)), Err(RecvTimeoutError::Timeout)));
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    tx.send(b"x", b"").unwrap();
+    // Block, capacity 1, one unread message: the producer cannot go on.
+    assert!(matches!(
+        tx.acquire_timeout(Duration::from_millis(30)),
+        Err(gpuring::AcquireTimeoutError::Timeout)
+    ));
+    drop(rx.recv().unwrap());
+    assert!(tx.acquire_timeout(Duration::from_millis(30)).is_ok());
+}
+
+#[test]
+fn publish_checks_lengths() {
+    let name = unique_name("lens");
+    let mut tx = Producer::builder(&name).slot_size(16).user_header_size(4).create().unwrap();
+    let slot = tx.acquire().unwrap();
+    assert_eq!(slot.len(), 16);
+    assert_eq!(slot.publish(17, b""), Err(PublishError::TooLong { len: 17, slot_size: 16 }));
+    let slot = tx.acquire().unwrap();
+    assert_eq!(slot.publish(1, b"12345"), Err(PublishError::HeaderTooLong { len: 5, max: 4 }));
+    // The failed publishes left the slot claimed; it is handed out again.
+    let slot = tx.acquire().unwrap();
+    assert_eq!(slot.seq(), 0);
+    assert_eq!(slot.publish(16, b"1234"), Ok(0));
+}
+
+#[test]
+fn config_and_name_errors() {
+    assert!(matches!(
+        Producer::builder("").create(),
+        Err(CreateError::InvalidName(NameError::Empty))
+    ));
+    assert!(matches!(
+        Producer::builder("a/b").create(),
+        Err(CreateError::InvalidName(NameError::Slash))
+    ));
+    assert!(matches!(Consumer::open("a\0b"), Err(OpenError::InvalidName(NameError::Nul))));
+    let long = "n".repeat(gpuring::MAX_NAME_LEN + 1);
+    assert!(matches!(
+        Consumer::open(&long),
+        Err(OpenError::InvalidName(NameError::TooLong { .. }))
+    ));
+    let name = unique_name("cfg");
+    assert!(matches!(
+        Producer::builder(&name).capacity(0).create(),
+        Err(CreateError::InvalidConfig { field: "capacity", .. })
+    ));
+    assert!(matches!(
+        Producer::builder(&name).slot_size(0).create(),
+        Err(CreateError::InvalidConfig { field: "slot_size", .. })
+    ));
+    assert!(matches!(
+        Producer::builder(&name).mode(0o4777).create(),
+        Err(CreateError::InvalidConfig { field: "mode", .. })
+    ));
+}
+
+#[test]
+fn second_producer_is_refused_while_first_lives() {
+    let name = unique_name("twice");
+    let _tx = Producer::builder(&name).create().unwrap();
+    let me = std::process::id();
+    assert!(matches!(
+        Producer::builder(&name).create(),
+        Err(CreateError::AlreadyExists { pid }) if pid == me
+    ));
+}
+
+#[test]
+fn table_full() {
+    let name = unique_name("full");
+    let _tx = Producer::builder(&name).max_consumers(2).create().unwrap();
+    let _a = Consumer::open(&name).unwrap();
+    let b = Consumer::open(&name).unwrap();
+    assert!(matches!(Consumer::open(&name), Err(OpenError::TooManyConsumers { max: 2 })));
+    drop(b);
+    assert!(Consumer::open(&name).is_ok());
+}
+
+#[test]
+fn segment_mode_is_exact() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = unique_name("mode");
+    let _tx = Producer::builder(&name).create().unwrap();
+    let path = format!("/dev/shm/gpuring.{name}");
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let name2 = unique_name("mode");
+    let _tx2 = Producer::builder(&name2).mode(0o640).create().unwrap();
+    let path2 = format!("/dev/shm/gpuring.{name2}");
+    assert_eq!(std::fs::metadata(&path2).unwrap().permissions().mode() & 0o777, 0o640);
+}
+
+#[test]
+fn overwrite_reports_lag() {
+    let name = unique_name("lag");
+    let mut tx = Producer::builder(&name).capacity(4).policy(Policy::Overwrite).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    for i in 0..10u64 {
+        tx.send(&i.to_le_bytes(), b"").unwrap();
+    }
+    let m = rx.recv().unwrap();
+    assert_eq!((m.seq(), m.lag()), (6, 6));
+    drop(m);
+    assert_eq!(tx.consumers()[0].lost, 6);
+    for want in 7..10 {
+        let m = rx.recv().unwrap();
+        assert_eq!((m.seq(), m.lag()), (want, 0));
+    }
+}
+
+#[test]
+fn blocked_producer_wakes_when_consumer_leaves() {
+    let name = unique_name("leave");
+    let mut tx = Producer::builder(&name).capacity(2).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    tx.send(b"1", b"").unwrap();
+    tx.send(b"2", b"").unwrap();
+    let leaver = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(rx);
+    });
+    // Blocks on the consumer (past the 50 µs spin, so it sleeps on the futex) until it leaves.
+    let t = std::time::Instant::now();
+    let slot = tx.acquire().unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    drop(slot);
+    leaver.join().unwrap();
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the integration tests: unique ring names and re-executing this test
+//! binary as a child process with a role.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Environment variable naming the role a re-executed test binary plays.
+pub const ROLE: &str = "GPURING_TEST_ROLE";
+
+/// A ring name no other test (or test run) uses.
+pub fn unique_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("t-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The role this process was started with, if it is a child.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+/// Starts this test binary again running only `test` (which must check [`role`] first), with
+/// `role` and extra environment variables.
+pub fn spawn(test: &str, role: &str, env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
+        .env(ROLE, role)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child")
+}
+
+/// Waits for a child and asserts that it succeeded.
+pub fn expect_success(mut child: Child, what: &str) {
+    let status = child.wait().expect("wait child");
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+/// An environment variable of a child, parsed.
+pub fn env<T: std::str::FromStr>(key: &str) -> T {
+    std::env::var(key)
+        .unwrap_or_else(|_| panic!("{key} not set"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} not parseable"))
+}
