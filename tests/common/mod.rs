@@ -26,7 +26,9 @@ pub fn spawn(test: &str, role: &str, env: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(exe);
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
         .env(ROLE, role)
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // The child's harness chatter would interleave with ours; its panics go to stderr.
+        .stdout(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }

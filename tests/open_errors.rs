@@ -1,0 +1,129 @@
+//! Opening segments that are missing, half-built, truncated or not ours gives the right error.
+//! The bad segments are forged byte by byte from a real one.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use common::unique_name;
+use gpuring::{Consumer, OpenError, Producer};
+
+const MAGIC_OFFSET: usize = 0;
+const VERSION_OFFSET: usize = 8;
+
+fn path(name: &str) -> String {
+    format!("/dev/shm/gpuring.{name}")
+}
+
+/// The bytes of a real, fully built segment (its producer still alive in this process).
+fn real_segment() -> (Producer, Vec<u8>) {
+    let name = unique_name("real");
+    let tx = Producer::builder(&name).capacity(4).slot_size(1024).create().unwrap();
+    let bytes = fs::read(path(&name)).unwrap();
+    (tx, bytes)
+}
+
+/// Writes `bytes` as segment `name`, mode 0600.
+fn forge(bytes: &[u8]) -> (String, Forged) {
+    let name = unique_name("forged");
+    fs::write(path(&name), bytes).unwrap();
+    fs::set_permissions(path(&name), fs::Permissions::from_mode(0o600)).unwrap();
+    (name.clone(), Forged(name))
+}
+
+/// Removes a forged segment when dropped.
+struct Forged(String);
+impl Drop for Forged {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(path(&self.0));
+    }
+}
+
+#[test]
+fn missing() {
+    assert!(matches!(Consumer::open(&unique_name("absent")), Err(OpenError::NotFound)));
+}
+
+#[test]
+fn half_built() {
+    let (_tx, mut bytes) = real_segment();
+    bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8].fill(0);
+    let (name, _f) = forge(&bytes);
+    assert!(matches!(Consumer::open(&name), Err(OpenError::NotInitialized)));
+}
+
+#[test]
+fn truncated_below_header() {
+    let (_tx, bytes) = real_segment();
+    let (name, _f) = forge(&bytes[..64]);
+    assert!(matches!(Consumer::open(&name), Err(OpenError::Truncated { needed: 128, actual: 64 })));
+}
+
+#[test]
+fn truncated_below_layout() {
+    let (_tx, bytes) = real_segment();
+    let cut = bytes.len() - 4096;
+    let (name, _f) = forge(&bytes[..cut]);
+    match Consumer::open(&name) {
+        Err(OpenError::Truncated { needed, actual }) => {
+            assert_eq!(needed as usize, bytes.len());
+            assert_eq!(actual as usize, cut);
+        }
+        other => panic!("expected Truncated, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let (_tx, mut bytes) = real_segment();
+    bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8].copy_from_slice(b"NOTARING");
+    let (name, _f) = forge(&bytes);
+    let found = u64::from_le_bytes(*b"NOTARING");
+    assert!(matches!(Consumer::open(&name), Err(OpenError::BadMagic { found: f }) if f == found));
+}
+
+#[test]
+fn wrong_version() {
+    let (_tx, mut bytes) = real_segment();
+    bytes[VERSION_OFFSET..VERSION_OFFSET + 4].copy_from_slice(&99u32.to_le_bytes());
+    let (name, _f) = forge(&bytes);
+    assert!(matches!(
+        Consumer::open(&name),
+        Err(OpenError::VersionMismatch { found: 99, expected: 1 })
+    ));
+}
+
+#[test]
+fn symlink_is_refused() {
+    let (_tx, bytes) = real_segment();
+    let (target, _f) = forge(&bytes);
+    let name = unique_name("link");
+    std::os::unix::fs::symlink(path(&target), path(&name)).unwrap();
+    let _g = Forged(name.clone());
+    assert!(matches!(Consumer::open(&name), Err(OpenError::NotASegment)));
+}
+
+#[test]
+fn corrupt_field() {
+    let (_tx, mut bytes) = real_segment();
+    // capacity (offset 24) = 0
+    bytes[24..28].copy_from_slice(&0u32.to_le_bytes());
+    let (name, _f) = forge(&bytes);
+    assert!(matches!(
+        Consumer::open(&name),
+        Err(OpenError::Corrupt(gpuring::Corruption::Field { field: "capacity", value: 0 }))
+    ));
+}
+
+#[test]
+fn foreign_owner_refused_unless_allowed() {
+    let (_tx, bytes) = real_segment();
+    let (name, _f) = forge(&bytes);
+    // The forged file belongs to us; give it to `nobody` (these tests run as root, as CI does).
+    let uid = rustix::process::Uid::from_raw(65534);
+    rustix::fs::chown(path(&name), Some(uid), None).expect("chown needs root");
+    assert!(matches!(Consumer::open(&name), Err(OpenError::ForeignOwner { uid: 65534 })));
+    // Allowed: the header is checked as usual (the forged copy's producer is this process).
+    assert!(Consumer::builder(&name).allow_foreign_owner(true).open().is_ok());
+}
