@@ -229,6 +229,7 @@ impl Consumer {
         let Some((m, wake)) = self.core.try_pin(&ring)? else {
             return Ok(None);
         };
+        self.core.write_stats(&ring);
         if wake {
             wait::wake_all(ring.producer_wake);
         }
@@ -244,7 +245,9 @@ impl Consumer {
 
     fn release(&self, slot: usize) {
         let ring = self.map.ring();
-        match self.core.release(&ring, slot) {
+        let released = self.core.release(&ring, slot);
+        self.core.write_stats(&ring);
+        match released {
             Ok(true) => wait::wake_all(ring.producer_wake),
             Ok(false) => {}
             Err(c) => self.deferred.set(Some(c.into())),

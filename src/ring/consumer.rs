@@ -193,9 +193,6 @@ impl ConsumerCore {
             let entry = &ring.consumers[self.index];
             // Release: orders the pin CAS before the cursor, for the producer's Acquire load.
             entry.cursor.store(c + 1, Ordering::Release);
-            entry.received.store(self.received.get(), Ordering::Relaxed);
-            entry.lost.store(self.lost.get(), Ordering::Relaxed);
-            entry.holding.store(self.holding.get(), Ordering::Relaxed);
             // Only a Block producer waits for cursors; in Overwrite it waits only on releases.
             let wake = ring.policy == Policy::Block && wants_wake(ring.producer_wake);
             return Ok(Some((pinned, wake)));
@@ -209,13 +206,22 @@ impl ConsumerCore {
         // Release: our reads of the slot happen before the producer's claim (Acquire CAS).
         let prev = line.stamp.fetch_sub(1, Ordering::Release);
         self.holding.set(self.holding.get().saturating_sub(1));
-        ring.consumers[self.index].holding.store(self.holding.get(), Ordering::Relaxed);
         if stamp::held(prev) == 0 {
             // Someone else zeroed our hold. Undo our borrow and report it.
             line.stamp.fetch_add(1, Ordering::Relaxed);
             return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
         }
         Ok(wants_wake(ring.producer_wake))
+    }
+
+    /// Copies the statistics (received, lost, holding) into the consumer's table entry, where
+    /// tools read them. Not part of the protocol; the caller does it after pins and releases.
+    pub fn write_stats(&self, ring: &Ring<'_>) {
+        let entry = &ring.consumers[self.index];
+        // Relaxed: owner-only statistics, read only for display.
+        entry.received.store(self.received.get(), Ordering::Relaxed);
+        entry.lost.store(self.lost.get(), Ordering::Relaxed);
+        entry.holding.store(self.holding.get(), Ordering::Relaxed);
     }
 
     /// Leaves the ring (every pinned message must have been released). Returns whether the
