@@ -195,6 +195,6 @@ fn blocked_producer_wakes_when_consumer_leaves() {
     let t = std::time::Instant::now();
     let slot = tx.acquire().unwrap();
     assert!(t.elapsed() >= Duration::from_millis(150));
-    drop(slot);
+    let _ = slot;
     leaver.join().unwrap();
 }
