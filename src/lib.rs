@@ -51,3 +51,8 @@ pub use ring::{Policy, StartAt};
 pub use shm::{Layout, MemoryKind, MAX_NAME_LEN};
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

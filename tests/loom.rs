@@ -106,5 +106,5 @@ fn block_one_slot() {
 
 #[test]
 fn overwrite_one_slot() {
-    model(Policy::Overwrite, 1, 3);
+    model(Policy::Overwrite, 1, 2);
 }
