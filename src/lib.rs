@@ -22,6 +22,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod cuda;
 pub mod error;
 pub mod ring;
 pub mod shm;

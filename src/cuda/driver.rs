@@ -1,0 +1,365 @@
+//! `result`-style wrappers over `cudarc::driver::sys`: each turns a `CUresult` into a
+//! `Result`, and each unsafe one lists its preconditions. Nothing here owns anything; the RAII
+//! types in [`super::pool`], [`super::ipc`] and [`super::stream`] do.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+pub use sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUstream,
+};
+
+/// A CUDA driver call that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverError {
+    /// The driver function.
+    pub call: &'static str,
+    /// Its result code.
+    pub code: sys::CUresult,
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string or fails; we pass a valid
+        // out-pointer. It needs the library loaded, which a DriverError implies.
+        let ok =
+            unsafe { sys::cuGetErrorName(self.code, &mut name) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && !name.is_null() {
+            // SAFETY: on success `name` is a NUL-terminated static string.
+            let s = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+            write!(f, "{} failed: {s}", self.call)
+        } else {
+            write!(f, "{} failed: {:?}", self.call, self.code)
+        }
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+/// Result of a driver call.
+pub type DriverResult<T> = Result<T, DriverError>;
+
+fn check(call: &'static str, code: sys::CUresult) -> DriverResult<()> {
+    if code == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(DriverError { call, code })
+    }
+}
+
+/// IPC memory handles opened and closed by this process, for tests that prove steady state
+/// makes no such calls.
+pub static IPC_MEM_OPENS: AtomicU64 = AtomicU64::new(0);
+/// IPC event handles opened by this process.
+pub static IPC_EVENT_OPENS: AtomicU64 = AtomicU64::new(0);
+/// IPC memory handles closed by this process.
+pub static IPC_MEM_CLOSES: AtomicU64 = AtomicU64::new(0);
+
+/// Why CUDA cannot be used here, or `Ok` once the driver is loaded and initialised with at
+/// least one device. Checked once per process; never panics on a machine without CUDA.
+pub fn available() -> Result<(), String> {
+    static STATE: OnceLock<Result<(), String>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            // SAFETY: only probes for the library with dlopen; no CUDA call is made.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("the CUDA driver library (libcuda.so) is not installed".into());
+            }
+            // SAFETY: the library is present; cuInit takes flags 0.
+            check("cuInit", unsafe { sys::cuInit(0) }).map_err(|e| e.to_string())?;
+            let mut n = 0;
+            // SAFETY: valid out-pointer; the driver is initialised.
+            check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("no CUDA device".into());
+            }
+            Ok(())
+        })
+        .clone()
+}
+
+/// Device `ordinal`. [`available`] must have returned `Ok` (otherwise this returns the
+/// driver's "not initialised" error).
+pub fn device(ordinal: i32) -> DriverResult<CUdevice> {
+    if available().is_err() {
+        return Err(DriverError {
+            call: "cuInit",
+            code: sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
+        });
+    }
+    let mut dev = 0;
+    // SAFETY: driver initialised by `available`; valid out-pointer.
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
+    Ok(dev)
+}
+
+/// The device's UUID.
+pub fn device_uuid(dev: CUdevice) -> DriverResult<[u8; 16]> {
+    let mut uuid = MaybeUninit::<sys::CUuuid>::uninit();
+    // SAFETY: `dev` came from `device`; valid out-pointer.
+    check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(uuid.as_mut_ptr(), dev) })?;
+    // SAFETY: initialised by the successful call.
+    let uuid = unsafe { uuid.assume_init() };
+    Ok(uuid.bytes.map(|b| b as u8))
+}
+
+/// (major, minor) compute capability.
+pub fn compute_capability(dev: CUdevice) -> DriverResult<(i32, i32)> {
+    use sys::CUdevice_attribute::*;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: `dev` came from `device`; valid out-pointers.
+    unsafe {
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(
+                &mut major,
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            ),
+        )?;
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(
+                &mut minor,
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                dev,
+            ),
+        )?;
+    }
+    Ok((major, minor))
+}
+
+/// Retains the device's primary context.
+pub fn primary_ctx_retain(dev: CUdevice) -> DriverResult<CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: `dev` came from `device`; valid out-pointer.
+    check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+    Ok(ctx)
+}
+
+/// Releases a retained primary context.
+///
+/// # Safety
+/// 1. `dev`'s primary context must have been retained by [`primary_ctx_retain`], once per call.
+/// 2. Nothing created in it may be used afterwards unless another retain keeps it alive.
+pub unsafe fn primary_ctx_release(dev: CUdevice) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuDevicePrimaryCtxRelease", unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) })
+}
+
+/// Makes `ctx` current on the calling thread.
+///
+/// # Safety
+/// 1. `ctx` must be a live context.
+pub unsafe fn ctx_set_current(ctx: CUcontext) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
+}
+
+/// `cuMemAlloc_v2`: a dedicated allocation (never from a stream-ordered pool, which legacy IPC
+/// refuses).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_alloc(bytes: usize) -> DriverResult<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: by (1); valid out-pointer.
+    check("cuMemAlloc_v2", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+    Ok(ptr)
+}
+
+/// `cuMemFree_v2`.
+///
+/// # Safety
+/// 1. `ptr` must come from [`mem_alloc`] in the current context and not be freed yet.
+/// 2. No pending work may still use it.
+pub unsafe fn mem_free(ptr: CUdeviceptr) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })
+}
+
+/// `cuIpcGetMemHandle`.
+///
+/// # Safety
+/// 1. `ptr` must be the base of a live [`mem_alloc`] allocation in the current context.
+pub unsafe fn ipc_get_mem_handle(ptr: CUdeviceptr) -> DriverResult<CUipcMemHandle> {
+    let mut h = MaybeUninit::<CUipcMemHandle>::uninit();
+    // SAFETY: by (1); valid out-pointer.
+    check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(h.as_mut_ptr(), ptr) })?;
+    // SAFETY: initialised by the successful call.
+    Ok(unsafe { h.assume_init() })
+}
+
+/// `cuIpcOpenMemHandle_v2` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the flag the driver
+/// requires (0 is refused with `CUDA_ERROR_INVALID_VALUE`).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+/// 2. `handle` must not be open already in this context (the driver allows one open per
+///    context; a second returns an error, but callers must not rely on that).
+pub unsafe fn ipc_open_mem_handle(handle: CUipcMemHandle) -> DriverResult<CUdeviceptr> {
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    let mut ptr = 0;
+    // SAFETY: by (1) and (2); valid out-pointer.
+    check("cuIpcOpenMemHandle_v2", unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags) })?;
+    IPC_MEM_OPENS.fetch_add(1, Ordering::Relaxed);
+    Ok(ptr)
+}
+
+/// `cuIpcCloseMemHandle`.
+///
+/// # Safety
+/// 1. `ptr` must come from [`ipc_open_mem_handle`] in the current context, not closed yet.
+/// 2. No pending work may still use the mapping.
+pub unsafe fn ipc_close_mem_handle(ptr: CUdeviceptr) -> DriverResult<()> {
+    IPC_MEM_CLOSES.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: by (1) and (2).
+    check("cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(ptr) })
+}
+
+/// `cuEventCreate` with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`, the flags IPC
+/// events require.
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn event_create_interprocess() -> DriverResult<CUevent> {
+    let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+        | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: by (1); valid out-pointer.
+    check("cuEventCreate", unsafe { sys::cuEventCreate(&mut ev, flags) })?;
+    Ok(ev)
+}
+
+/// `cuEventDestroy_v2`.
+///
+/// # Safety
+/// 1. `ev` must be a live event of the current context, not used afterwards.
+pub unsafe fn event_destroy(ev: CUevent) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuEventDestroy_v2", unsafe { sys::cuEventDestroy_v2(ev) })
+}
+
+/// `cuIpcGetEventHandle`.
+///
+/// # Safety
+/// 1. `ev` must be a live event created with [`event_create_interprocess`].
+pub unsafe fn ipc_get_event_handle(ev: CUevent) -> DriverResult<CUipcEventHandle> {
+    let mut h = MaybeUninit::<CUipcEventHandle>::uninit();
+    // SAFETY: by (1); valid out-pointer.
+    check("cuIpcGetEventHandle", unsafe { sys::cuIpcGetEventHandle(h.as_mut_ptr(), ev) })?;
+    // SAFETY: initialised by the successful call.
+    Ok(unsafe { h.assume_init() })
+}
+
+/// `cuIpcOpenEventHandle`.
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn ipc_open_event_handle(handle: CUipcEventHandle) -> DriverResult<CUevent> {
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: by (1); valid out-pointer.
+    check("cuIpcOpenEventHandle", unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) })?;
+    IPC_EVENT_OPENS.fetch_add(1, Ordering::Relaxed);
+    Ok(ev)
+}
+
+/// `cuEventRecord`.
+///
+/// # Safety
+/// 1. `ev` and `stream` must be live, and `ev` of the current context (or opened into it).
+pub unsafe fn event_record(ev: CUevent, stream: CUstream) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuEventRecord", unsafe { sys::cuEventRecord(ev, stream) })
+}
+
+/// `cuStreamWaitEvent`: work submitted to `stream` later waits for `ev`'s last record.
+///
+/// # Safety
+/// 1. `stream` and `ev` must be live.
+pub unsafe fn stream_wait_event(stream: CUstream, ev: CUevent) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, ev, 0) })
+}
+
+/// `cuStreamCreate` with `CU_STREAM_NON_BLOCKING` (no implicit sync with the legacy stream).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn stream_create() -> DriverResult<CUstream> {
+    let mut s = std::ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: by (1); valid out-pointer.
+    check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+    Ok(s)
+}
+
+/// `cuStreamDestroy_v2`.
+///
+/// # Safety
+/// 1. `s` must be a live stream of the current context, not used afterwards.
+pub unsafe fn stream_destroy(s: CUstream) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(s) })
+}
+
+/// `cuStreamSynchronize`. Never on the steady-state path: setup, teardown and tests only.
+///
+/// # Safety
+/// 1. `s` must be a live stream.
+pub unsafe fn stream_synchronize(s: CUstream) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s) })
+}
+
+/// `cuMemcpyDtoH_v2` into `dst`.
+///
+/// # Safety
+/// 1. `src` must point to at least `dst.len()` readable device bytes in the current context.
+pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> DriverResult<()> {
+    // SAFETY: by (1); `dst` is valid for writes of its length.
+    check("cuMemcpyDtoH_v2", unsafe {
+        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+    })
+}
+
+/// `cuMemsetD8Async` of `len` bytes at `dst` on `stream`.
+///
+/// # Safety
+/// 1. `dst` must point to at least `len` writable device bytes; `stream` must be live.
+pub unsafe fn memset_async(
+    dst: CUdeviceptr,
+    value: u8,
+    len: usize,
+    stream: CUstream,
+) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst, value, len, stream) })
+}
+
+/// The 64 bytes of an IPC memory handle, as stored in a segment.
+pub fn mem_handle_bytes(h: &CUipcMemHandle) -> [u8; 64] {
+    h.reserved.map(|c| c as u8)
+}
+
+/// An IPC memory handle from its 64 bytes.
+pub fn mem_handle_from_bytes(b: &[u8; 64]) -> CUipcMemHandle {
+    CUipcMemHandle { reserved: b.map(|c| c as std::ffi::c_char) }
+}
+
+/// The 64 bytes of an IPC event handle, as stored in a segment.
+pub fn event_handle_bytes(h: &CUipcEventHandle) -> [u8; 64] {
+    h.reserved.map(|c| c as u8)
+}
+
+/// An IPC event handle from its 64 bytes.
+pub fn event_handle_from_bytes(b: &[u8; 64]) -> CUipcEventHandle {
+    CUipcEventHandle { reserved: b.map(|c| c as std::ffi::c_char) }
+}

@@ -1,0 +1,121 @@
+//! Opened IPC memory handles and interprocess events.
+
+use std::sync::Arc;
+
+use super::driver::{self, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, DriverError};
+use super::stream::Stream;
+use super::Context;
+
+/// Another process's allocation, mapped with `cuIpcOpenMemHandle_v2` and closed with
+/// `cuIpcCloseMemHandle` on drop.
+///
+/// Invariant: `ptr` is an open mapping of `size` bytes in `ctx`.
+pub struct IpcMapping {
+    ctx: Arc<Context>,
+    ptr: CUdeviceptr,
+    size: usize,
+}
+
+// SAFETY: device pointers are plain addresses; driver calls bind the context first.
+unsafe impl Send for IpcMapping {}
+// SAFETY: as above.
+unsafe impl Sync for IpcMapping {}
+
+impl IpcMapping {
+    /// Opens `handle` in `ctx` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS` (the only flag the
+    /// driver accepts; it also lets a consumer on another device map it). The caller says how
+    /// large the allocation is (from the pool table) and must open each handle at most once per
+    /// context.
+    pub fn open(
+        ctx: &Arc<Context>,
+        handle: CUipcMemHandle,
+        size: usize,
+    ) -> Result<IpcMapping, DriverError> {
+        ctx.bind()?;
+        // SAFETY: `ctx` is current; the caller opens each handle once per context.
+        let ptr = unsafe { driver::ipc_open_mem_handle(handle) }?;
+        Ok(IpcMapping { ctx: ctx.clone(), ptr, size })
+    }
+
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Size in bytes, as the producer declared it.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: open by the invariant; owners synchronise before dropping a mapping that
+            // pending work reads.
+            let _ = unsafe { driver::ipc_close_mem_handle(self.ptr) };
+        }
+    }
+}
+
+/// An interprocess event (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here, or
+/// opened from another process's handle. Destroyed on drop.
+///
+/// Invariant: `raw` is a live event usable in `ctx`.
+pub struct IpcEvent {
+    ctx: Arc<Context>,
+    raw: CUevent,
+}
+
+// SAFETY: event handles may be used from any thread with the context bound.
+unsafe impl Send for IpcEvent {}
+// SAFETY: as above; record and wait are thread-safe driver calls.
+unsafe impl Sync for IpcEvent {}
+
+impl IpcEvent {
+    /// Creates an interprocess event in `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Result<IpcEvent, DriverError> {
+        ctx.bind()?;
+        // SAFETY: `ctx` is current.
+        let raw = unsafe { driver::event_create_interprocess() }?;
+        Ok(IpcEvent { ctx: ctx.clone(), raw })
+    }
+
+    /// Opens another process's event.
+    pub fn open(ctx: &Arc<Context>, handle: CUipcEventHandle) -> Result<IpcEvent, DriverError> {
+        ctx.bind()?;
+        // SAFETY: `ctx` is current.
+        let raw = unsafe { driver::ipc_open_event_handle(handle) }?;
+        Ok(IpcEvent { ctx: ctx.clone(), raw })
+    }
+
+    /// The handle to give other processes.
+    pub fn ipc_handle(&self) -> Result<CUipcEventHandle, DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: live interprocess event by the invariant.
+        unsafe { driver::ipc_get_event_handle(self.raw) }
+    }
+
+    /// Records the event on `stream`: it completes when the work submitted so far does.
+    pub fn record(&self, stream: &Stream) -> Result<(), DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: both live by their invariants.
+        unsafe { driver::event_record(self.raw, stream.raw()) }
+    }
+
+    /// Makes work submitted to `stream` from now on wait for this event's last record.
+    pub fn wait_on(&self, stream: &Stream) -> Result<(), DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: both live by their invariants.
+        unsafe { driver::stream_wait_event(stream.raw(), self.raw) }
+    }
+}
+
+impl Drop for IpcEvent {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: live by the invariant, never used after drop.
+            let _ = unsafe { driver::event_destroy(self.raw) };
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The CUDA layer: thin wrappers over `cudarc::driver::sys` ([`driver`]), RAII owners of what
+//! they create or open ([`Context`], [`Stream`], [`DevicePool`], [`IpcMapping`], [`IpcEvent`]),
+//! and the run-time compiled kernels in `kernels/` ([`kernels`]).
+//!
+//! The driver is loaded lazily (cudarc's `dynamic-loading`), so this builds and runs on machines
+//! without CUDA; [`driver::available`] says whether it can be used, and no CUDA call is made
+//! before it said yes.
+
+pub mod driver;
+mod ipc;
+pub mod kernels;
+mod pool;
+mod stream;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use driver::{DriverError, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+pub use ipc::{IpcEvent, IpcMapping};
+pub use pool::{DevicePool, POOL_ALIGN};
+pub use stream::Stream;
+
+/// Why a CUDA operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CudaError {
+    /// No usable driver or device on this machine.
+    Unavailable(String),
+    /// A driver call failed.
+    Driver(DriverError),
+    /// NVRTC could not compile or the module could not be loaded.
+    Compile(String),
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaError::Unavailable(why) => write!(f, "CUDA unavailable: {why}"),
+            CudaError::Driver(e) => e.fmt(f),
+            CudaError::Compile(why) => write!(f, "kernel compilation: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        CudaError::Driver(e)
+    }
+}
+
+/// A device's primary context, retained for as long as this lives.
+///
+/// Invariant: `ctx` is `dev`'s primary context, retained once by this value.
+pub struct Context {
+    dev: driver::CUdevice,
+    ordinal: i32,
+    ctx: driver::CUcontext,
+}
+
+// SAFETY: a CUDA context handle may be used from any thread (made current there with `bind`).
+unsafe impl Send for Context {}
+// SAFETY: as above; the driver synchronises its own use of contexts.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Retains device `ordinal`'s primary context and makes it current on this thread.
+    pub fn new(ordinal: i32) -> Result<Arc<Context>, CudaError> {
+        driver::available().map_err(CudaError::Unavailable)?;
+        let dev = driver::device(ordinal)?;
+        let ctx = driver::primary_ctx_retain(dev)?;
+        let c = Context { dev, ordinal, ctx };
+        c.bind()?;
+        Ok(Arc::new(c))
+    }
+
+    /// Makes this context current on the calling thread. Every RAII type here calls it before
+    /// its driver calls, so they can be used from any thread.
+    pub fn bind(&self) -> Result<(), DriverError> {
+        // SAFETY: `ctx` is retained by self, so it is live.
+        unsafe { driver::ctx_set_current(self.ctx) }
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// The device's UUID.
+    pub fn uuid(&self) -> Result<[u8; 16], DriverError> {
+        driver::device_uuid(self.dev)
+    }
+
+    /// The device's compute capability.
+    pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
+        driver::compute_capability(self.dev)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: retained once by `new`; every RAII type holds an Arc<Context>, so nothing
+        // created in it outlives this.
+        let _ = unsafe { driver::primary_ctx_release(self.dev) };
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("ordinal", &self.ordinal).finish()
+    }
+}
