@@ -9,6 +9,7 @@
 pub mod driver;
 mod ipc;
 pub mod kernels;
+pub mod layout;
 mod pool;
 mod stream;
 

@@ -1,0 +1,203 @@
+//! The shared structures a CUDA-memory segment adds to the host layout, and the checks a
+//! consumer makes on them before it forms a device pointer.
+//!
+//! * a pool table: which device allocations carry payload, by IPC handle;
+//! * per slot, a [`GpuSlotLine`]: the message's descriptor (pool, offset) and the 64-byte
+//!   handle of the slot's ready event;
+//! * per consumer and slot, a [`ConsumerSlot`]: that consumer's release event handle and the
+//!   sequence number it last released there, so the producer waits only on the consumers that
+//!   read a slot's previous message.
+//!
+//! Like every shared structure, all fields are atomics; handles are stored as eight `u64`s.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::Corruption;
+
+/// Entries in the pool table.
+pub const MAX_POOLS: usize = 32;
+
+/// A 64-byte IPC handle as eight atomics.
+#[repr(C)]
+pub struct Handle64 {
+    words: [AtomicU64; 8],
+}
+
+impl Handle64 {
+    /// Stores `bytes` (Relaxed: published by the Release store that makes the owner visible).
+    pub fn store(&self, bytes: &[u8; 64]) {
+        for (w, chunk) in self.words.iter().zip(bytes.chunks_exact(8)) {
+            w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Ordering::Relaxed);
+        }
+    }
+
+    /// Loads the bytes (Relaxed: the caller acquired the owner's publication first).
+    pub fn load(&self) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        for (w, chunk) in self.words.iter().zip(out.chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        out
+    }
+}
+
+/// Pool table entry states.
+pub mod pool_state {
+    /// Unused.
+    pub const EMPTY: u32 = 0;
+    /// Holds a live allocation.
+    pub const LIVE: u32 = 1;
+}
+
+/// One device allocation that messages may point into.
+#[repr(C, align(128))]
+pub struct PoolEntry {
+    /// [`pool_state`]; set LIVE with Release after the other fields.
+    pub state: AtomicU32,
+    /// Bumped each time the entry is reused, so a consumer's cache (keyed by index and
+    /// generation) never maps a new allocation through an old handle.
+    pub generation: AtomicU32,
+    /// Bytes in the allocation.
+    pub size: AtomicU64,
+    /// UUID of the device that owns it (two little-endian halves).
+    pub device_uuid: [AtomicU64; 2],
+    /// Its `cuIpcGetMemHandle` handle.
+    pub handle: Handle64,
+}
+
+/// A slot's descriptor and ready event.
+#[repr(C, align(128))]
+pub struct GpuSlotLine {
+    /// Pool table index of the message's memory. Written before the publish (Release) store of
+    /// the slot's stamp; read after the pin (Acquire).
+    pub pool: AtomicU32,
+    /// Generation of that pool entry when the message was published.
+    pub pool_generation: AtomicU32,
+    /// Byte offset of the message in the pool.
+    pub offset: AtomicU64,
+    /// The slot's ready event: recorded by the producer on its stream at publish. Written once
+    /// when the segment is built.
+    pub ready_event: Handle64,
+}
+
+/// One consumer's state for one slot.
+#[repr(C, align(128))]
+pub struct ConsumerSlot {
+    /// `seq + 1` of the message this consumer last released in this slot (0: none). Stored with
+    /// Release after the release event was recorded.
+    pub released: AtomicU64,
+    /// The consumer's release event for this slot, recorded on its stream at release. Written
+    /// when the consumer joins.
+    pub release_event: Handle64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<PoolEntry>() == 128);
+    assert!(std::mem::size_of::<GpuSlotLine>() == 128);
+    assert!(std::mem::size_of::<ConsumerSlot>() == 128);
+};
+
+/// A message's location, as read from a [`GpuSlotLine`] and checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Pool table index.
+    pub pool: usize,
+    /// Pool generation.
+    pub generation: u32,
+    /// Offset in the pool.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+}
+
+/// What a consumer knows about one pool it mapped: its generation and size when mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnownPool {
+    /// Generation at mapping time.
+    pub generation: u32,
+    /// Size at mapping time.
+    pub size: u64,
+}
+
+/// Checks a descriptor read from shared memory against what this consumer mapped: the pool
+/// index is in the table and mapped by us in the same generation, and `offset + len` lies
+/// inside it (without overflow). Only then may a device pointer be formed.
+pub fn check_descriptor(
+    pool: u32,
+    generation: u32,
+    offset: u64,
+    len: u64,
+    known: &[Option<KnownPool>],
+) -> Result<Descriptor, Corruption> {
+    let bad = |field, value| Err(Corruption::Field { field, value });
+    let index = pool as usize;
+    if index >= MAX_POOLS || index >= known.len() {
+        return bad("descriptor.pool", pool as u64);
+    }
+    let Some(k) = known[index] else { return bad("descriptor.pool", pool as u64) };
+    if k.generation != generation {
+        return bad("descriptor.pool_generation", generation as u64);
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= k.size => {}
+        _ => return bad("descriptor.offset", offset),
+    }
+    Ok(Descriptor { pool: index, generation, offset, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn handles_round_trip() {
+        let h = Handle64 { words: Default::default() };
+        let mut b = [0u8; 64];
+        b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8 * 3);
+        h.store(&b);
+        assert_eq!(h.load(), b);
+    }
+
+    fn known() -> Vec<Option<KnownPool>> {
+        let mut k = vec![None; MAX_POOLS];
+        k[0] = Some(KnownPool { generation: 1, size: 1 << 21 });
+        k[3] = Some(KnownPool { generation: 7, size: 4096 });
+        k
+    }
+
+    #[test]
+    fn descriptor_cases() {
+        let k = known();
+        assert!(check_descriptor(0, 1, 0, 1 << 21, &k).is_ok());
+        assert!(check_descriptor(3, 7, 4000, 96, &k).is_ok());
+        assert!(check_descriptor(3, 7, 4000, 97, &k).is_err()); // past the end
+        assert!(check_descriptor(3, 6, 0, 1, &k).is_err()); // stale generation
+        assert!(check_descriptor(1, 0, 0, 1, &k).is_err()); // not mapped
+        assert!(check_descriptor(99, 1, 0, 1, &k).is_err()); // outside the table
+        assert!(check_descriptor(0, 1, u64::MAX, 2, &k).is_err()); // overflow
+    }
+
+    proptest! {
+        /// Whatever the shared memory says, an accepted descriptor lies inside a pool we mapped
+        /// in the same generation.
+        #[test]
+        fn accepted_descriptors_are_in_bounds(
+            pool in 0u32..40, generation in 0u32..10, offset in any::<u64>(), len in any::<u64>(),
+        ) {
+            let k = known();
+            if let Ok(d) = check_descriptor(pool, generation, offset, len, &k) {
+                let kp = k[d.pool].unwrap();
+                prop_assert_eq!(kp.generation, generation);
+                prop_assert!(d.offset.checked_add(d.len).is_some_and(|end| end <= kp.size));
+            }
+        }
+
+        #[test]
+        fn small_in_range_descriptors_are_accepted(offset in 0u64..4096, len in 0u64..4096) {
+            let k = known();
+            let ok = check_descriptor(3, 7, offset, len, &k).is_ok();
+            prop_assert_eq!(ok, offset + len <= 4096);
+        }
+    }
+}
