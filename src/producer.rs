@@ -161,11 +161,16 @@ fn remove_if_stale(name: &ShmName) -> Result<(), CreateError> {
         Err(OpenError::NotFound) => return Ok(()),
         Err(OpenError::Truncated { .. }) => {
             // Too small for a header: a creator between shm_open and ftruncate, or one that died
-            // there. Give a live creator a moment.
+            // there. Give a live creator a moment, and remove the name only if it still names
+            // the same file.
+            let file_id = || rustix::fs::stat(name.path()).ok().map(|st| (st.st_dev, st.st_ino));
+            let before = file_id();
             std::thread::sleep(Duration::from_millis(200));
             match Segment::open(name, opts) {
                 Err(OpenError::Truncated { .. }) => {
-                    let _ = Segment::unlink_name(name);
+                    if before.is_some() && file_id() == before {
+                        let _ = Segment::unlink_name(name);
+                    }
                     return Ok(());
                 }
                 Err(OpenError::NotFound) => return Ok(()),

@@ -58,6 +58,8 @@ pub struct ConsumerCore {
     received: Cell<u64>,
     lost: Cell<u64>,
     holding: Cell<u64>,
+    /// Whether the producer slept when this consumer joined and must be woken by the caller.
+    join_wake: bool,
 }
 
 impl ConsumerCore {
@@ -91,10 +93,19 @@ impl ConsumerCore {
             entry.received.store(0, Ordering::Relaxed);
             entry.lost.store(0, Ordering::Relaxed);
             entry.holding.store(0, Ordering::Relaxed);
-            let cursor_at = |head: u64| match start {
-                StartAt::Newest => head.saturating_sub(1),
-                StartAt::Next => head,
-                StartAt::Oldest => head.saturating_sub(ring.capacity()),
+            let cursor_at = |head: u64| {
+                let c = match start {
+                    StartAt::Newest => head.saturating_sub(1),
+                    StartAt::Next => head,
+                    StartAt::Oldest => head.saturating_sub(ring.capacity()),
+                };
+                // Under Block, never behind the oldest message that cannot be overwritten
+                // while we join (see below); with capacity 1 that makes Newest act as Next.
+                if ring.policy == Policy::Block {
+                    c.max(head.saturating_add(1).saturating_sub(ring.capacity()))
+                } else {
+                    c
+                }
             };
             // Acquire: pairs with the producer's Release head store.
             let head = ring.producer.head.load(Ordering::Acquire);
@@ -110,12 +121,11 @@ impl ConsumerCore {
             // be overwritten behind our back; in Block we start after it and lose nothing.
             fence(Ordering::SeqCst);
             let head2 = ring.producer.head.load(Ordering::Acquire);
-            let mut cursor = cursor_at(head2).max(cursor_at(head));
-            if ring.policy == Policy::Block {
-                cursor = cursor.max((head2 + 1).saturating_sub(ring.capacity()));
-            }
+            let cursor = cursor_at(head2).max(cursor_at(head));
             // Release: pairs with the producer's Acquire cursor load.
             entry.cursor.store(cursor, Ordering::Release);
+            // The producer may have gone to sleep on our first, lower cursor: wake it.
+            let join_wake = wants_wake(ring.producer_wake);
             return Ok(ConsumerCore {
                 index,
                 cursor: Cell::new(cursor),
@@ -123,9 +133,16 @@ impl ConsumerCore {
                 received: Cell::new(0),
                 lost: Cell::new(0),
                 holding: Cell::new(0),
+                join_wake,
             });
         }
         Err(JoinError::Full)
+    }
+
+    /// Whether the caller must wake the producer after joining (it may be asleep on this
+    /// consumer's first cursor).
+    pub fn join_wake(&self) -> bool {
+        self.join_wake
     }
 
     /// Its consumer table entry.
@@ -157,9 +174,12 @@ impl ConsumerCore {
                     // published at least up to `c + cap - 1`. Jump to the oldest one left.
                     // Acquire: pairs with the producer's Release head store.
                     let head = ring.producer.head.load(Ordering::Acquire);
-                    let next = (c + 1).max(head.saturating_sub(ring.capacity()));
-                    self.lag.set(self.lag.get() + (next - c));
-                    self.lost.set(self.lost.get() + (next - c));
+                    // Wrapping/saturating: `head` comes from shared memory and may be garbage;
+                    // that must not panic, only misreport the loss.
+                    let next = c.wrapping_add(1).max(head.saturating_sub(ring.capacity()));
+                    let skipped = next.wrapping_sub(c);
+                    self.lag.set(self.lag.get().saturating_add(skipped));
+                    self.lost.set(self.lost.get().saturating_add(skipped));
                     self.cursor.set(next);
                     continue 'next;
                 }
@@ -187,12 +207,13 @@ impl ConsumerCore {
                 timestamp_ns: line.timestamp_ns.load(Ordering::Relaxed),
                 lag: self.lag.replace(0),
             };
-            self.cursor.set(c + 1);
+            let next = c.wrapping_add(1);
+            self.cursor.set(next);
             self.received.set(self.received.get() + 1);
             self.holding.set(self.holding.get() + 1);
             let entry = &ring.consumers[self.index];
             // Release: orders the pin CAS before the cursor, for the producer's Acquire load.
-            entry.cursor.store(c + 1, Ordering::Release);
+            entry.cursor.store(next, Ordering::Release);
             // Only a Block producer waits for cursors; in Overwrite it waits only on releases.
             let wake = ring.policy == Policy::Block && wants_wake(ring.producer_wake);
             return Ok(Some((pinned, wake)));
@@ -203,14 +224,23 @@ impl ConsumerCore {
     /// be woken.
     pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
         let line = &ring.slots[slot];
-        // Release: our reads of the slot happen before the producer's claim (Acquire CAS).
-        let prev = line.stamp.fetch_sub(1, Ordering::Release);
-        self.holding.set(self.holding.get().saturating_sub(1));
-        if stamp::held(prev) == 0 {
-            // Someone else zeroed our hold. Undo our borrow and report it.
-            line.stamp.fetch_add(1, Ordering::Relaxed);
-            return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
+        // Relaxed: the CAS below orders; this load only seeds it.
+        let mut st = line.stamp.load(Ordering::Relaxed);
+        loop {
+            if stamp::held(st) == 0 {
+                // Someone else zeroed our hold: report it rather than borrow into the tag.
+                self.holding.set(self.holding.get().saturating_sub(1));
+                return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
+            }
+            // Release: our reads of the slot happen before the producer's claim (its Acquire
+            // CAS reads this value or a later one in the release sequence).
+            match line.stamp.compare_exchange_weak(st, st - 1, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(actual) => st = actual,
+            }
         }
+        self.holding.set(self.holding.get().saturating_sub(1));
         Ok(wants_wake(ring.producer_wake))
     }
 

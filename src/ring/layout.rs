@@ -41,8 +41,7 @@ pub mod entry_state {
     pub const ACTIVE: u32 = 2;
 }
 
-/// One consumer's entry in the consumer table. Written only by its owner (and, in the dead-peer
-/// path, by the producer once the owner is gone).
+/// One consumer's entry in the consumer table. Written only by its owner.
 #[repr(C, align(128))]
 pub struct ConsumerEntry {
     /// One of [`entry_state`].

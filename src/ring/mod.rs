@@ -91,7 +91,7 @@ pub(crate) mod atomic {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Policy {
-    /// Lossless: the producer waits for the slowest live consumer.
+    /// Lossless: the producer waits for the slowest active consumer.
     Block = 1,
     /// Live: unread messages are overwritten; a consumer learns how many it lost. A slot that a
     /// consumer holds is never overwritten.

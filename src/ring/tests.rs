@@ -294,3 +294,30 @@ proptest! {
         run_model(Policy::Overwrite, cap, ops)?;
     }
 }
+
+#[test]
+fn hostile_head_does_not_panic() {
+    for policy in [Policy::Block, Policy::Overwrite] {
+        let heap = HeapRing::new(2, 2, policy);
+        let ring = heap.ring();
+        ring.producer.head.store(u64::MAX, atomic::Ordering::Relaxed);
+        for start in [StartAt::Newest, StartAt::Next, StartAt::Oldest] {
+            let c = ConsumerCore::join(&ring, start, 1, 1).unwrap();
+            // Whatever the cursor became, pinning must not panic (overflow checks are on here).
+            for _ in 0..4 {
+                if let Ok(Some((m, _))) = c.try_pin(&ring) {
+                    let _ = c.release(&ring, m.slot);
+                }
+            }
+            c.leave(&ring);
+        }
+        // A consumer at 0 whose slot shows a newer message takes the lag path with head MAX.
+        ring.producer.head.store(0, atomic::Ordering::Relaxed);
+        let c = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+        ring.slots[0].stamp.store(stamp::ready(5, 0), atomic::Ordering::Relaxed);
+        ring.producer.head.store(u64::MAX, atomic::Ordering::Relaxed);
+        for _ in 0..4 {
+            let _ = c.try_pin(&ring);
+        }
+    }
+}
