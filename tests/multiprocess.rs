@@ -10,10 +10,10 @@ use gpuring::{pattern, Consumer, OpenError, Policy, Producer, RecvError, StartAt
 
 const SLOT: usize = 4096;
 
-/// Publishes `n` messages: each has a length derived from its seq, the pattern of its seq, and
-/// the seq in its user header.
-fn produce(tx: &mut Producer, n: u64) {
-    for seq in 0..n {
+/// Publishes messages `seqs`: each has a length derived from its seq, the pattern of its seq,
+/// and the seq in its user header.
+fn produce(tx: &mut Producer, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
         let mut slot = tx.acquire().unwrap();
         assert_eq!(slot.seq(), seq);
         let len = pattern::len_for(seq, 1, SLOT);
@@ -55,6 +55,20 @@ fn consume_and_check(rx: &Consumer) -> Seen {
     }
 }
 
+/// Opens ring `name` (starting at the next message) once its producer process has created it.
+fn open_when_created(name: &str) -> Consumer {
+    let t = Instant::now();
+    loop {
+        match Consumer::builder(name).start_at(StartAt::Next).open() {
+            Ok(rx) => return rx,
+            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 30 => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
 fn wait_for_consumers(tx: &Producer, n: usize) {
     let t = Instant::now();
     while tx.consumer_count() < n {
@@ -88,7 +102,7 @@ fn fan_out(test: &str, consumers: usize, policy: Policy) {
         [("RING", name.clone()), ("MESSAGES", MESSAGES.to_string()), ("POLICY", pol.to_string())];
     let children: Vec<_> = (0..consumers).map(|_| spawn(test, "consumer", &vars)).collect();
     wait_for_consumers(&tx, consumers);
-    produce(&mut tx, MESSAGES);
+    produce(&mut tx, 0..MESSAGES);
     drop(tx);
     for c in children {
         expect_success(c, "consumer");
@@ -138,17 +152,12 @@ fn late_join() {
     let name = unique_name("late");
     let mut tx = Producer::builder(&name).capacity(CAP).slot_size(SLOT).create().unwrap();
     // No consumers yet: Block does not block.
-    produce(&mut tx, BEFORE);
+    produce(&mut tx, 0..BEFORE);
     let vars = [("RING", name.clone()), ("TOTAL", (BEFORE + 5000).to_string())];
     let a = spawn("late_join", "newest", &vars);
     let b = spawn("late_join", "oldest", &vars);
     wait_for_consumers(&tx, 2);
-    for seq in BEFORE..BEFORE + 5000 {
-        let mut slot = tx.acquire().unwrap();
-        let len = pattern::len_for(seq, 1, SLOT);
-        pattern::fill(&mut slot[..len], seq);
-        slot.publish(len, &seq.to_le_bytes()).unwrap();
-    }
+    produce(&mut tx, BEFORE..BEFORE + 5000);
     drop(tx);
     expect_success(a, "newest joiner");
     expect_success(b, "oldest joiner");
@@ -200,15 +209,7 @@ fn producer_exit_disconnects_after_drain() {
     let name = unique_name("pexit");
     let child =
         spawn("producer_exit_disconnects_after_drain", "producer", &[("RING", name.clone())]);
-    let rx = loop {
-        match Consumer::builder(&name).start_at(StartAt::Next).open() {
-            Ok(rx) => break rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    };
+    let rx = open_when_created(&name);
     expect_success(child, "producer");
     for i in 0..10u64 {
         assert_eq!(&*rx.recv().unwrap(), &i.to_le_bytes());
@@ -233,15 +234,7 @@ fn producer_killed_disconnects() {
     }
     let name = unique_name("pkill");
     let mut child = spawn("producer_killed_disconnects", "producer", &[("RING", name.clone())]);
-    let rx = loop {
-        match Consumer::builder(&name).start_at(StartAt::Next).open() {
-            Ok(rx) => break rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    };
+    let rx = open_when_created(&name);
     for i in 0..10u64 {
         assert_eq!(&*rx.recv().unwrap(), &i.to_le_bytes());
     }
