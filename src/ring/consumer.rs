@@ -62,14 +62,92 @@ pub struct ConsumerCore {
     join_wake: bool,
 }
 
+/// A claimed consumer table entry that is not active yet. Activate it, or give it back with
+/// [`Joining::abandon`]; dropping it leaves the entry claimed.
+#[derive(Debug)]
+#[must_use = "activate or abandon the claimed entry"]
+pub struct Joining {
+    index: usize,
+}
+
+impl Joining {
+    /// The claimed entry's index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Frees the entry again (the caller's setup failed).
+    pub fn abandon(self, ring: &Ring<'_>) {
+        // Release: our writes to the entry happen before a new owner's.
+        ring.consumers[self.index].state.store(entry_state::FREE, Ordering::Release);
+    }
+
+    /// Sets the cursor from `start` and makes the consumer active (see the module docs and
+    /// docs/protocol.md, "Joining and leaving").
+    pub fn activate(self, ring: &Ring<'_>, start: StartAt) -> ConsumerCore {
+        let index = self.index;
+        let entry = &ring.consumers[index];
+        let cursor_at = |head: u64| {
+            let c = match start {
+                StartAt::Newest => head.saturating_sub(1),
+                StartAt::Next => head,
+                StartAt::Oldest => head.saturating_sub(ring.capacity()),
+            };
+            // Under Block, never behind the oldest message that cannot be overwritten
+            // while we join (see below); with capacity 1 that makes Newest act as Next.
+            if ring.policy == Policy::Block {
+                c.max(head.saturating_add(1).saturating_sub(ring.capacity()))
+            } else {
+                c
+            }
+        };
+        // Acquire: pairs with the producer's Release head store.
+        let head = ring.producer.head.load(Ordering::Acquire);
+        entry.cursor.store(cursor_at(head), Ordering::Relaxed);
+        // Release: the producer's Acquire state load then sees the fields above.
+        entry.state.store(entry_state::ACTIVE, Ordering::Release);
+        // Release: pairs with the producer's Acquire load; tells it to rescan cursors.
+        ring.producer.joins.fetch_add(1, Ordering::Release);
+        // SeqCst fence, against the one in each publish: a producer claim whose `joins`
+        // load (after the previous publish's fence) missed our bump had its fence before
+        // ours, so the head we load next is at least that claim's sequence number `s`.
+        // Every later claim sees the bump and rescans. So only message `head2 - cap` can
+        // be overwritten behind our back; in Block we start after it and lose nothing.
+        fence(Ordering::SeqCst);
+        let head2 = ring.producer.head.load(Ordering::Acquire);
+        let cursor = cursor_at(head2).max(cursor_at(head));
+        // Release: pairs with the producer's Acquire cursor load.
+        entry.cursor.store(cursor, Ordering::Release);
+        // The producer may have gone to sleep on our first, lower cursor: wake it.
+        let join_wake = wants_wake(ring.producer_wake);
+        ConsumerCore {
+            index,
+            cursor: Cell::new(cursor),
+            lag: Cell::new(0),
+            received: Cell::new(0),
+            lost: Cell::new(0),
+            holding: Cell::new(0),
+            join_wake,
+        }
+    }
+}
+
 impl ConsumerCore {
-    /// Claims a free consumer table entry and starts at `start`.
+    /// Claims a free consumer table entry and starts at `start`: [`Self::claim`] then
+    /// [`Joining::activate`].
     pub fn join(
         ring: &Ring<'_>,
         start: StartAt,
         pid: u32,
         start_time: u64,
     ) -> Result<ConsumerCore, JoinError> {
+        Ok(Self::claim(ring, pid, start_time)?.activate(ring, start))
+    }
+
+    /// Claims a free consumer table entry (state `JOINING`: the producer ignores it). The caller
+    /// may fill in transport state for the entry (the CUDA layer writes its release-event handles)
+    /// before [`Joining::activate`].
+    pub fn claim(ring: &Ring<'_>, pid: u32, start_time: u64) -> Result<Joining, JoinError> {
         for (index, entry) in ring.consumers.iter().enumerate() {
             if entry.state.load(Ordering::Relaxed) != entry_state::FREE {
                 continue;
@@ -93,48 +171,7 @@ impl ConsumerCore {
             entry.received.store(0, Ordering::Relaxed);
             entry.lost.store(0, Ordering::Relaxed);
             entry.holding.store(0, Ordering::Relaxed);
-            let cursor_at = |head: u64| {
-                let c = match start {
-                    StartAt::Newest => head.saturating_sub(1),
-                    StartAt::Next => head,
-                    StartAt::Oldest => head.saturating_sub(ring.capacity()),
-                };
-                // Under Block, never behind the oldest message that cannot be overwritten
-                // while we join (see below); with capacity 1 that makes Newest act as Next.
-                if ring.policy == Policy::Block {
-                    c.max(head.saturating_add(1).saturating_sub(ring.capacity()))
-                } else {
-                    c
-                }
-            };
-            // Acquire: pairs with the producer's Release head store.
-            let head = ring.producer.head.load(Ordering::Acquire);
-            entry.cursor.store(cursor_at(head), Ordering::Relaxed);
-            // Release: the producer's Acquire state load then sees the fields above.
-            entry.state.store(entry_state::ACTIVE, Ordering::Release);
-            // Release: pairs with the producer's Acquire load; tells it to rescan cursors.
-            ring.producer.joins.fetch_add(1, Ordering::Release);
-            // SeqCst fence, against the one in each publish: a producer claim whose `joins`
-            // load (after the previous publish's fence) missed our bump had its fence before
-            // ours, so the head we load next is at least that claim's sequence number `s`.
-            // Every later claim sees the bump and rescans. So only message `head2 - cap` can
-            // be overwritten behind our back; in Block we start after it and lose nothing.
-            fence(Ordering::SeqCst);
-            let head2 = ring.producer.head.load(Ordering::Acquire);
-            let cursor = cursor_at(head2).max(cursor_at(head));
-            // Release: pairs with the producer's Acquire cursor load.
-            entry.cursor.store(cursor, Ordering::Release);
-            // The producer may have gone to sleep on our first, lower cursor: wake it.
-            let join_wake = wants_wake(ring.producer_wake);
-            return Ok(ConsumerCore {
-                index,
-                cursor: Cell::new(cursor),
-                lag: Cell::new(0),
-                received: Cell::new(0),
-                lost: Cell::new(0),
-                holding: Cell::new(0),
-                join_wake,
-            });
+            return Ok(Joining { index });
         }
         Err(JoinError::Full)
     }

@@ -75,7 +75,7 @@ pub mod layout;
 pub mod producer;
 pub mod stamp;
 
-pub use consumer::{ConsumerCore, JoinError, Pinned, StartAt};
+pub use consumer::{ConsumerCore, JoinError, Joining, Pinned, StartAt};
 pub use layout::{ConsumerEntry, ProducerLine, SlotLine, WakeLine};
 pub use producer::{Blocked, ProducerCore};
 

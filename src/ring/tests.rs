@@ -321,3 +321,21 @@ fn hostile_head_does_not_panic() {
         }
     }
 }
+
+#[test]
+fn joining_entries_do_not_gate_and_can_be_abandoned() {
+    let heap = HeapRing::new(2, 1, Policy::Block);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [0; 2];
+    let joining = ConsumerCore::claim(&ring, 1, 1).unwrap();
+    assert_eq!(joining.index(), 0);
+    // Claimed but not active: the table is full, yet the producer is not gated.
+    assert_eq!(ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap_err(), JoinError::Full);
+    for s in 0..5 {
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(s));
+    }
+    joining.abandon(&ring);
+    let c = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    assert_eq!(c.cursor(), 5);
+}
