@@ -1,15 +1,22 @@
 // Run: cargo run --release --example pipeline -- [--consumers 3] [--seconds 5] [--fps 60]
+//                                                  [--memory auto|host|cuda]
 //
 // The main job: one producer generates synthetic video frames (1920x1080 RGBA by default) into
 // a ring and spawns N consumer processes. Each consumer checks every byte of every frame
 // against the pattern of its sequence number. The producer prints a line per second with each
 // consumer's rate, lag and drops, and everyone prints a summary at the end.
+//
+// With a GPU (the default where one is usable) the frames live in device memory: the producer
+// writes each with a kernel, each consumer checks it with a kernel on its own stream, and no
+// byte crosses PCIe. Without one it runs the same pipeline in host memory.
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use gpuring::{monotonic_ns, pattern, Consumer, Policy, Producer, RecvError, StartAt};
+use gpuring::{
+    monotonic_ns, pattern, Consumer, ConsumerInfo, Policy, Producer, RecvError, StartAt,
+};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Synthetic video pipeline: 1 producer process, N consumer processes")]
@@ -35,12 +42,22 @@ struct Args {
     /// What the producer does when a consumer falls a ring behind.
     #[arg(long, value_enum, default_value_t = PolicyArg::Block)]
     policy: PolicyArg,
+    /// Where frames live: a GPU when one is usable (auto), or host memory.
+    #[arg(long, value_enum, default_value_t = MemoryArg::Auto)]
+    memory: MemoryArg,
     /// Ring name (default: pipeline-PID).
     #[arg(long)]
     name: Option<String>,
     /// Internal: run as a consumer process.
     #[arg(long, hide = true)]
     role_consumer: Option<usize>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum MemoryArg {
+    Auto,
+    Host,
+    Cuda,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -78,13 +95,12 @@ fn producer(args: &Args) -> ExitCode {
         PolicyArg::Overwrite => Policy::Overwrite,
     };
     let bytes = frame_bytes(args);
-    let mut tx = match Producer::builder(&name)
+    let builder = Producer::builder(&name)
         .capacity(args.capacity)
         .slot_size(bytes)
         .user_header_size(32)
-        .policy(policy)
-        .create()
-    {
+        .policy(policy);
+    let mut tx = match Tx::create(builder, args.memory) {
         Ok(tx) => tx,
         Err(e) => {
             eprintln!("pipeline: cannot create ring {name}: {e}");
@@ -92,16 +108,17 @@ fn producer(args: &Args) -> ExitCode {
         }
     };
     println!(
-        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, host memory, {} consumers",
+        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {} memory, {} consumers",
         args.width,
         args.height,
         bytes as f64 / (1 << 20) as f64,
         args.capacity,
         policy,
+        tx.memory(),
         args.consumers
     );
     let children: Vec<Child> =
-        (0..args.consumers).map(|k| spawn_consumer(args, &name, k)).collect();
+        (0..args.consumers).map(|k| spawn_consumer(args, &name, k, tx.memory())).collect();
     let t0 = Instant::now();
     while tx.consumer_count() < args.consumers {
         if t0.elapsed() > Duration::from_secs(20) {
@@ -126,9 +143,7 @@ fn producer(args: &Args) -> ExitCode {
                 std::thread::sleep(due - now);
             }
         }
-        let mut slot = tx.acquire().expect("acquire");
-        pattern::fill(&mut slot[..bytes], seq);
-        slot.publish(bytes, &frame_header(args, seq)).expect("publish");
+        tx.publish_frame(bytes, seq, &frame_header(args, seq));
         seq += 1;
         if Instant::now() >= next_report {
             let secs = start.elapsed().as_secs_f64();
@@ -170,9 +185,9 @@ fn producer(args: &Args) -> ExitCode {
     }
 }
 
-fn spawn_consumer(args: &Args, name: &str, k: usize) -> Child {
+fn spawn_consumer(args: &Args, name: &str, k: usize, memory: &str) -> Child {
     Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--name", name, "--role-consumer", &k.to_string()])
+        .args(["--name", name, "--role-consumer", &k.to_string(), "--memory", memory])
         .args(["--width", &args.width.to_string(), "--height", &args.height.to_string()])
         .stdin(Stdio::null())
         .spawn()
@@ -181,6 +196,10 @@ fn spawn_consumer(args: &Args, name: &str, k: usize) -> Child {
 
 fn consumer(args: &Args, k: usize) -> ExitCode {
     let name = args.name.as_deref().expect("--name");
+    #[cfg(feature = "cuda")]
+    if args.memory == MemoryArg::Cuda {
+        return gpu::consumer(args, k, name);
+    }
     let rx = match Consumer::builder(name).start_at(StartAt::Next).open() {
         Ok(rx) => rx,
         Err(e) => {
@@ -189,8 +208,7 @@ fn consumer(args: &Args, k: usize) -> ExitCode {
         }
     };
     let bytes = frame_bytes(args);
-    let (mut frames, mut lost, mut bad_frames, mut bad_bytes) = (0u64, 0u64, 0u64, 0u64);
-    let mut latencies_us = Vec::new();
+    let mut stats = Stats::default();
     let start = Instant::now();
     loop {
         let frame = match rx.recv() {
@@ -201,32 +219,214 @@ fn consumer(args: &Args, k: usize) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        latencies_us.push((monotonic_ns().saturating_sub(frame.timestamp_ns())) as f64 / 1e3);
+        stats.latencies_us.push((monotonic_ns().saturating_sub(frame.timestamp_ns())) as f64 / 1e3);
         let seq = frame.seq();
-        lost += frame.lag();
+        stats.lost += frame.lag();
         // "Process" the frame: check every byte, and the header.
         let mismatched =
             if frame.len() == bytes { pattern::mismatches(&frame, seq) } else { bytes as u64 };
         let header_ok = frame.header()[..20] == frame_header(args, seq);
         if mismatched > 0 || !header_ok {
-            bad_frames += 1;
-            bad_bytes += mismatched;
+            stats.bad_frames += 1;
+            stats.bad_bytes += mismatched;
         }
-        frames += 1;
+        stats.frames += 1;
     }
-    let secs = start.elapsed().as_secs_f64();
-    latencies_us.sort_by(f64::total_cmp);
-    let pct = |p: f64| latencies_us.get(((latencies_us.len() as f64 - 1.0) * p) as usize).copied();
-    println!(
-        "consumer {k} (pid {}): {frames} frames, {:.1} fps, {lost} dropped, {bad_frames} bad frames ({bad_bytes} bad bytes), publish->recv p50 {:.1} us p99 {:.1} us",
-        std::process::id(),
-        frames as f64 / secs,
-        pct(0.5).unwrap_or(0.0),
-        pct(0.99).unwrap_or(0.0),
-    );
-    if bad_frames == 0 && frames > 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    stats.report(k, start.elapsed().as_secs_f64(), "publish->recv")
+}
+
+/// What a consumer counted.
+#[derive(Default)]
+struct Stats {
+    frames: u64,
+    lost: u64,
+    bad_frames: u64,
+    bad_bytes: u64,
+    latencies_us: Vec<f64>,
+}
+
+impl Stats {
+    fn report(mut self, k: usize, secs: f64, latency: &str) -> ExitCode {
+        let (frames, lost, bad_frames, bad_bytes) =
+            (self.frames, self.lost, self.bad_frames, self.bad_bytes);
+        self.latencies_us.sort_by(f64::total_cmp);
+        let l = &self.latencies_us;
+        let pct = |p: f64| l.get(((l.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0.0);
+        println!(
+            "consumer {k} (pid {}): {frames} frames, {:.1} fps, {lost} dropped, {bad_frames} bad frames, {bad_bytes} bad bytes, {latency} p50 {:.1} us p99 {:.1} us",
+            std::process::id(),
+            frames as f64 / secs,
+            pct(0.5),
+            pct(0.99),
+        );
+        if bad_frames == 0 && bad_bytes == 0 && frames > 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The producer's ring, in host or device memory.
+enum Tx {
+    Host(Producer),
+    #[cfg(feature = "cuda")]
+    Gpu(gpu::GpuTx),
+}
+
+impl Tx {
+    fn create(b: gpuring::ProducerBuilder, memory: MemoryArg) -> Result<Tx, gpuring::CreateError> {
+        #[cfg(feature = "cuda")]
+        {
+            let usable = gpuring::cuda::driver::available().is_ok();
+            if memory == MemoryArg::Cuda || (memory == MemoryArg::Auto && usable) {
+                return gpu::GpuTx::create(b).map(Tx::Gpu);
+            }
+        }
+        if memory == MemoryArg::Cuda {
+            let reason = "this build has no CUDA support (feature `cuda`)".to_owned();
+            return Err(gpuring::CreateError::MemoryUnavailable { reason });
+        }
+        b.create().map(Tx::Host)
+    }
+
+    fn memory(&self) -> &'static str {
+        match self {
+            Tx::Host(_) => "host",
+            #[cfg(feature = "cuda")]
+            Tx::Gpu(_) => "cuda",
+        }
+    }
+
+    fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) {
+        match self {
+            Tx::Host(tx) => {
+                let mut slot = tx.acquire().expect("acquire");
+                pattern::fill(&mut slot[..bytes], seq);
+                slot.publish(bytes, header).expect("publish");
+            }
+            #[cfg(feature = "cuda")]
+            Tx::Gpu(tx) => tx.publish_frame(bytes, seq, header),
+        }
+    }
+
+    fn published(&self) -> u64 {
+        match self {
+            Tx::Host(tx) => tx.published(),
+            #[cfg(feature = "cuda")]
+            Tx::Gpu(tx) => tx.tx.published(),
+        }
+    }
+
+    fn consumer_count(&self) -> usize {
+        match self {
+            Tx::Host(tx) => tx.consumer_count(),
+            #[cfg(feature = "cuda")]
+            Tx::Gpu(tx) => tx.tx.consumer_count(),
+        }
+    }
+
+    fn consumers(&self) -> Vec<ConsumerInfo> {
+        match self {
+            Tx::Host(tx) => tx.consumers(),
+            #[cfg(feature = "cuda")]
+            Tx::Gpu(tx) => tx.tx.consumers(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::{Arc, Mutex};
+
+    use gpuring::cuda::driver;
+    use gpuring::cuda::kernels::PatternKernels;
+    use gpuring::cuda::DevicePool;
+    use gpuring::gpu::GpuRecvError;
+    use gpuring::{GpuProducer, ProducerBuilder};
+
+    use super::*;
+
+    pub struct GpuTx {
+        pub tx: GpuProducer,
+        k: Arc<PatternKernels>,
+    }
+
+    impl GpuTx {
+        pub fn create(b: ProducerBuilder) -> Result<GpuTx, gpuring::CreateError> {
+            let tx = b.create_gpu(0)?;
+            let k = PatternKernels::get(tx.context())
+                .map_err(|e| gpuring::CreateError::MemoryUnavailable { reason: e.to_string() })?;
+            Ok(GpuTx { tx, k })
+        }
+
+        /// Writes frame `seq` with a kernel on the slot's stream and publishes it.
+        pub fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) {
+            let slot = self.tx.acquire().expect("acquire");
+            // SAFETY: the slot holds slot_size = bytes bytes, is ours until publish, and the
+            // kernel runs on the slot's stream, which publish's ready event follows.
+            unsafe { self.k.fill(slot.stream(), slot.ptr(), bytes as u64, seq).expect("fill") };
+            slot.publish(bytes, header).expect("publish");
+        }
+    }
+
+    /// A consumer in device memory: a check kernel per frame on the consumer's stream, which
+    /// the ring made wait for the producer's kernel. The latency is publish -> the moment the
+    /// consumer's stream has the frame (a host callback queued right after the wait).
+    pub fn consumer(args: &Args, k: usize, name: &str) -> ExitCode {
+        let rx = match Consumer::builder(name).start_at(StartAt::Next).open_gpu() {
+            Ok(rx) => rx,
+            Err(e) => {
+                eprintln!("consumer {k}: cannot open {name}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let kernels = PatternKernels::get(rx.context()).expect("kernels");
+        let bad = DevicePool::new(rx.context(), 8).expect("counter");
+        // SAFETY: `bad` is a live allocation of 8+ bytes.
+        unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).expect("memset") };
+        let bytes = frame_bytes(args);
+        let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
+        let mut stats = Stats::default();
+        let start = Instant::now();
+        loop {
+            let frame = match rx.recv() {
+                Ok(f) => f,
+                Err(GpuRecvError::Disconnected) => break,
+                Err(e) => {
+                    eprintln!("consumer {k}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let (seq, published) = (frame.seq(), frame.timestamp_ns());
+            let lat = latencies.clone();
+            frame
+                .stream()
+                .on_complete(move || {
+                    let us = monotonic_ns().saturating_sub(published) as f64 / 1e3;
+                    lat.lock().unwrap().push(us);
+                })
+                .expect("host callback");
+            stats.lost += frame.lag();
+            let header_ok = frame.header()[..20] == frame_header(args, seq);
+            if frame.len() != bytes || !header_ok {
+                stats.bad_frames += 1;
+            } else {
+                // SAFETY: the frame's bytes stay readable on its stream until the release
+                // that dropping `frame` records after this kernel; `bad` is a device u64.
+                unsafe {
+                    kernels.check(frame.stream(), frame.ptr(), bytes as u64, seq, bad.ptr(), 0)
+                }
+                .expect("check");
+            }
+            stats.frames += 1;
+        }
+        rx.stream().synchronize().expect("sync");
+        let mut out = [0u8; 8];
+        // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
+        unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()).expect("read counter") };
+        stats.bad_bytes = u64::from_le_bytes(out);
+        stats.latencies_us = std::mem::take(&mut *latencies.lock().unwrap());
+        stats.report(k, start.elapsed().as_secs_f64(), "publish->stream-ready")
     }
 }

@@ -9,7 +9,7 @@ use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvEr
 use crate::mapped::MappedRing;
 use crate::ring::{ConsumerCore, JoinError, Pinned, Policy, StartAt};
 use crate::shm::process::ProcessId;
-use crate::shm::{OpenOptions, Params, Segment, ShmName};
+use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName};
 use crate::wait::{self, WaitConfig};
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
@@ -20,6 +20,8 @@ pub struct ConsumerBuilder {
     allow_foreign_owner: bool,
     spin: Duration,
     liveness: Duration,
+    /// The device to read on (CUDA rings); `None`: the producer's.
+    pub(crate) device: Option<i32>,
 }
 
 impl ConsumerBuilder {
@@ -47,12 +49,26 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Opens the ring and joins it.
+    /// Opens a host-memory ring and joins it. A CUDA ring is refused with
+    /// [`OpenError::WrongMemory`]; open it with `open_gpu`.
     pub fn open(self) -> Result<Consumer, OpenError> {
+        Ok(self.open_kind(MemoryKind::Host, |_, _| Ok(()))?.0)
+    }
+
+    /// Opens ring `name` of memory kind `kind`, claims a consumer table entry, lets `setup` fill
+    /// in the transport's state for it, then joins. If `setup` fails, the entry is freed again.
+    pub(crate) fn open_kind<T>(
+        self,
+        kind: MemoryKind,
+        setup: impl FnOnce(&MappedRing, usize) -> Result<T, OpenError>,
+    ) -> Result<(Consumer, T), OpenError> {
         let name = ShmName::new(&self.name).map_err(OpenError::InvalidName)?;
         let opts = OpenOptions { allow_foreign_owner: self.allow_foreign_owner };
         let seg = Segment::open(&name, opts)?;
         let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
+        if params.memory_kind != kind {
+            return Err(OpenError::WrongMemory { found: params.memory_kind });
+        }
         let map = MappedRing::new(seg, params, layout);
         let producer =
             ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
@@ -61,9 +77,21 @@ impl ConsumerBuilder {
             return Err(OpenError::Disconnected);
         }
         let me = ProcessId::current();
-        let core = ConsumerCore::join(&map.ring(), self.start, me.pid, me.start_time)
+        let ring = map.ring();
+        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time)
             .map_err(|JoinError::Full| OpenError::TooManyConsumers { max: params.max_consumers })?;
-        Ok(Consumer {
+        let extra = match setup(&map, joining.index()) {
+            Ok(extra) => extra,
+            Err(e) => {
+                joining.abandon(&ring);
+                return Err(e);
+            }
+        };
+        let core = joining.activate(&ring, self.start);
+        if core.join_wake() {
+            wait::wake_all(ring.producer_wake);
+        }
+        let consumer = Consumer {
             map,
             core,
             producer,
@@ -71,7 +99,9 @@ impl ConsumerBuilder {
             last_check: Cell::new(Instant::now()),
             deferred: Cell::new(None),
             wait: WaitConfig { spin: self.spin, tick: self.liveness },
-        })
+            left: false,
+        };
+        Ok((consumer, extra))
     }
 }
 
@@ -91,6 +121,8 @@ pub struct Consumer {
     /// Damage found while releasing (in `Drop`), reported by the next receive.
     deferred: Cell<Option<Corruption>>,
     wait: WaitConfig,
+    /// Whether [`Consumer::leave`] ran.
+    left: bool,
 }
 
 impl Consumer {
@@ -107,6 +139,7 @@ impl Consumer {
             allow_foreign_owner: false,
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
+            device: None,
         }
     }
 
@@ -147,11 +180,17 @@ impl Consumer {
 
     /// Receives the next message if one is waiting.
     pub fn try_recv(&self) -> Result<ReadSlot<'_>, TryRecvError> {
+        let m = self.try_pin()?;
+        Ok(ReadSlot { consumer: self, m })
+    }
+
+    /// Pins the next message if one is waiting.
+    pub(crate) fn try_pin(&self) -> Result<Pinned, TryRecvError> {
         if self.last_check.get().elapsed() >= self.wait.tick {
             self.check_producer();
         }
         match self.poll() {
-            Some(Ok(m)) => Ok(ReadSlot { consumer: self, m }),
+            Some(Ok(m)) => Ok(m),
             Some(Err(e)) => Err(e),
             None => Err(TryRecvError::Empty),
         }
@@ -179,13 +218,19 @@ impl Consumer {
     }
 
     fn recv_until(&self, deadline: Option<Instant>) -> Result<ReadSlot<'_>, RecvTimeoutError> {
+        let m = self.pin_until(deadline)?;
+        Ok(ReadSlot { consumer: self, m })
+    }
+
+    /// Pins the next message, waiting until `deadline` (or for ever).
+    pub(crate) fn pin_until(&self, deadline: Option<Instant>) -> Result<Pinned, RecvTimeoutError> {
         let line = self.map.ring().consumer_wake;
         let idle = || {
             self.check_producer();
             None
         };
         match wait::wait_until(line, self.wait, deadline, || self.poll(), idle) {
-            Some(Ok(m)) => Ok(ReadSlot { consumer: self, m }),
+            Some(Ok(m)) => Ok(m),
             Some(Err(TryRecvError::Disconnected)) => Err(RecvTimeoutError::Disconnected),
             Some(Err(TryRecvError::Corrupt(c))) => Err(RecvTimeoutError::Corrupt(c)),
             Some(Err(TryRecvError::Empty)) | None => Err(RecvTimeoutError::Timeout),
@@ -243,7 +288,8 @@ impl Consumer {
         Ok(Some(m))
     }
 
-    fn release(&self, slot: usize) {
+    /// Releases pinned slot `slot`.
+    pub(crate) fn release(&self, slot: usize) {
         let ring = self.map.ring();
         let released = self.core.release(&ring, slot);
         self.core.write_stats(&ring);
@@ -255,12 +301,38 @@ impl Consumer {
     }
 }
 
-impl Drop for Consumer {
-    fn drop(&mut self) {
+impl Consumer {
+    /// The mapped segment.
+    pub(crate) fn map(&self) -> &MappedRing {
+        &self.map
+    }
+
+    /// Its consumer table entry.
+    pub(crate) fn entry(&self) -> usize {
+        self.core.index()
+    }
+
+    /// Whether the producer is known to be dead (checked on the liveness tick).
+    pub(crate) fn producer_alive(&self) -> bool {
+        self.check_producer();
+        !self.producer_dead.get()
+    }
+
+    /// Leaves the ring (every pinned message must be released). Idempotent.
+    pub(crate) fn leave(&mut self) {
+        if std::mem::replace(&mut self.left, true) {
+            return;
+        }
         let ring = self.map.ring();
         if self.core.leave(&ring) {
             wait::wake_all(ring.producer_wake);
         }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 

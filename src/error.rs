@@ -172,10 +172,16 @@ pub enum OpenError {
     },
     /// A header field is out of range.
     Corrupt(Corruption),
-    /// The ring's memory kind cannot be used in this process.
+    /// The ring's memory kind cannot be used in this process (no CUDA driver, another GPU...).
     MemoryUnavailable {
         /// Why.
         reason: String,
+    },
+    /// The ring holds another kind of memory than this call reads: open a CUDA ring with
+    /// `open_gpu`, a host ring with `open`.
+    WrongMemory {
+        /// The ring's memory kind.
+        found: crate::MemoryKind,
     },
     /// Every consumer table entry is taken.
     TooManyConsumers {
@@ -210,6 +216,12 @@ impl fmt::Display for OpenError {
             OpenError::MemoryUnavailable { reason } => {
                 write!(f, "memory kind unavailable: {reason}")
             }
+            OpenError::WrongMemory { found } => write!(
+                f,
+                "the ring holds {} memory; open it with {}",
+                found.name(),
+                if *found == crate::MemoryKind::Cuda { "open_gpu" } else { "open" }
+            ),
             OpenError::TooManyConsumers { max } => {
                 write!(f, "ring already has its maximum of {max} consumers")
             }

@@ -30,6 +30,8 @@ pub mod shm;
 
 #[cfg(not(loom))]
 mod consumer;
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod gpu;
 #[cfg(not(loom))]
 mod mapped;
 #[cfg(not(loom))]
@@ -47,6 +49,8 @@ pub use error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, NameError, OpenError, PublishError,
     RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
+#[cfg(all(feature = "cuda", not(loom)))]
+pub use gpu::{GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
 pub use ring::{Policy, StartAt};

@@ -3,6 +3,25 @@
 use crate::ring::{ConsumerEntry, Policy, ProducerLine, Ring, SlotLine, WakeLine};
 use crate::shm::{Header, Layout, Params, Segment};
 
+/// Views of a CUDA ring's tables (see [`crate::cuda::layout`]).
+#[cfg(feature = "cuda")]
+pub(crate) struct GpuTables<'a> {
+    pub header: &'a crate::cuda::layout::GpuHeader,
+    pub pools: &'a [crate::cuda::layout::PoolEntry],
+    pub slots: &'a [crate::cuda::layout::GpuSlotLine],
+    /// `capacity` lines per consumer table entry.
+    pub releases: &'a [crate::cuda::layout::ConsumerSlot],
+    pub capacity: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl<'a> GpuTables<'a> {
+    /// Consumer table entry `entry`'s release lines, one per slot.
+    pub fn releases_of(&self, entry: usize) -> &'a [crate::cuda::layout::ConsumerSlot] {
+        &self.releases[entry * self.capacity..(entry + 1) * self.capacity]
+    }
+}
+
 /// A mapped ring segment.
 ///
 /// Invariants: `layout == Layout::of(&params)`, `params` passed [`Params::check`], and
@@ -78,6 +97,30 @@ impl MappedRing {
             )
         };
         Ring { producer, consumer_wake, producer_wake, consumers, slots, policy: self.policy }
+    }
+
+    /// The CUDA tables of a CUDA-memory ring.
+    ///
+    /// # Panics
+    /// If the ring's memory kind is not CUDA.
+    #[cfg(feature = "cuda")]
+    pub fn gpu(&self) -> GpuTables<'_> {
+        use crate::cuda::layout::{ConsumerSlot, GpuHeader, GpuSlotLine, PoolEntry, MAX_POOLS};
+        assert_eq!(self.params.memory_kind, crate::MemoryKind::Cuda);
+        let l = &self.layout;
+        let cap = self.params.capacity as usize;
+        let releases = cap * self.params.max_consumers as usize;
+        // SAFETY: for a CUDA ring, `Layout::of` places each of these 128-aligned regions, sized
+        // for its count of 128-byte structures, inside `layout.total`; all are atomics.
+        unsafe {
+            GpuTables {
+                header: &self.region::<GpuHeader>(l.gpu, 1)[0],
+                pools: self.region::<PoolEntry>(l.pools, MAX_POOLS),
+                slots: self.region::<GpuSlotLine>(l.gpu_slots, cap),
+                releases: self.region::<ConsumerSlot>(l.release_slots, releases),
+                capacity: cap,
+            }
+        }
     }
 
     /// Slot size in bytes.

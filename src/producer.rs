@@ -20,14 +20,15 @@ use crate::Layout;
 #[derive(Clone, Debug)]
 pub struct ProducerBuilder {
     name: String,
-    capacity: u32,
-    slot_size: usize,
+    pub(crate) capacity: u32,
+    pub(crate) slot_size: usize,
     user_header_size: u32,
     max_consumers: u32,
     policy: Policy,
-    memory: MemoryKind,
     mode: u32,
     spin: Duration,
+    /// Test-only: skip the GPU release-event waits (see `docs/gpu.md`, release-fence test).
+    pub(crate) unfenced: bool,
 }
 
 impl ProducerBuilder {
@@ -61,12 +62,6 @@ impl ProducerBuilder {
         self
     }
 
-    /// Where the payload lives. Default [`MemoryKind::Host`].
-    pub fn memory(mut self, memory: MemoryKind) -> Self {
-        self.memory = memory;
-        self
-    }
-
     /// Permission bits of the segment, applied exactly (no umask). Default `0o600`: only this
     /// user can open the ring.
     pub fn mode(mut self, mode: u32) -> Self {
@@ -80,7 +75,15 @@ impl ProducerBuilder {
         self
     }
 
-    fn params(&self) -> Result<Params, CreateError> {
+    /// Test-only: a CUDA producer that does not wait for consumers' release events before
+    /// reusing a slot, to show that the fence test catches torn frames. Never use it.
+    #[doc(hidden)]
+    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
+        self.unfenced = unfenced;
+        self
+    }
+
+    fn params(&self, memory: MemoryKind) -> Result<Params, CreateError> {
         let bad = |field, reason| Err(CreateError::InvalidConfig { field, reason });
         if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
             return bad("capacity", "must be 1..=65536");
@@ -104,7 +107,7 @@ impl ProducerBuilder {
             slot_size: self.slot_size as u64,
             user_header_size: self.user_header_size,
             policy: self.policy as u32,
-            memory_kind: self.memory,
+            memory_kind: memory,
             producer_pid: me.pid,
             producer_start_time: me.start_time,
             epoch: new_epoch(me),
@@ -116,11 +119,21 @@ impl ProducerBuilder {
         Ok(p)
     }
 
-    /// Creates the ring. If a ring with this name exists but its producer is dead, the stale
-    /// segment is removed first.
+    /// Creates a host-memory ring (payload in the segment). If a ring with this name exists but
+    /// its producer is dead, the stale segment is removed first.
     pub fn create(self) -> Result<Producer, CreateError> {
+        Ok(self.build(MemoryKind::Host, |_| Ok(()))?.0)
+    }
+
+    /// Creates the segment for `memory`, lets `init` fill in the transport's tables, then
+    /// publishes the header. If `init` fails, the segment is removed again.
+    pub(crate) fn build<T>(
+        self,
+        memory: MemoryKind,
+        init: impl FnOnce(&MappedRing) -> Result<T, CreateError>,
+    ) -> Result<(Producer, T), CreateError> {
         let name = ShmName::new(&self.name).map_err(CreateError::InvalidName)?;
-        let params = self.params()?;
+        let params = self.params(memory)?;
         let layout = Layout::of(&params);
         let seg = match Segment::create(&name, layout.total, self.mode) {
             Err(CreateError::AlreadyExists { .. }) => {
@@ -138,10 +151,13 @@ impl ProducerBuilder {
             // Relaxed: published by the Release store of `magic` below.
             line.stamp.store(stamp::initial(i as u32, params.capacity), Ordering::Relaxed);
         }
-        // Release: a consumer that Acquire-loads the magic sees the whole built segment.
-        map.header().magic.store(MAGIC, Ordering::Release);
         let wait = WaitConfig { spin: self.spin, tick: Duration::from_millis(100) };
-        Ok(Producer { map, core: ProducerCore::new(), wait })
+        // Dropped on failure below: that marks it closed and unlinks the name.
+        let producer = Producer { map, core: ProducerCore::new(), wait, closed: false };
+        let extra = init(&producer.map)?;
+        // Release: a consumer that Acquire-loads the magic sees the whole built segment.
+        producer.map.header().magic.store(MAGIC, Ordering::Release);
+        Ok((producer, extra))
     }
 }
 
@@ -216,6 +232,8 @@ pub struct Producer {
     map: MappedRing,
     core: ProducerCore,
     wait: WaitConfig,
+    /// Whether [`Producer::close`] ran.
+    closed: bool,
 }
 
 impl Producer {
@@ -228,9 +246,9 @@ impl Producer {
             user_header_size: 64,
             max_consumers: 64,
             policy: Policy::Block,
-            memory: MemoryKind::Host,
             mode: 0o600,
             spin: Duration::from_micros(50),
+            unfenced: false,
         }
     }
 
@@ -274,10 +292,21 @@ impl Producer {
         crate::stats::consumers(&self.map.ring())
     }
 
+    /// The memory kind (host for rings made by [`ProducerBuilder::create`]).
+    pub fn memory(&self) -> MemoryKind {
+        self.map.params().memory_kind
+    }
+
     /// A slot for the next message, if one is free now.
     pub fn try_acquire(&mut self) -> Result<WriteSlot<'_>, TryAcquireError> {
+        let slot = self.try_claim()?;
+        Ok(WriteSlot { producer: self, slot })
+    }
+
+    /// Claims the next slot if it is free now. Returns its index.
+    pub(crate) fn try_claim(&mut self) -> Result<usize, TryAcquireError> {
         match self.core.try_claim(&self.map.ring()) {
-            Ok(slot) => Ok(WriteSlot { producer: self, slot }),
+            Ok(slot) => Ok(slot),
             Err(ClaimError::Blocked(_)) => Err(TryAcquireError::Full),
             Err(ClaimError::Corrupt(c)) => Err(TryAcquireError::Corrupt(c.into())),
         }
@@ -305,7 +334,16 @@ impl Producer {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<WriteSlot<'_>, AcquireTimeoutError> {
-        let Producer { map, core, wait } = self;
+        let slot = self.claim_until(deadline)?;
+        Ok(WriteSlot { producer: self, slot })
+    }
+
+    /// Claims the next slot, waiting until `deadline` (or for ever). Returns its index.
+    pub(crate) fn claim_until(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<usize, AcquireTimeoutError> {
+        let Producer { map, core, wait, .. } = self;
         let ring = map.ring();
         let claim = |core: &mut ProducerCore| match core.try_claim(&ring) {
             Ok(slot) => Some(Ok(slot)),
@@ -313,7 +351,7 @@ impl Producer {
             Err(ClaimError::Corrupt(c)) => Some(Err(AcquireTimeoutError::Corrupt(c.into()))),
         };
         let first = claim(core);
-        let result = match first {
+        match first {
             Some(r) => r,
             None => {
                 let started = Instant::now();
@@ -325,8 +363,7 @@ impl Producer {
                 ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
                 r.unwrap_or(Err(AcquireTimeoutError::Timeout))
             }
-        };
-        result.map(|slot| WriteSlot { producer: self, slot })
+        }
     }
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as
@@ -342,8 +379,50 @@ impl Producer {
     }
 }
 
-impl Drop for Producer {
-    fn drop(&mut self) {
+impl Producer {
+    /// The mapped segment.
+    pub(crate) fn map(&self) -> &MappedRing {
+        &self.map
+    }
+
+    /// How waiting is configured.
+    pub(crate) fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Writes `header` into claimed slot `slot`'s user header and publishes message `len`.
+    /// The caller checked `len` against what the message may hold.
+    pub(crate) fn publish_claimed(
+        &mut self,
+        slot: usize,
+        len: u64,
+        header: &[u8],
+    ) -> Result<u64, PublishError> {
+        let map = &self.map;
+        let max = map.user_header_size();
+        if header.len() > max {
+            return Err(PublishError::HeaderTooLong { len: header.len(), max });
+        }
+        let dst = map.user_header(slot);
+        // SAFETY: the slot is claimed by us, so no correct peer touches its user header; the
+        // region is `max` bytes long and header.len() <= max.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, header.len());
+            std::ptr::write_bytes(dst.add(header.len()), 0, max - header.len());
+        }
+        let ring = map.ring();
+        let (seq, wake) = self.core.publish(&ring, len, monotonic_ns());
+        if wake {
+            wait::wake_all(ring.consumer_wake);
+        }
+        Ok(seq)
+    }
+
+    /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
+    pub(crate) fn close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
         let ring = self.map.ring();
         // Release: consumers that see `closed` (Acquire) see every publish before it.
         self.map.header().closed.store(1, Ordering::Release);
@@ -351,6 +430,12 @@ impl Drop for Producer {
             wait::wake_all(ring.consumer_wake);
         }
         self.map.segment().unlink();
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -372,27 +457,11 @@ impl WriteSlot<'_> {
     /// Publishes the first `len` bytes of the slot with user header `header` (shorter than the
     /// ring's user-header size is fine; the rest is zeroed). Returns the sequence number.
     pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, PublishError> {
-        let map = &self.producer.map;
-        if len > map.slot_size() {
-            return Err(PublishError::TooLong { len, slot_size: map.slot_size() });
+        let slot_size = self.producer.map.slot_size();
+        if len > slot_size {
+            return Err(PublishError::TooLong { len, slot_size });
         }
-        let max = map.user_header_size();
-        if header.len() > max {
-            return Err(PublishError::HeaderTooLong { len: header.len(), max });
-        }
-        let dst = map.user_header(self.slot);
-        // SAFETY: the slot is claimed by us, so no correct peer touches its user header; the
-        // region is `max` bytes long and header.len() <= max.
-        unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, header.len());
-            std::ptr::write_bytes(dst.add(header.len()), 0, max - header.len());
-        }
-        let ring = map.ring();
-        let (seq, wake) = self.producer.core.publish(&ring, len as u64, monotonic_ns());
-        if wake {
-            wait::wake_all(ring.consumer_wake);
-        }
-        Ok(seq)
+        self.producer.publish_claimed(self.slot, len as u64, header)
     }
 }
 

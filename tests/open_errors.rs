@@ -127,3 +127,36 @@ fn foreign_owner_refused_unless_allowed() {
     // Allowed: the header is checked as usual (the forged copy's producer is this process).
     assert!(Consumer::builder(&name).allow_foreign_owner(true).open().is_ok());
 }
+
+/// `open_gpu` refuses a host ring by its memory kind, before touching CUDA.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_open_of_host_ring_is_refused() {
+    let name = unique_name("hostkind");
+    let _tx = Producer::builder(&name).create().unwrap();
+    assert!(matches!(
+        Consumer::builder(&name).open_gpu(),
+        Err(OpenError::WrongMemory { found: gpuring::MemoryKind::Host })
+    ));
+}
+
+/// Without a CUDA driver, asking for CUDA memory fails with a clear error (and the segment is
+/// not left behind); with one, it works.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_memory_needs_a_driver() {
+    let name = unique_name("nodriver");
+    let made = Producer::builder(&name).create_gpu(0);
+    match gpuring::cuda::driver::available() {
+        Err(why) => {
+            let Err(gpuring::CreateError::MemoryUnavailable { ref reason }) = made else {
+                panic!("CUDA ring created without a driver");
+            };
+            assert!(reason.contains("CUDA unavailable"), "{reason}");
+            eprintln!("no driver: {reason} ({why})");
+        }
+        Ok(()) => assert!(made.is_ok(), "a driver is present but create_gpu failed"),
+    }
+    drop(made);
+    assert!(!std::path::Path::new(&path(&name)).exists(), "segment left behind");
+}

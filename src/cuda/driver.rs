@@ -60,6 +60,9 @@ pub static IPC_MEM_OPENS: AtomicU64 = AtomicU64::new(0);
 pub static IPC_EVENT_OPENS: AtomicU64 = AtomicU64::new(0);
 /// IPC memory handles closed by this process.
 pub static IPC_MEM_CLOSES: AtomicU64 = AtomicU64::new(0);
+/// Stream and event synchronisations (the CPU waiting for the GPU) made by this process, for
+/// tests that prove the steady state never makes one.
+pub static CPU_SYNCS: AtomicU64 = AtomicU64::new(0);
 
 /// Why CUDA cannot be used here, or `Ok` once the driver is loaded and initialised with at
 /// least one device. Checked once per process; never panics on a machine without CUDA.
@@ -98,6 +101,25 @@ pub fn device(ordinal: i32) -> DriverResult<CUdevice> {
     // SAFETY: driver initialised by `available`; valid out-pointer.
     check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
     Ok(dev)
+}
+
+/// Number of devices. [`available`] must have returned `Ok`.
+pub fn device_count() -> DriverResult<i32> {
+    if available().is_err() {
+        return Err(DriverError {
+            call: "cuInit",
+            code: sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
+        });
+    }
+    let mut n = 0;
+    // SAFETY: driver initialised by `available`; valid out-pointer.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    Ok(n)
+}
+
+/// Device `ordinal`'s UUID. [`available`] must have returned `Ok`.
+pub fn ordinal_uuid(ordinal: i32) -> DriverResult<[u8; 16]> {
+    device_uuid(device(ordinal)?)
 }
 
 /// The device's UUID.
@@ -289,6 +311,43 @@ pub unsafe fn stream_wait_event(stream: CUstream, ev: CUevent) -> DriverResult<(
     check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, ev, 0) })
 }
 
+/// `cuEventSynchronize`: blocks until `ev`'s last record completed. Teardown only.
+///
+/// # Safety
+/// 1. `ev` must be live, of the current context (or opened into it).
+pub unsafe fn event_synchronize(ev: CUevent) -> DriverResult<()> {
+    CPU_SYNCS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: by (1).
+    check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev) })
+}
+
+/// `cuLaunchHostFunc`: `f(data)` runs on a driver thread after the work queued on `stream`.
+///
+/// # Safety
+/// 1. `stream` must be live.
+/// 2. `f` must be safe to call once with `data` from another thread, and make no CUDA calls.
+pub unsafe fn launch_host_fn(
+    stream: CUstream,
+    f: extern "C" fn(*mut std::ffi::c_void),
+    data: *mut std::ffi::c_void,
+) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuLaunchHostFunc", unsafe { sys::cuLaunchHostFunc(stream, Some(f), data) })
+}
+
+/// `cuMemGetAddressRange_v2`: the base and size of the allocation that contains `ptr`.
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_address_range(ptr: CUdeviceptr) -> DriverResult<(CUdeviceptr, usize)> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: by (1); valid out-pointers; an unknown `ptr` is reported as an error.
+    check("cuMemGetAddressRange_v2", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    Ok((base, size))
+}
+
 /// `cuStreamCreate` with `CU_STREAM_NON_BLOCKING` (no implicit sync with the legacy stream).
 ///
 /// # Safety
@@ -315,6 +374,7 @@ pub unsafe fn stream_destroy(s: CUstream) -> DriverResult<()> {
 /// # Safety
 /// 1. `s` must be a live stream.
 pub unsafe fn stream_synchronize(s: CUstream) -> DriverResult<()> {
+    CPU_SYNCS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: by (1).
     check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s) })
 }

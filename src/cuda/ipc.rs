@@ -46,6 +46,14 @@ impl IpcMapping {
     pub fn size(&self) -> usize {
         self.size
     }
+
+    /// Size of the allocation the driver actually mapped, to check the declared size against.
+    pub fn mapped_size(&self) -> Result<usize, DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: the context is current.
+        let (base, size) = unsafe { driver::mem_address_range(self.ptr) }?;
+        Ok(if base == self.ptr { size } else { 0 })
+    }
 }
 
 impl Drop for IpcMapping {
@@ -101,6 +109,14 @@ impl IpcEvent {
         self.ctx.bind()?;
         // SAFETY: both live by their invariants.
         unsafe { driver::event_record(self.raw, stream.raw()) }
+    }
+
+    /// Blocks until the event's last record completed. Teardown only: gpuring's steady state
+    /// never makes the CPU wait for the GPU.
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: live by the invariant.
+        unsafe { driver::event_synchronize(self.raw) }
     }
 
     /// Makes work submitted to `stream` from now on wait for this event's last record.

@@ -1,6 +1,8 @@
 //! The shared structures a CUDA-memory segment adds to the host layout, and the checks a
 //! consumer makes on them before it forms a device pointer.
 //!
+//! * a [`GpuHeader`]: the producer's device and the flag that keeps consumers from destroying
+//!   events while the producer uses them;
 //! * a pool table: which device allocations carry payload, by IPC handle;
 //! * per slot, a [`GpuSlotLine`]: the message's descriptor (pool, offset) and the 64-byte
 //!   handle of the slot's ready event;
@@ -15,7 +17,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::error::Corruption;
 
 /// Entries in the pool table.
-pub const MAX_POOLS: usize = 32;
+pub const MAX_POOLS: usize = crate::shm::GPU_POOLS;
 
 /// A 64-byte IPC handle as eight atomics.
 #[repr(C)]
@@ -38,6 +40,38 @@ impl Handle64 {
             chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
         out
+    }
+}
+
+/// Ring-wide CUDA state, one line after the user headers.
+#[repr(C, align(128))]
+pub struct GpuHeader {
+    /// UUID of the producer's device (two little-endian halves). Written before `magic`.
+    pub device_uuid: [AtomicU64; 2],
+    /// Nonzero while the producer is opening or waiting on consumers' release events. A leaving
+    /// consumer, after marking its entry free, waits for zero before destroying its events
+    /// (opening or waiting on an IPC event whose exporter destroyed it is undefined). Both
+    /// sides fence SeqCst between their store and their load; see `docs/gpu.md`.
+    pub producer_busy: AtomicU32,
+}
+
+/// Loads a UUID kept as two little-endian halves.
+pub fn load_uuid(words: &[AtomicU64; 2]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        // Relaxed: written before a Release store (`magic`, a pool's `state`) the reader
+        // acquired.
+        out[8 * i..8 * i + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    out
+}
+
+/// Stores a UUID as two little-endian halves.
+pub fn store_uuid(words: &[AtomicU64; 2], uuid: [u8; 16]) {
+    for (i, w) in words.iter().enumerate() {
+        let half = u64::from_le_bytes(uuid[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        // Relaxed: published by a later Release store (`magic`, the pool's `state`).
+        w.store(half, Ordering::Relaxed);
     }
 }
 
@@ -92,6 +126,7 @@ pub struct ConsumerSlot {
 }
 
 const _: () = {
+    assert!(std::mem::size_of::<GpuHeader>() == 128);
     assert!(std::mem::size_of::<PoolEntry>() == 128);
     assert!(std::mem::size_of::<GpuSlotLine>() == 128);
     assert!(std::mem::size_of::<ConsumerSlot>() == 128);

@@ -44,6 +44,34 @@ impl Stream {
     }
 }
 
+/// The boxed closure behind [`Stream::on_complete`].
+type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+extern "C" fn run_host_fn(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` leaked by `on_complete`, passed to exactly one call.
+    let f = unsafe { Box::from_raw(data as *mut HostFn) };
+    // A panic must not unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+impl Stream {
+    /// Enqueues `f`: a driver thread runs it once the work queued before it has finished. It
+    /// must not make CUDA calls. Useful for timestamps ("when did my stream get the frame?")
+    /// without making this thread wait.
+    pub fn on_complete(&self, f: impl FnOnce() + Send + 'static) -> Result<(), DriverError> {
+        self.ctx.bind()?;
+        let boxed: Box<HostFn> = Box::new(Box::new(f));
+        let data = Box::into_raw(boxed);
+        // SAFETY: `raw` is live; `run_host_fn` takes back ownership of `data` exactly once.
+        let r = unsafe { driver::launch_host_fn(self.raw, run_host_fn, data.cast()) };
+        if r.is_err() {
+            // SAFETY: the launch failed, so the driver will not call `run_host_fn`.
+            drop(unsafe { Box::from_raw(data) });
+        }
+        r
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.ctx.bind().is_ok() {

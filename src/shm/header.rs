@@ -21,6 +21,9 @@ pub const LAYOUT_VERSION: u32 = 1;
 pub enum MemoryKind {
     /// Payload in the shm segment itself.
     Host = 1,
+    /// Payload in device memory shared with legacy CUDA IPC handles; the segment holds the pool
+    /// table, descriptors and event handles (see `docs/gpu.md`).
+    Cuda = 2,
 }
 
 impl MemoryKind {
@@ -28,6 +31,7 @@ impl MemoryKind {
     pub fn from_raw(raw: u32) -> Option<MemoryKind> {
         match raw {
             1 => Some(MemoryKind::Host),
+            2 => Some(MemoryKind::Cuda),
             _ => None,
         }
     }
@@ -36,6 +40,7 @@ impl MemoryKind {
     pub fn name(self) -> &'static str {
         match self {
             MemoryKind::Host => "host",
+            MemoryKind::Cuda => "cuda",
         }
     }
 }
@@ -108,6 +113,9 @@ impl Params {
     pub const MAX_SLOT_SIZE: u64 = 1 << 40;
     /// Largest user header.
     pub const MAX_USER_HEADER: u32 = 1 << 16;
+    /// Largest `capacity * max_consumers` of a CUDA ring: each pair has a 128-byte release-event
+    /// line, so this caps that table at 128 MiB.
+    pub const MAX_GPU_RELEASE_SLOTS: u64 = 1 << 20;
 
     /// Checks every value's range. Returns the failing field.
     pub fn check(&self) -> Result<(), Corruption> {
@@ -126,6 +134,11 @@ impl Params {
         }
         if crate::ring::Policy::from_raw(self.policy).is_none() {
             return bad("policy", self.policy as u64);
+        }
+        let per_consumer_slots = self.capacity as u64 * self.max_consumers as u64;
+        if self.memory_kind == MemoryKind::Cuda && per_consumer_slots > Self::MAX_GPU_RELEASE_SLOTS
+        {
+            return bad("capacity x max_consumers", per_consumer_slots);
         }
         Ok(())
     }
@@ -208,6 +221,12 @@ impl Params {
 /// consumers         ring::ConsumerEntry x max_consumers, 128 B each
 /// slots             ring::SlotLine x capacity, 128 B each
 /// user_headers      capacity x user_header_stride       (user_header_size rounded up to 64)
+/// -- CUDA memory kind only (zero bytes for host memory) --
+/// gpu               cuda::layout::GpuHeader             128 B   (device UUID, producer busy flag)
+/// pools             cuda::layout::PoolEntry x GPU_POOLS, 128 B each
+/// gpu_slots         cuda::layout::GpuSlotLine x capacity, 128 B each
+/// release_slots     cuda::layout::ConsumerSlot x (max_consumers x capacity), 128 B each
+/// -- host memory kind only (zero bytes for CUDA) --
 /// payload           capacity x payload_stride, page-aligned (slot_size rounded up to 128)
 /// total             page-rounded end
 /// ```
@@ -227,6 +246,15 @@ pub struct Layout {
     pub user_headers: usize,
     /// Distance between two user headers.
     pub user_header_stride: usize,
+    /// CUDA header line (CUDA memory kind; equal to `pools` otherwise).
+    pub gpu: usize,
+    /// Pool table (CUDA memory kind).
+    pub pools: usize,
+    /// Per-slot descriptors and ready events (CUDA memory kind).
+    pub gpu_slots: usize,
+    /// Per-consumer, per-slot release events: entry `c`, slot `i` is line `c * capacity + i`
+    /// (CUDA memory kind).
+    pub release_slots: usize,
     /// Payload (host memory kind).
     pub payload: usize,
     /// Distance between two payload slots.
@@ -237,6 +265,8 @@ pub struct Layout {
 
 /// Every shared structure is 128 bytes.
 const LINE: usize = 128;
+/// Entries in a CUDA ring's pool table.
+pub const GPU_POOLS: usize = 32;
 const PAGE: usize = 4096;
 
 fn round_up(x: usize, to: usize) -> usize {
@@ -255,9 +285,16 @@ impl Layout {
         let slots = consumers + LINE * p.max_consumers as usize;
         let user_headers = slots + LINE * cap;
         let user_header_stride = round_up(p.user_header_size as usize, 64);
-        let payload = round_up(user_headers + user_header_stride * cap, PAGE);
+        let gpu = round_up(user_headers + user_header_stride * cap, LINE);
+        let cuda = p.memory_kind == MemoryKind::Cuda;
+        let pools = gpu + if cuda { LINE } else { 0 };
+        let gpu_slots = pools + if cuda { LINE * GPU_POOLS } else { 0 };
+        let release_slots = gpu_slots + if cuda { LINE * cap } else { 0 };
+        let gpu_end = release_slots + if cuda { LINE * cap * p.max_consumers as usize } else { 0 };
+        let payload = round_up(gpu_end, PAGE);
         let payload_stride = match p.memory_kind {
             MemoryKind::Host => round_up(p.slot_size as usize, LINE),
+            MemoryKind::Cuda => 0,
         };
         let total = round_up(payload + payload_stride * cap, PAGE);
         Layout {
@@ -268,6 +305,10 @@ impl Layout {
             slots,
             user_headers,
             user_header_stride,
+            gpu,
+            pools,
+            gpu_slots,
+            release_slots,
             payload,
             payload_stride,
             total,
@@ -302,6 +343,21 @@ mod tests {
         assert_eq!(l.payload % 4096, 0);
         assert_eq!(l.payload_stride, 1024);
         assert_eq!(l.total, l.payload + 8192);
+        assert_eq!(l.gpu, l.release_slots, "host rings have no CUDA regions");
+    }
+
+    #[test]
+    fn cuda_layout_has_tables_and_no_payload() {
+        let p = Params { memory_kind: MemoryKind::Cuda, ..params() };
+        let l = Layout::of(&p);
+        assert_eq!(l.gpu % 128, 0);
+        assert_eq!(l.pools, l.gpu + 128);
+        assert_eq!(l.gpu_slots, l.pools + 128 * GPU_POOLS);
+        assert_eq!(l.release_slots, l.gpu_slots + 128 * 8);
+        assert_eq!(l.payload_stride, 0);
+        assert!(l.total >= l.release_slots + 128 * 8 * 4);
+        let too_many = Params { capacity: 1 << 16, max_consumers: 32, ..p };
+        assert!(too_many.check().is_err());
     }
 
     #[test]

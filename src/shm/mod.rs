@@ -6,6 +6,6 @@ mod name;
 pub mod process;
 mod segment;
 
-pub use header::{Header, Layout, MemoryKind, Params, LAYOUT_VERSION, MAGIC};
+pub use header::{Header, Layout, MemoryKind, Params, GPU_POOLS, LAYOUT_VERSION, MAGIC};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};
 pub use segment::{OpenOptions, Segment};

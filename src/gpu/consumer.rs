@@ -1,0 +1,420 @@
+//! A consumer of a CUDA-memory ring.
+
+use std::cell::RefCell;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::error::GpuRecvError;
+use crate::cuda::driver::{self, CUdeviceptr};
+use crate::cuda::layout::{check_descriptor, load_uuid, pool_state, KnownPool, MAX_POOLS};
+use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
+use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
+use crate::mapped::MappedRing;
+use crate::ring::Pinned;
+use crate::shm::{MemoryKind, Params};
+use crate::{Consumer, ConsumerBuilder};
+
+/// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
+const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
+
+impl ConsumerBuilder {
+    /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
+    /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
+    /// Maps the producer's pools and opens the slots' ready events once, here.
+    pub fn open_gpu(self) -> Result<GpuConsumer, OpenError> {
+        let device = self.device;
+        let (inner, side) = self.open_kind(MemoryKind::Cuda, |map, entry| {
+            driver::available().map_err(|why| OpenError::MemoryUnavailable {
+                reason: format!("CUDA unavailable: {why}"),
+            })?;
+            GpuSide::join(map, entry, device)
+        })?;
+        Ok(GpuConsumer { inner, side })
+    }
+
+    /// The device to read on (CUDA rings). Default: the producer's device, found by UUID.
+    pub fn device(mut self, ordinal: i32) -> Self {
+        self.device = Some(ordinal);
+        self
+    }
+}
+
+/// A pool this consumer mapped.
+struct OpenPool {
+    known: KnownPool,
+    mapping: IpcMapping,
+}
+
+/// The consumer's CUDA state.
+///
+/// Invariants: `ready[i]` is slot `i`'s ready event, opened from the segment; `release[i]` is
+/// our release event for slot `i`, whose handle is in our release line `i`; each `pools[p]`
+/// maps pool table entry `p` in generation `known.generation`, and its mapping is at least
+/// `known.size` bytes. Field order is drop order: the stream before the events and mappings.
+struct GpuSide {
+    stream: Stream,
+    release: Vec<IpcEvent>,
+    ready: Vec<IpcEvent>,
+    pools: RefCell<Vec<Option<OpenPool>>>,
+    ctx: Arc<Context>,
+}
+
+fn cuda_err(e: impl Into<CudaError>) -> OpenError {
+    OpenError::MemoryUnavailable { reason: e.into().to_string() }
+}
+
+fn uuid_hex(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl GpuSide {
+    /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device,
+    /// creates and publishes our release events, opens the ready events and the live pools.
+    fn join(map: &MappedRing, entry: usize, device: Option<i32>) -> Result<GpuSide, OpenError> {
+        let tables = map.gpu();
+        let ring_uuid = load_uuid(&tables.header.device_uuid);
+        let ordinal = match device {
+            Some(d) => {
+                let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
+                if uuid != ring_uuid {
+                    return Err(OpenError::MemoryUnavailable {
+                        reason: format!(
+                            "the ring's memory is on GPU {}, not on device {d} ({}); consumers \
+                             on another GPU are not supported yet",
+                            uuid_hex(&ring_uuid),
+                            uuid_hex(&uuid)
+                        ),
+                    });
+                }
+                d
+            }
+            None => {
+                let n = driver::device_count().map_err(cuda_err)?;
+                (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
+                    || OpenError::MemoryUnavailable {
+                        reason: format!(
+                            "the ring's memory is on GPU {}, which this process cannot see",
+                            uuid_hex(&ring_uuid)
+                        ),
+                    },
+                )?
+            }
+        };
+        let ctx = Context::new(ordinal).map_err(cuda_err)?;
+        let mut release = Vec::with_capacity(tables.capacity);
+        for line in tables.releases_of(entry) {
+            let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
+            line.release_event
+                .store(&driver::event_handle_bytes(&ev.ipc_handle().map_err(cuda_err)?));
+            // Relaxed: published by the Release store of ACTIVE when we join.
+            line.released.store(0, Ordering::Relaxed);
+            release.push(ev);
+        }
+        let ready = tables
+            .slots
+            .iter()
+            .map(|line| {
+                let h = driver::event_handle_from_bytes(&line.ready_event.load());
+                IpcEvent::open(&ctx, h)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cuda_err)?;
+        let side = GpuSide {
+            stream: Stream::new(&ctx).map_err(cuda_err)?,
+            release,
+            ready,
+            pools: RefCell::new((0..MAX_POOLS).map(|_| None).collect()),
+            ctx,
+        };
+        for p in 0..MAX_POOLS {
+            // Acquire: pairs with the producer's Release store of LIVE.
+            if tables.pools[p].state.load(Ordering::Acquire) == pool_state::LIVE {
+                side.open_pool(map, p).map_err(|e| match e {
+                    GpuRecvError::Corrupt(c) => OpenError::Corrupt(c),
+                    other => OpenError::MemoryUnavailable { reason: other.to_string() },
+                })?;
+            }
+        }
+        Ok(side)
+    }
+
+    /// Maps pool table entry `p` after checking it: live, on our device, of a sane size, and
+    /// no larger than what the driver maps.
+    fn open_pool(&self, map: &MappedRing, p: usize) -> Result<(), GpuRecvError> {
+        let entry = &map.gpu().pools[p];
+        let bad = |field, value| GpuRecvError::Corrupt(Corruption::Field { field, value });
+        // Acquire: pairs with the producer's Release store of LIVE.
+        let state = entry.state.load(Ordering::Acquire);
+        if state != pool_state::LIVE {
+            return Err(bad("pool.state", state as u64));
+        }
+        // Relaxed: written before LIVE, which we acquired.
+        let generation = entry.generation.load(Ordering::Relaxed);
+        let size = entry.size.load(Ordering::Relaxed);
+        if size == 0 || size > MAX_POOL_SIZE {
+            return Err(bad("pool.size", size));
+        }
+        let ring_uuid = load_uuid(&map.gpu().header.device_uuid);
+        if load_uuid(&entry.device_uuid) != ring_uuid {
+            return Err(bad("pool.device_uuid", p as u64));
+        }
+        let handle = driver::mem_handle_from_bytes(&entry.handle.load());
+        let mapping = IpcMapping::open(&self.ctx, handle, size as usize)?;
+        if (mapping.mapped_size()? as u64) < size {
+            return Err(bad("pool.size", size));
+        }
+        let known = KnownPool { generation, size };
+        self.pools.borrow_mut()[p] = Some(OpenPool { known, mapping });
+        Ok(())
+    }
+
+    /// The device address of pinned message `m`, after checking its descriptor. Maps a pool
+    /// the producer registered after we joined (once).
+    fn locate(&self, map: &MappedRing, m: &Pinned) -> Result<CUdeviceptr, GpuRecvError> {
+        let line = &map.gpu().slots[m.slot];
+        // Relaxed: written before the publish stamp store, which our pin acquired.
+        let pool = line.pool.load(Ordering::Relaxed);
+        let generation = line.pool_generation.load(Ordering::Relaxed);
+        let offset = line.offset.load(Ordering::Relaxed);
+        let known = |pools: &Vec<Option<OpenPool>>| -> Vec<Option<KnownPool>> {
+            pools.iter().map(|o| o.as_ref().map(|o| o.known)).collect()
+        };
+        let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
+        if unmapped {
+            self.open_pool(map, pool as usize)?;
+        }
+        let pools = self.pools.borrow();
+        let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
+            .map_err(GpuRecvError::Corrupt)?;
+        let base = pools[d.pool].as_ref().expect("checked: mapped").mapping.ptr();
+        Ok(base + d.offset)
+    }
+}
+
+/// One consumer of a CUDA-memory ring. Open it with [`ConsumerBuilder::open_gpu`].
+///
+/// [`recv`](Self::recv) returns a message whose stream already waits (on the GPU) for the
+/// producer's writes; launch your kernels on [`GpuReadSlot::stream`]. Dropping the slot records
+/// this consumer's release event on that stream, so the producer's next write to the slot waits
+/// for your kernels, not for the CPU.
+pub struct GpuConsumer {
+    inner: Consumer,
+    side: GpuSide,
+}
+
+impl GpuConsumer {
+    /// Opens CUDA ring `name` with default settings.
+    pub fn open(name: &str) -> Result<GpuConsumer, OpenError> {
+        Consumer::builder(name).open_gpu()
+    }
+
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity()
+    }
+
+    /// Largest message.
+    pub fn slot_size(&self) -> usize {
+        self.inner.slot_size()
+    }
+
+    /// User header bytes per message.
+    pub fn user_header_size(&self) -> usize {
+        self.inner.user_header_size()
+    }
+
+    /// The producer's policy.
+    pub fn policy(&self) -> crate::Policy {
+        self.inner.policy()
+    }
+
+    /// The ring instance's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    /// The device context this consumer reads in.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.side.ctx
+    }
+
+    /// The consumer's own stream, the one [`recv`](Self::recv) makes wait.
+    pub fn stream(&self) -> &Stream {
+        &self.side.stream
+    }
+
+    /// Receives the next message if one is waiting.
+    pub fn try_recv(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
+        let m = self.inner.try_pin().map_err(|e| match e {
+            TryRecvError::Empty => GpuRecvError::Empty,
+            TryRecvError::Disconnected => GpuRecvError::Disconnected,
+            TryRecvError::Corrupt(c) => GpuRecvError::Corrupt(c),
+        })?;
+        self.ready(m, &self.side.stream)
+    }
+
+    /// Receives the next message, waiting as long as it takes; its stream is the consumer's.
+    pub fn recv(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
+        self.recv_on(&self.side.stream)
+    }
+
+    /// Receives the next message, waiting at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<GpuReadSlot<'_>, GpuRecvError> {
+        let m = self.pin(Some(Instant::now() + timeout))?;
+        self.ready(m, &self.side.stream)
+    }
+
+    /// Receives the next message and makes `stream` (yours) wait for it; its release is
+    /// recorded on `stream` too.
+    pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        let m = self.pin(None)?;
+        self.ready(m, stream)
+    }
+
+    fn pin(&self, deadline: Option<Instant>) -> Result<Pinned, GpuRecvError> {
+        self.inner.pin_until(deadline).map_err(|e| match e {
+            RecvTimeoutError::Timeout => GpuRecvError::Timeout,
+            RecvTimeoutError::Disconnected => GpuRecvError::Disconnected,
+            RecvTimeoutError::Corrupt(c) => GpuRecvError::Corrupt(c),
+        })
+    }
+
+    /// Checks pinned `m`'s descriptor and makes `stream` wait for its ready event. On failure
+    /// the slot is released again (nothing of ours read it).
+    fn ready<'a>(&'a self, m: Pinned, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        let located = self
+            .side
+            .locate(self.inner.map(), &m)
+            .and_then(|ptr| Ok((ptr, self.side.ready[m.slot].wait_on(stream)?)));
+        match located {
+            Ok((ptr, ())) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
+            Err(e) => {
+                self.inner.release(m.slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the release event of `m`'s slot on `stream`, then releases the slot.
+    fn release(&self, m: &Pinned, stream: &Stream) -> Result<(), CudaError> {
+        let recorded = self.side.release[m.slot].record(stream);
+        if recorded.is_err() {
+            // Without the event the producer could overwrite what our stream still reads:
+            // wait here instead (an error path, not the steady state).
+            stream.synchronize()?;
+        }
+        let line = &self.inner.map().gpu().releases_of(self.inner.entry())[m.slot];
+        // Release: pairs with the producer's Acquire load; it waits on the event recorded
+        // above only when it sees this value.
+        line.released.store(m.seq + 1, Ordering::Release);
+        self.inner.release(m.slot);
+        recorded.map_err(Into::into)
+    }
+}
+
+impl Drop for GpuConsumer {
+    fn drop(&mut self) {
+        // Our reads end before we leave: the producer stops waiting on our events then.
+        for ev in &self.side.release {
+            let _ = ev.synchronize();
+        }
+        let _ = self.side.stream.synchronize();
+        self.inner.leave();
+        // SeqCst, against the producer's fence between raising `producer_busy` and loading
+        // entry states: it either saw us FREE or we see its flag and wait for it to finish
+        // with our events before they are destroyed (when `side` drops after this).
+        fence(Ordering::SeqCst);
+        let busy = &self.inner.map().gpu().header.producer_busy;
+        let t = Instant::now();
+        let mut last_check = t;
+        // Acquire: pairs with the producer's Release store of 0 after its waits.
+        while busy.load(Ordering::Acquire) != 0 {
+            if last_check.elapsed() > Duration::from_millis(10) {
+                last_check = Instant::now();
+                if !self.inner.producer_alive() {
+                    break;
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A received device message. The producer cannot overwrite it until it is released (dropped
+/// or [`release`](Self::release)d), and then only after the work queued on its stream so far.
+pub struct GpuReadSlot<'a> {
+    consumer: &'a GpuConsumer,
+    /// Invariant: pinned by `consumer`; `ptr..ptr + len` lies in a pool it mapped.
+    m: Pinned,
+    ptr: CUdeviceptr,
+    stream: &'a Stream,
+}
+
+impl GpuReadSlot<'_> {
+    /// Device address of the message, valid on [`stream`](Self::stream) until released.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.m.len as usize
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.m.len == 0
+    }
+
+    /// The stream that waits for the message: launch kernels that read it here.
+    pub fn stream(&self) -> &Stream {
+        self.stream
+    }
+
+    /// Sequence number.
+    pub fn seq(&self) -> u64 {
+        self.m.seq
+    }
+
+    /// CLOCK_MONOTONIC nanoseconds when the producer published it.
+    pub fn timestamp_ns(&self) -> u64 {
+        self.m.timestamp_ns
+    }
+
+    /// Messages lost (overwritten unread) just before this one.
+    pub fn lag(&self) -> u64 {
+        self.m.lag
+    }
+
+    /// Slot index (for diagnostics).
+    pub fn slot(&self) -> usize {
+        self.m.slot
+    }
+
+    /// The user header, `user_header_size` bytes.
+    pub fn header(&self) -> &[u8] {
+        let map = self.consumer.inner.map();
+        // SAFETY: the slot is pinned, so no correct producer writes its user header until we
+        // release it; the region is `user_header_size` bytes inside the mapping.
+        unsafe { std::slice::from_raw_parts(map.user_header(self.m.slot), map.user_header_size()) }
+    }
+
+    /// Releases the message after the work queued on its stream so far, reporting a failure
+    /// to record the release event (dropping does the same and ignores it).
+    pub fn release(self) -> Result<(), CudaError> {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.consumer.release(&this.m, this.stream)
+    }
+}
+
+impl Drop for GpuReadSlot<'_> {
+    fn drop(&mut self) {
+        let _ = self.consumer.release(&self.m, self.stream);
+    }
+}

@@ -1,0 +1,516 @@
+//! The producer of a CUDA-memory ring.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::error::{GpuAcquireError, GpuPublishError, RegisterError};
+use crate::cuda::driver::{self, CUdeviceptr};
+use crate::cuda::layout::{pool_state, store_uuid, MAX_POOLS};
+use crate::cuda::{Context, CudaError, DevicePool, IpcEvent, Stream};
+use crate::error::{AcquireTimeoutError, CreateError, PublishError, TryAcquireError};
+use crate::mapped::MappedRing;
+use crate::ring::layout::entry_state;
+use crate::shm::process::ProcessId;
+use crate::shm::MemoryKind;
+use crate::{wait, Policy, Producer, ProducerBuilder};
+
+/// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
+pub const SLOT_ALIGN: usize = 256;
+
+/// How long a dropped producer waits, by default, for its consumers to leave before it frees
+/// the device memory they map.
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
+
+impl ProducerBuilder {
+    /// Creates a CUDA-memory ring on device `ordinal`: one dedicated device allocation holds
+    /// every slot, and each slot has an interprocess ready event. Fails with
+    /// [`CreateError::MemoryUnavailable`] where there is no usable CUDA driver or device.
+    pub fn create_gpu(self, ordinal: i32) -> Result<GpuProducer, CreateError> {
+        let unavailable = |e: CudaError| CreateError::MemoryUnavailable { reason: e.to_string() };
+        let ctx = Context::new(ordinal).map_err(unavailable)?;
+        let unfenced = self.unfenced;
+        let slot_size = self.slot_size;
+        let capacity = self.capacity as usize;
+        let (inner, (gpu, stream)) = self.build(MemoryKind::Cuda, |map| {
+            let gpu = GpuSide::build(&ctx, map, slot_size, capacity).map_err(unavailable)?;
+            let stream = Stream::new(&ctx).map_err(|e| unavailable(e.into()))?;
+            Ok((gpu, stream))
+        })?;
+        Ok(GpuProducer { inner, gpu, stream, unfenced, linger: DEFAULT_LINGER })
+    }
+}
+
+/// A pool table entry of a [`GpuProducer`]: the slots' own allocation (0) or one registered
+/// with [`GpuProducer::register`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolId(pub(crate) u32);
+
+/// Memory named in the pool table, kept alive as long as the producer.
+enum PoolMemory {
+    Owned(DevicePool),
+    /// Registered by `register_raw`; its owner keeps it alive (the caller's promise).
+    Borrowed {
+        ptr: CUdeviceptr,
+        size: usize,
+    },
+}
+
+impl PoolMemory {
+    fn ptr(&self) -> CUdeviceptr {
+        match self {
+            PoolMemory::Owned(p) => p.ptr(),
+            PoolMemory::Borrowed { ptr, .. } => *ptr,
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            PoolMemory::Owned(p) => p.size(),
+            PoolMemory::Borrowed { size, .. } => *size,
+        }
+    }
+}
+
+/// Release events a consumer table entry's occupant exported, opened in our context.
+struct ReaderEvents {
+    /// The entry's generation when they were opened.
+    generation: u32,
+    /// One per slot.
+    events: Vec<IpcEvent>,
+}
+
+/// The producer's CUDA state.
+///
+/// Invariants: `pools[i]` is what pool table entry `i` names (LIVE, generation 1);
+/// `ready[i]` is slot `i`'s ready event, whose handle is in the slot's line.
+struct GpuSide {
+    ctx: Arc<Context>,
+    uuid: [u8; 16],
+    pools: Vec<PoolMemory>,
+    /// Distance between slots in pool 0.
+    stride: usize,
+    ready: Vec<IpcEvent>,
+    /// Per consumer table entry, the release events we opened of its occupant.
+    readers: Vec<Option<ReaderEvents>>,
+}
+
+impl GpuSide {
+    /// Allocates the slots and their events and writes the pool table and slot lines of a
+    /// segment nobody sees yet.
+    fn build(
+        ctx: &Arc<Context>,
+        map: &MappedRing,
+        slot_size: usize,
+        capacity: usize,
+    ) -> Result<GpuSide, CudaError> {
+        let stride = slot_size.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let pool = DevicePool::new(ctx, stride * capacity)?;
+        let uuid = ctx.uuid()?;
+        let tables = map.gpu();
+        store_uuid(&tables.header.device_uuid, uuid);
+        let mut side = GpuSide {
+            ctx: ctx.clone(),
+            uuid,
+            pools: Vec::new(),
+            stride,
+            ready: Vec::with_capacity(capacity),
+            readers: (0..map.params().max_consumers).map(|_| None).collect(),
+        };
+        side.add_pool(map, PoolMemory::Owned(pool)).map_err(|e| match e {
+            RegisterError::Cuda(e) => e,
+            other => unreachable!("first pool: {other}"),
+        })?;
+        for line in tables.slots {
+            let ev = IpcEvent::new(ctx)?;
+            line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
+            // Relaxed: published by the Release store of `magic`.
+            line.pool.store(0, Ordering::Relaxed);
+            side.ready.push(ev);
+        }
+        Ok(side)
+    }
+
+    /// Writes `mem` into the next pool table entry.
+    fn add_pool(&mut self, map: &MappedRing, mem: PoolMemory) -> Result<PoolId, RegisterError> {
+        let index = self.pools.len();
+        if index >= MAX_POOLS {
+            return Err(RegisterError::TableFull);
+        }
+        self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
+        // SAFETY: a context is current.
+        let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
+            .map_err(|_| RegisterError::OtherDevice)?;
+        // Legacy IPC shares whole allocations: only the base of one may be registered, and the
+        // size we declare must not exceed it.
+        if base != mem.ptr() || size < mem.size() {
+            return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
+                "{:#x}+{} is not the base of an allocation of at least that size",
+                mem.ptr(),
+                mem.size()
+            ))));
+        }
+        self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
+        // SAFETY: `base` is the base of a live allocation in the current context (checked just
+        // above by the driver).
+        let handle = unsafe { driver::ipc_get_mem_handle(base) }
+            .map_err(|e| RegisterError::Cuda(e.into()))?;
+        let entry = &map.gpu().pools[index];
+        entry.handle.store(&driver::mem_handle_bytes(&handle));
+        // Relaxed: published by the Release store of `state` below.
+        entry.size.store(mem.size() as u64, Ordering::Relaxed);
+        store_uuid(&entry.device_uuid, self.uuid);
+        entry.generation.fetch_add(1, Ordering::Relaxed);
+        // Release: a consumer that Acquire-loads LIVE sees the fields above.
+        entry.state.store(pool_state::LIVE, Ordering::Release);
+        self.pools.push(mem);
+        Ok(PoolId(index as u32))
+    }
+
+    /// Makes `stream` wait for the release events of every active consumer that read message
+    /// `prev` (in slot `slot`): their last record there is that read's release.
+    fn wait_for_readers(
+        &mut self,
+        map: &MappedRing,
+        slot: usize,
+        prev: u64,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let ring = map.ring();
+        let tables = map.gpu();
+        let busy = &tables.header.producer_busy;
+        // Relaxed, then the SeqCst fence: a consumer that leaves stores FREE, fences SeqCst and
+        // then loads `busy`. Either its load sees our 1 (and it waits for our 0 before
+        // destroying its events) or our state load below sees its FREE (and we skip it).
+        busy.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let result = (|| {
+            for (e, entry) in ring.consumers.iter().enumerate() {
+                // Acquire: pairs with the consumer's Release store of ACTIVE, after it wrote its
+                // release-event handles and bumped the generation.
+                if entry.state.load(Ordering::Acquire) != entry_state::ACTIVE {
+                    continue;
+                }
+                // Acquire: pairs with the consumer's Release store made after it recorded its
+                // release event for `prev`.
+                if tables.releases_of(e)[slot].released.load(Ordering::Acquire) != prev + 1 {
+                    continue;
+                }
+                // Relaxed: ordered before ACTIVE, which we acquired.
+                let generation = entry.generation.load(Ordering::Relaxed);
+                let stale = self.readers[e].as_ref().is_none_or(|r| r.generation != generation);
+                if stale {
+                    self.readers[e] = None; // the old occupant's imports, before new opens
+                    let events = tables
+                        .releases_of(e)
+                        .iter()
+                        .map(|line| {
+                            let h = driver::event_handle_from_bytes(&line.release_event.load());
+                            IpcEvent::open(&self.ctx, h)
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.readers[e] = Some(ReaderEvents { generation, events });
+                }
+                let reader = self.readers[e].as_ref().expect("opened above");
+                reader.events[slot].wait_on(stream)?;
+            }
+            Ok(())
+        })();
+        // Release: our waits are enqueued before a leaving consumer sees 0 and destroys events.
+        busy.store(0, Ordering::Release);
+        result
+    }
+}
+
+/// The single producer of a CUDA-memory ring. Create it with [`ProducerBuilder::create_gpu`].
+///
+/// Each slot is a region of device memory. [`acquire`](Self::acquire) hands one out with a
+/// stream that already waits (on the GPU) for the consumers still reading the slot's previous
+/// message; write the frame on that stream, then [`publish`](GpuWriteSlot::publish), which
+/// records the slot's ready event on it. Nothing here makes the CPU wait for the GPU.
+///
+/// Dropping it closes the ring, waits up to the linger time (default 5 s, see
+/// [`set_linger`](Self::set_linger)) for consumers to leave, and frees the device memory.
+pub struct GpuProducer {
+    inner: Producer,
+    gpu: GpuSide,
+    /// The producer's own stream, for `acquire`.
+    stream: Stream,
+    unfenced: bool,
+    linger: Duration,
+}
+
+impl GpuProducer {
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity()
+    }
+
+    /// Largest message.
+    pub fn slot_size(&self) -> usize {
+        self.inner.slot_size()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy()
+    }
+
+    /// Messages published so far.
+    pub fn published(&self) -> u64 {
+        self.inner.published()
+    }
+
+    /// Consumers currently joined.
+    pub fn consumer_count(&self) -> usize {
+        self.inner.consumer_count()
+    }
+
+    /// A snapshot of every joined consumer's counters.
+    pub fn consumers(&self) -> Vec<crate::ConsumerInfo> {
+        self.inner.consumers()
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.gpu.ctx
+    }
+
+    /// The producer's own stream (the one [`acquire`](Self::acquire) uses).
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// How long dropping the producer waits for consumers to leave before freeing the memory
+    /// they may still map.
+    pub fn set_linger(&mut self, linger: Duration) {
+        self.linger = linger;
+    }
+
+    /// Adds `pool` to the ring's pool table, so that messages can be published from it with
+    /// [`GpuWriteSlot::publish_region`]. The producer keeps it until it drops.
+    pub fn register(&mut self, pool: DevicePool) -> Result<PoolId, RegisterError> {
+        self.gpu.add_pool(self.inner.map(), PoolMemory::Owned(pool))
+    }
+
+    /// Adds an allocation the caller owns (a decoder's output surfaces, say) to the pool table.
+    ///
+    /// # Safety
+    /// 1. `ptr` must be the base of a dedicated `cuMemAlloc` allocation of at least `size`
+    ///    bytes on this producer's device, never one from a stream-ordered or caching pool
+    ///    (legacy IPC shares the whole underlying block; see `docs/gpu.md`).
+    /// 2. It must stay allocated until this producer has dropped.
+    pub unsafe fn register_raw(
+        &mut self,
+        ptr: CUdeviceptr,
+        size: usize,
+    ) -> Result<PoolId, RegisterError> {
+        self.gpu.add_pool(self.inner.map(), PoolMemory::Borrowed { ptr, size })
+    }
+
+    /// Device address and size of a registered pool.
+    pub fn pool(&self, id: PoolId) -> (CUdeviceptr, usize) {
+        let p = &self.gpu.pools[id.0 as usize];
+        (p.ptr(), p.size())
+    }
+
+    /// The next slot if one is free now, its stream waiting for the slot's last readers.
+    pub fn try_acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
+        let slot = self.inner.try_claim().map_err(|e| match e {
+            TryAcquireError::Full => GpuAcquireError::Full,
+            TryAcquireError::Corrupt(c) => GpuAcquireError::Corrupt(c),
+        })?;
+        self.fenced(slot, None)
+    }
+
+    /// The next slot, waiting as long as it takes; the producer's stream waits for the slot's
+    /// last readers.
+    pub fn acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
+        let slot = self.claim(None)?;
+        self.fenced(slot, None)
+    }
+
+    /// The next slot, waiting at most `timeout`.
+    pub fn acquire_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
+        let slot = self.claim(Some(Instant::now() + timeout))?;
+        self.fenced(slot, None)
+    }
+
+    /// Like [`acquire`](Self::acquire), but the wait for the slot's readers goes on `stream`
+    /// (your decoder's or kernel's stream), and `publish` records the ready event there.
+    pub fn acquire_on<'a>(
+        &'a mut self,
+        stream: &'a Stream,
+    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        let slot = self.claim(None)?;
+        self.fenced(slot, Some(stream))
+    }
+
+    fn claim(&mut self, deadline: Option<Instant>) -> Result<usize, GpuAcquireError> {
+        self.inner.claim_until(deadline).map_err(|e| match e {
+            AcquireTimeoutError::Timeout => GpuAcquireError::Timeout,
+            AcquireTimeoutError::Corrupt(c) => GpuAcquireError::Corrupt(c),
+        })
+    }
+
+    /// Makes the slot's stream wait for the readers of the slot's previous message, then hands
+    /// the slot out.
+    fn fenced<'a>(
+        &'a mut self,
+        slot: usize,
+        stream: Option<&'a Stream>,
+    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        let seq = self.inner.published();
+        let cap = self.inner.capacity() as u64;
+        if seq >= cap && !self.unfenced {
+            let s = stream.unwrap_or(&self.stream);
+            self.gpu
+                .wait_for_readers(self.inner.map(), slot, seq - cap, s)
+                .map_err(GpuAcquireError::Cuda)?;
+        }
+        Ok(GpuWriteSlot { producer: self, slot, stream })
+    }
+}
+
+impl Drop for GpuProducer {
+    fn drop(&mut self) {
+        self.inner.close();
+        // Consumers still map our memory while they drain: give them the linger time to leave.
+        let map = self.inner.map();
+        let ring = map.ring();
+        let gone = || {
+            ring.consumers.iter().all(|e| {
+                // Acquire: pairs with a leaving consumer's Release store of FREE, made after its
+                // stream finished with our memory.
+                let state = e.state.load(Ordering::Acquire);
+                // Relaxed: the pid identifies a process to probe, nothing is read through it.
+                let who = ProcessId {
+                    pid: e.pid.load(Ordering::Relaxed),
+                    start_time: e.start_time.load(Ordering::Relaxed),
+                };
+                state == entry_state::FREE || !who.is_alive()
+            })
+        };
+        let config = self.inner.wait_config();
+        let config = wait::WaitConfig { tick: Duration::from_millis(10), ..config };
+        let deadline = Some(Instant::now() + self.linger);
+        let _ = wait::wait_until(
+            ring.producer_wake,
+            config,
+            deadline,
+            || gone().then_some(()),
+            || gone().then_some(()),
+        );
+        // Teardown may wait for the GPU: our writes (on any stream) end before the frees.
+        for ev in &self.gpu.ready {
+            let _ = ev.synchronize();
+        }
+        let _ = self.stream.synchronize();
+    }
+}
+
+/// A claimed device slot: write `len` bytes at [`ptr`](Self::ptr) on [`stream`](Self::stream),
+/// then [`publish`](Self::publish). Dropping it unpublished keeps it claimed; the next acquire
+/// returns it again.
+pub struct GpuWriteSlot<'a> {
+    producer: &'a mut GpuProducer,
+    slot: usize,
+    /// The caller's stream (`acquire_on`), else the producer's.
+    stream: Option<&'a Stream>,
+}
+
+impl GpuWriteSlot<'_> {
+    /// Device address of the slot (aligned to [`SLOT_ALIGN`]).
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.producer.gpu.pools[0].ptr() + (self.slot * self.producer.gpu.stride) as u64
+    }
+
+    /// Bytes the slot holds (the ring's slot size).
+    pub fn capacity(&self) -> usize {
+        self.producer.slot_size()
+    }
+
+    /// The stream to write on: it already waits for the slot's previous readers.
+    pub fn stream(&self) -> &Stream {
+        self.stream.unwrap_or(&self.producer.stream)
+    }
+
+    /// Sequence number this message will have.
+    pub fn seq(&self) -> u64 {
+        self.producer.published()
+    }
+
+    /// Slot index (for diagnostics).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Publishes the first `len` bytes of the slot with user header `header`: records the
+    /// slot's ready event on the stream, then makes the message visible. Returns its sequence
+    /// number.
+    pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, GpuPublishError> {
+        let offset = (self.slot * self.producer.gpu.stride) as u64;
+        self.publish_at(0, offset, len as u64, header)
+    }
+
+    /// Publishes `len` bytes at `offset` of registered pool `pool` instead of the slot's own
+    /// memory. Write them on [`stream`](Self::stream) (or make it wait for your writes) first;
+    /// the consumers' reads are fenced by the same ready event. Do not rewrite the region
+    /// until this slot comes round again: its next acquire is where the producer's stream
+    /// waits for the region's readers.
+    pub fn publish_region(
+        self,
+        pool: PoolId,
+        offset: u64,
+        len: u64,
+        header: &[u8],
+    ) -> Result<u64, GpuPublishError> {
+        let size = self.producer.gpu.pools[pool.0 as usize].size() as u64;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(GpuPublishError::OutsidePool { offset, len, size });
+        }
+        self.publish_at(pool.0, offset, len, header)
+    }
+
+    fn publish_at(
+        self,
+        pool: u32,
+        offset: u64,
+        len: u64,
+        header: &[u8],
+    ) -> Result<u64, GpuPublishError> {
+        let p = &mut *self.producer;
+        let slot_size = p.slot_size() as u64;
+        if len > slot_size {
+            return Err(GpuPublishError::TooLong { len, slot_size });
+        }
+        let max = p.inner.user_header_size();
+        if header.len() > max {
+            return Err(GpuPublishError::HeaderTooLong { len: header.len(), max });
+        }
+        let stream = self.stream.unwrap_or(&p.stream);
+        p.gpu.ready[self.slot].record(stream)?;
+        let tables = p.inner.map().gpu();
+        // Relaxed: only this producer writes pool entries.
+        let generation = tables.pools[pool as usize].generation.load(Ordering::Relaxed);
+        let line = &tables.slots[self.slot];
+        // Relaxed: published by the Release stamp store in `publish_claimed`.
+        line.pool.store(pool, Ordering::Relaxed);
+        line.pool_generation.store(generation, Ordering::Relaxed);
+        line.offset.store(offset, Ordering::Relaxed);
+        p.inner.publish_claimed(self.slot, len, header).map_err(|e| match e {
+            PublishError::HeaderTooLong { len, max } => GpuPublishError::HeaderTooLong { len, max },
+            PublishError::TooLong { len, slot_size } => {
+                GpuPublishError::TooLong { len: len as u64, slot_size: slot_size as u64 }
+            }
+        })
+    }
+}

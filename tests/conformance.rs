@@ -1,0 +1,453 @@
+//! The conformance suite: the same multi-process scenarios run against every memory kind.
+//! Host memory runs everywhere (CI); CUDA memory needs a GPU and is `#[ignore]`d without one.
+//!
+//! Each test re-executes this binary with a role (see `common::spawn`); the child runs the same
+//! test function, which dispatches on the role. Every byte of every message is checked: on the
+//! CPU for host memory, by a kernel on the consumer's stream for CUDA memory.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{env, expect_success, role, spawn, unique_name};
+use gpuring::{pattern, Consumer, OpenError, Policy, Producer, RecvError, StartAt};
+
+/// One message as a consumer saw it (its payload check is the backend's business).
+struct Msg {
+    seq: u64,
+    lag: u64,
+    len: usize,
+    header_seq: u64,
+}
+
+/// What the scenarios need of a memory kind.
+trait Backend {
+    /// Slot size used by the scenarios.
+    const SLOT: usize;
+    /// Messages per fan-out test.
+    const MESSAGES: u64;
+    /// Whether a consumer can still read what a producer published after that producer's
+    /// process exited (host memory lives in the segment; device memory dies with its owner).
+    const DRAINS_AFTER_EXIT: bool;
+    type Tx;
+    type Rx;
+    fn create(name: &str, capacity: u32, policy: Policy) -> Self::Tx;
+    fn consumer_count(tx: &Self::Tx) -> usize;
+    /// Publishes message `seq`: length `len_for(seq)`, its pattern, `seq` in the user header.
+    /// `false` if no slot came free within `timeout`.
+    fn publish(tx: &mut Self::Tx, seq: u64, timeout: Duration) -> bool;
+    fn open(name: &str, start: StartAt) -> Result<Self::Rx, OpenError>;
+    /// Receives one message and queues the check of its payload; `None` once disconnected.
+    fn recv(rx: &Self::Rx) -> Option<Msg>;
+    /// Mismatching payload bytes over every message received so far.
+    fn mismatches(rx: &Self::Rx) -> u64;
+}
+
+fn len_for<B: Backend>(seq: u64) -> usize {
+    pattern::len_for(seq, 1, B::SLOT)
+}
+
+struct Host;
+
+struct HostRx {
+    rx: Consumer,
+    bad: std::cell::Cell<u64>,
+}
+
+impl Backend for Host {
+    const SLOT: usize = 4096;
+    const MESSAGES: u64 = 100_000;
+    const DRAINS_AFTER_EXIT: bool = true;
+    type Tx = Producer;
+    type Rx = HostRx;
+
+    fn create(name: &str, capacity: u32, policy: Policy) -> Producer {
+        let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT).policy(policy);
+        b.create().unwrap()
+    }
+
+    fn consumer_count(tx: &Producer) -> usize {
+        tx.consumer_count()
+    }
+
+    fn publish(tx: &mut Producer, seq: u64, timeout: Duration) -> bool {
+        let Ok(mut slot) = tx.acquire_timeout(timeout) else { return false };
+        assert_eq!(slot.seq(), seq);
+        let len = len_for::<Self>(seq);
+        pattern::fill(&mut slot[..len], seq);
+        slot.publish(len, &seq.to_le_bytes()).unwrap();
+        true
+    }
+
+    fn open(name: &str, start: StartAt) -> Result<HostRx, OpenError> {
+        let rx = Consumer::builder(name).start_at(start).open()?;
+        Ok(HostRx { rx, bad: Default::default() })
+    }
+
+    fn recv(rx: &HostRx) -> Option<Msg> {
+        let m = match rx.rx.recv() {
+            Ok(m) => m,
+            Err(RecvError::Disconnected) => return None,
+            Err(e) => panic!("recv: {e}"),
+        };
+        rx.bad.set(rx.bad.get() + pattern::mismatches(&m, m.seq()));
+        let header_seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
+        Some(Msg { seq: m.seq(), lag: m.lag(), len: m.len(), header_seq })
+    }
+
+    fn mismatches(rx: &HostRx) -> u64 {
+        rx.bad.get()
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use gpuring::cuda::driver;
+    use gpuring::cuda::kernels::PatternKernels;
+    use gpuring::cuda::DevicePool;
+    use gpuring::gpu::{GpuAcquireError, GpuRecvError};
+    use gpuring::{GpuConsumer, GpuProducer};
+    use std::sync::Arc;
+
+    pub struct Cuda;
+
+    pub struct CudaTx {
+        tx: GpuProducer,
+        k: Arc<PatternKernels>,
+    }
+
+    pub struct CudaRx {
+        rx: GpuConsumer,
+        k: Arc<PatternKernels>,
+        /// A device u64 the check kernels add mismatches to.
+        bad: DevicePool,
+    }
+
+    impl Backend for Cuda {
+        const SLOT: usize = 256 << 10;
+        const MESSAGES: u64 = 20_000;
+        const DRAINS_AFTER_EXIT: bool = false;
+        type Tx = CudaTx;
+        type Rx = CudaRx;
+
+        fn create(name: &str, capacity: u32, policy: Policy) -> CudaTx {
+            let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT);
+            let tx = b.policy(policy).create_gpu(0).unwrap();
+            let k = PatternKernels::get(tx.context()).unwrap();
+            CudaTx { tx, k }
+        }
+
+        fn consumer_count(tx: &CudaTx) -> usize {
+            tx.tx.consumer_count()
+        }
+
+        fn publish(tx: &mut CudaTx, seq: u64, timeout: Duration) -> bool {
+            let slot = match tx.tx.acquire_timeout(timeout) {
+                Ok(slot) => slot,
+                Err(GpuAcquireError::Timeout) => return false,
+                Err(e) => panic!("acquire: {e}"),
+            };
+            assert_eq!(slot.seq(), seq);
+            let len = len_for::<Self>(seq);
+            // SAFETY: the slot holds SLOT >= len bytes, 256-aligned, and is ours until publish;
+            // the fill runs on the slot's stream, which the publish's ready event follows.
+            unsafe { tx.k.fill(slot.stream(), slot.ptr(), len as u64, seq).unwrap() };
+            slot.publish(len, &seq.to_le_bytes()).unwrap();
+            true
+        }
+
+        fn open(name: &str, start: StartAt) -> Result<CudaRx, OpenError> {
+            let rx = Consumer::builder(name).start_at(start).open_gpu()?;
+            let k = PatternKernels::get(rx.context()).unwrap();
+            let bad = DevicePool::new(rx.context(), 8).unwrap();
+            // SAFETY: `bad` is a live allocation of 8+ bytes.
+            unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
+            Ok(CudaRx { rx, k, bad })
+        }
+
+        fn recv(rx: &CudaRx) -> Option<Msg> {
+            let m = match rx.rx.recv() {
+                Ok(m) => m,
+                Err(GpuRecvError::Disconnected) => return None,
+                Err(e) => panic!("recv: {e}"),
+            };
+            // SAFETY: the slot's `len` bytes at `ptr` stay readable on its stream until the
+            // release that dropping `m` records after this kernel; `bad` is a device u64.
+            unsafe {
+                rx.k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), rx.bad.ptr(), 0).unwrap()
+            };
+            let header_seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
+            Some(Msg { seq: m.seq(), lag: m.lag(), len: m.len(), header_seq })
+        }
+
+        fn mismatches(rx: &CudaRx) -> u64 {
+            rx.rx.stream().synchronize().unwrap();
+            let mut out = [0u8; 8];
+            // SAFETY: `bad` holds 8 bytes; its stream is synchronised.
+            unsafe { driver::memcpy_dtoh(&mut out, rx.bad.ptr()).unwrap() };
+            u64::from_le_bytes(out)
+        }
+    }
+}
+
+/// What a checking consumer saw.
+#[derive(Debug, Default)]
+struct Seen {
+    first: Option<u64>,
+    received: u64,
+    lost: u64,
+    last: Option<u64>,
+}
+
+/// Receives until disconnected, checking the length, the header and the sequence (each message
+/// is the next one or, if it reports lag, exactly `lag` after it), then that no payload byte
+/// differed.
+fn consume_and_check<B: Backend>(rx: &B::Rx) -> Seen {
+    let mut seen = Seen::default();
+    while let Some(m) = B::recv(rx) {
+        if let Some(last) = seen.last {
+            assert_eq!(m.seq, last + 1 + m.lag, "sequence gap not reported as lag");
+        }
+        seen.first.get_or_insert(m.seq);
+        seen.last = Some(m.seq);
+        seen.received += 1;
+        seen.lost += m.lag;
+        assert_eq!(m.len, len_for::<B>(m.seq), "length of {}", m.seq);
+        assert_eq!(m.header_seq, m.seq, "header of {}", m.seq);
+    }
+    assert_eq!(B::mismatches(rx), 0, "payload bytes differ; {seen:?}");
+    seen
+}
+
+fn produce<B: Backend>(tx: &mut B::Tx, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        assert!(B::publish(tx, seq, Duration::from_secs(60)), "no slot for {seq}");
+    }
+}
+
+/// Opens ring `name` (starting at the next message) once its producer process has created it.
+fn open_when_created<B: Backend>(name: &str) -> B::Rx {
+    let t = Instant::now();
+    loop {
+        match B::open(name, StartAt::Next) {
+            Ok(rx) => return rx,
+            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 30 => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
+fn wait_for_consumers<B: Backend>(tx: &B::Tx, n: usize) {
+    let t = Instant::now();
+    while B::consumer_count(tx) < n {
+        assert!(t.elapsed() < Duration::from_secs(30), "consumers did not join");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// 1 producer, `consumers` consumer processes, `B::MESSAGES` messages, all bytes checked.
+fn fan_out<B: Backend>(test: &str, consumers: usize, policy: Policy) {
+    if let Some(role) = role() {
+        assert_eq!(role, "consumer");
+        let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
+        let seen = consume_and_check::<B>(&rx);
+        let n = B::MESSAGES;
+        // Joined before the first publish: every message was either received or lost.
+        assert_eq!(seen.received + seen.lost, n, "{seen:?}");
+        assert_eq!(seen.last, Some(n - 1), "{seen:?}");
+        if policy == Policy::Block {
+            assert_eq!((seen.received, seen.lost), (n, 0), "Block lost messages");
+        }
+        eprintln!("consumer {}: received {} lost {}", std::process::id(), seen.received, seen.lost);
+        return;
+    }
+    let name = unique_name("fan");
+    let mut tx = B::create(&name, 64, policy);
+    let children: Vec<_> =
+        (0..consumers).map(|_| spawn(test, "consumer", &[("RING", name.clone())])).collect();
+    wait_for_consumers::<B>(&tx, consumers);
+    produce::<B>(&mut tx, 0..B::MESSAGES);
+    drop(tx);
+    for c in children {
+        expect_success(c, "consumer");
+    }
+}
+
+/// Consumers that join after messages were published start where `StartAt` says and then miss
+/// nothing (Block).
+fn late_join<B: Backend>(test: &str) {
+    const BEFORE: u64 = 100;
+    const CAP: u32 = 8;
+    const TOTAL: u64 = BEFORE + 5000;
+    if let Some(role) = role() {
+        let start = if role == "newest" { StartAt::Newest } else { StartAt::Oldest };
+        let rx = B::open(&env::<String>("RING"), start).unwrap();
+        let seen = consume_and_check::<B>(&rx);
+        let first = seen.first.unwrap();
+        match start {
+            StartAt::Newest => assert_eq!(first, BEFORE - 1),
+            // Under Block, the oldest message that cannot be overwritten while joining.
+            _ => assert_eq!(first, BEFORE - CAP as u64 + 1),
+        }
+        assert_eq!(seen.lost, 0);
+        assert_eq!(seen.last, Some(TOTAL - 1));
+        return;
+    }
+    let name = unique_name("late");
+    let mut tx = B::create(&name, CAP, Policy::Block);
+    // No consumers yet: Block does not block.
+    produce::<B>(&mut tx, 0..BEFORE);
+    let a = spawn(test, "newest", &[("RING", name.clone())]);
+    let b = spawn(test, "oldest", &[("RING", name.clone())]);
+    wait_for_consumers::<B>(&tx, 2);
+    produce::<B>(&mut tx, BEFORE..TOTAL);
+    drop(tx);
+    expect_success(a, "newest joiner");
+    expect_success(b, "oldest joiner");
+}
+
+/// A Block producer waiting on a consumer that stops reading wakes up when that consumer's
+/// process leaves the ring (iceoryx2 #314).
+fn consumer_leaves_while_producer_blocked<B: Backend>(test: &str) {
+    if role().is_some() {
+        let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
+        let m = B::recv(&rx).unwrap();
+        assert_eq!(m.seq, 0);
+        assert_eq!(B::mismatches(&rx), 0);
+        // Let the producer fill the ring and go to sleep on it.
+        std::thread::sleep(Duration::from_millis(300));
+        return; // drops the consumer: it leaves the ring
+    }
+    let name = unique_name("leave");
+    let mut tx = B::create(&name, 4, Policy::Block);
+    let child = spawn(test, "consumer", &[("RING", name)]);
+    wait_for_consumers::<B>(&tx, 1);
+    produce::<B>(&mut tx, 0..5);
+    // The consumer read 1 of 5 and stopped: the ring is full.
+    let t = Instant::now();
+    assert!(B::publish(&mut tx, 5, Duration::from_secs(20)), "producer stayed blocked");
+    let waited = t.elapsed();
+    expect_success(child, "consumer");
+    assert_eq!(B::consumer_count(&tx), 0);
+    println!("producer unblocked after {waited:?}");
+}
+
+/// A consumer of a producer process that exits gets every message, then `Disconnected`. With
+/// host memory it drains after the exit; device memory lives only as long as its producer,
+/// which lingers until its consumers leave, so there the consumer drains first.
+fn producer_exit_disconnects_after_drain<B: Backend>(test: &str) {
+    if role().is_some() {
+        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers::<B>(&tx, 1);
+        produce::<B>(&mut tx, 0..10);
+        return;
+    }
+    let name = unique_name("pexit");
+    let child = spawn(test, "producer", &[("RING", name.clone())]);
+    let rx = open_when_created::<B>(&name);
+    let child = if B::DRAINS_AFTER_EXIT {
+        expect_success(child, "producer");
+        None
+    } else {
+        Some(child)
+    };
+    let seen = consume_and_check::<B>(&rx);
+    assert_eq!((seen.first, seen.last, seen.received), (Some(0), Some(9), 10));
+    drop(rx);
+    if let Some(child) = child {
+        expect_success(child, "producer");
+    }
+}
+
+/// A consumer of a producer that is killed (no chance to close) gets `Disconnected` from its
+/// liveness check instead of waiting forever, and a new producer reclaims the name.
+fn producer_killed_disconnects<B: Backend>(test: &str) {
+    if role().is_some() {
+        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers::<B>(&tx, 1);
+        produce::<B>(&mut tx, 0..10);
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("killed before");
+    }
+    let name = unique_name("pkill");
+    let mut child = spawn(test, "producer", &[("RING", name.clone())]);
+    let rx = open_when_created::<B>(&name);
+    for seq in 0..10 {
+        assert_eq!(B::recv(&rx).expect("message").seq, seq);
+    }
+    assert_eq!(B::mismatches(&rx), 0);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    assert!(B::recv(&rx).is_none(), "expected Disconnected");
+    eprintln!("Disconnected {:?} after the kill", t.elapsed());
+    drop(rx);
+    // The dead producer's segment is still there; a new producer reclaims the name.
+    drop(B::create(&name, 16, Policy::Block));
+}
+
+/// One test per scenario for backend `$b`, in module `$m`; `$attr` marks them (for example
+/// ignored without a GPU).
+macro_rules! conformance {
+    ($m:ident, $b:ty $(, #[$attr:meta])*) => {
+        mod $m {
+            use super::*;
+
+            fn name(test: &str) -> String {
+                format!("{}::{test}", stringify!($m))
+            }
+
+            #[test] $(#[$attr])*
+            fn one_to_one_block() {
+                fan_out::<$b>(&name("one_to_one_block"), 1, Policy::Block);
+            }
+
+            #[test] $(#[$attr])*
+            fn one_to_four_block() {
+                fan_out::<$b>(&name("one_to_four_block"), 4, Policy::Block);
+            }
+
+            #[test] $(#[$attr])*
+            fn one_to_one_overwrite() {
+                fan_out::<$b>(&name("one_to_one_overwrite"), 1, Policy::Overwrite);
+            }
+
+            #[test] $(#[$attr])*
+            fn one_to_four_overwrite() {
+                fan_out::<$b>(&name("one_to_four_overwrite"), 4, Policy::Overwrite);
+            }
+
+            #[test] $(#[$attr])*
+            fn late_join() {
+                super::late_join::<$b>(&name("late_join"));
+            }
+
+            #[test] $(#[$attr])*
+            fn consumer_leaves_while_producer_blocked() {
+                super::consumer_leaves_while_producer_blocked::<$b>(&name(
+                    "consumer_leaves_while_producer_blocked",
+                ));
+            }
+
+            #[test] $(#[$attr])*
+            fn producer_exit_disconnects_after_drain() {
+                super::producer_exit_disconnects_after_drain::<$b>(&name(
+                    "producer_exit_disconnects_after_drain",
+                ));
+            }
+
+            #[test] $(#[$attr])*
+            fn producer_killed_disconnects() {
+                super::producer_killed_disconnects::<$b>(&name("producer_killed_disconnects"));
+            }
+        }
+    };
+}
+
+conformance!(host, Host);
+#[cfg(feature = "cuda")]
+conformance!(cuda_memory, cuda::Cuda, #[ignore = "needs a CUDA GPU"]);

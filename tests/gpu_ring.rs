@@ -1,0 +1,261 @@
+//! CUDA-memory behaviour that host memory does not share: the release fence, the steady state's
+//! zero handle opens and CPU syncs, registered allocations, and the memory-kind checks. The
+//! scenarios both kinds share are in `conformance.rs`.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::{env, expect_success, role, spawn, unique_name};
+use gpuring::cuda::driver::{self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+use gpuring::cuda::kernels::PatternKernels;
+use gpuring::cuda::{DevicePool, Stream};
+use gpuring::gpu::GpuRecvError;
+use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
+
+/// Process-wide handle and sync counters.
+fn counters() -> [u64; 4] {
+    [&IPC_MEM_OPENS, &IPC_EVENT_OPENS, &IPC_MEM_CLOSES, &CPU_SYNCS].map(|c| c.load(Relaxed))
+}
+
+/// A device u64 counter for the check kernel, zeroed on `s`.
+fn counter(rx: &GpuConsumer) -> DevicePool {
+    let bad = DevicePool::new(rx.context(), 8).unwrap();
+    // SAFETY: `bad` is a live allocation of 8+ bytes.
+    unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
+    bad
+}
+
+fn read_counter(s: &Stream, bad: &DevicePool) -> u64 {
+    s.synchronize().unwrap();
+    let mut out = [0u8; 8];
+    // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
+    unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()).unwrap() };
+    u64::from_le_bytes(out)
+}
+
+fn open_when_created(name: &str) -> GpuConsumer {
+    let t = Instant::now();
+    loop {
+        match Consumer::builder(name).start_at(gpuring::StartAt::Next).open_gpu() {
+            Ok(rx) => return rx,
+            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 30 => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
+fn wait_for_consumers(tx: &GpuProducer, n: usize) {
+    let t = Instant::now();
+    while tx.consumer_count() < n {
+        assert!(t.elapsed() < Duration::from_secs(30), "consumers did not join");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks every message on the GPU until disconnected, each kernel first spinning `spin_ns`.
+/// Returns (messages, mismatching bytes).
+fn consume(rx: &GpuConsumer, spin_ns: u64) -> (u64, u64) {
+    let k = PatternKernels::get(rx.context()).unwrap();
+    let bad = counter(rx);
+    let mut n = 0;
+    loop {
+        let m = match rx.recv() {
+            Ok(m) => m,
+            Err(GpuRecvError::Disconnected) => break,
+            Err(e) => panic!("recv: {e}"),
+        };
+        // SAFETY: the message's bytes stay readable on its stream until its release, which
+        // dropping `m` records after this kernel.
+        unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), spin_ns) }
+            .unwrap();
+        n += 1;
+    }
+    (n, read_counter(rx.stream(), &bad))
+}
+
+/// Producer writing `frames` frames of `len` bytes as fast as the ring lets it.
+fn produce(tx: &mut GpuProducer, frames: u64, len: u64) {
+    let k = PatternKernels::get(tx.context()).unwrap();
+    for seq in 0..frames {
+        let slot = tx.acquire().unwrap();
+        // SAFETY: the slot holds slot_size >= len bytes and is ours until publish.
+        unsafe { k.fill(slot.stream(), slot.ptr(), len, seq).unwrap() };
+        slot.publish(len as usize, &[]).unwrap();
+    }
+}
+
+/// A consumer whose kernel is slow (it spins before reading) against a producer that writes
+/// as fast as it can, in Block mode with 2 slots. With the release fence no frame is torn; with
+/// the fence disabled (test-only switch) the same run must tear frames, which shows the check
+/// can see it.
+fn fence_run(test: &str, unfenced: bool) {
+    const FRAMES: u64 = 300;
+    const LEN: u64 = 4 << 20;
+    if role().is_some() {
+        let rx = open_when_created(&env::<String>("RING"));
+        let (n, bad) = consume(&rx, 200_000);
+        println!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
+        eprintln!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
+        assert_eq!(n, FRAMES);
+        if unfenced {
+            assert!(bad > 0, "no tearing without the fence: the test cannot see it");
+        } else {
+            assert_eq!(bad, 0, "torn frames despite the release fence");
+        }
+        return;
+    }
+    let name = unique_name("fence");
+    let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
+    let mut tx = b.unfenced_for_tests(unfenced).create_gpu(0).unwrap();
+    let child = spawn(test, "consumer", &[("RING", name)]);
+    wait_for_consumers(&tx, 1);
+    produce(&mut tx, FRAMES, LEN);
+    drop(tx);
+    expect_success(child, "consumer");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn release_fence_prevents_torn_frames() {
+    fence_run("release_fence_prevents_torn_frames", false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn without_release_fence_frames_tear() {
+    fence_run("without_release_fence_frames_tear", true);
+}
+
+/// After joining, neither side opens or closes a handle or makes the CPU wait for the GPU:
+/// counted in every process between warm-up and the end. Producer and consumers each run in a
+/// process of their own, because the counters are per process and the test harness runs other
+/// tests in this one.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn steady_state_opens_nothing_and_never_syncs() {
+    const TEST: &str = "steady_state_opens_nothing_and_never_syncs";
+    const FRAMES: u64 = 5000;
+    const LEN: u64 = 1 << 20;
+    const CAP: u32 = 8;
+    const CONSUMERS: usize = 3;
+    match role().as_deref() {
+        Some("consumer") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            let k = PatternKernels::get(rx.context()).unwrap();
+            let bad = counter(&rx);
+            let mut at_first = None;
+            let mut n = 0;
+            while let Ok(m) = rx.recv() {
+                // SAFETY: as in `consume`.
+                unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }
+                    .unwrap();
+                drop(m);
+                n += 1;
+                at_first.get_or_insert_with(counters);
+            }
+            let at_end = counters();
+            assert_eq!(at_first.unwrap(), at_end, "[mem opens, event opens, closes, syncs]");
+            assert_eq!(read_counter(rx.stream(), &bad), 0);
+            assert_eq!(n, FRAMES);
+            eprintln!("consumer: counters {at_end:?} unchanged over {n} frames");
+        }
+        Some("producer") => {
+            let b = Producer::builder(&env::<String>("RING")).capacity(CAP);
+            let mut tx = b.slot_size(LEN as usize).create_gpu(0).unwrap();
+            wait_for_consumers(&tx, CONSUMERS);
+            // Warm-up: the first two laps open each consumer's release events, once.
+            produce(&mut tx, 2 * CAP as u64, LEN);
+            let warm = counters();
+            let k = PatternKernels::get(tx.context()).unwrap();
+            for seq in 2 * CAP as u64..FRAMES {
+                let slot = tx.acquire().unwrap();
+                // SAFETY: as in `produce`.
+                unsafe { k.fill(slot.stream(), slot.ptr(), LEN, seq).unwrap() };
+                slot.publish(LEN as usize, &[]).unwrap();
+            }
+            let end = counters();
+            assert_eq!(warm, end, "producer [mem opens, event opens, closes, syncs]");
+            let n = FRAMES - 2 * CAP as u64;
+            eprintln!("producer: counters {end:?} unchanged over {n} frames");
+        }
+        _ => {
+            let vars = [("RING", unique_name("steady"))];
+            let producer = spawn(TEST, "producer", &vars);
+            let consumers: Vec<_> =
+                (0..CONSUMERS).map(|_| spawn(TEST, "consumer", &vars)).collect();
+            expect_success(producer, "producer");
+            for c in consumers {
+                expect_success(c, "consumer");
+            }
+        }
+    }
+}
+
+/// A producer publishes regions of an allocation it registered (as a decoder would publish its
+/// output surfaces); the consumer maps it on first use and checks every byte.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn publish_from_registered_allocation() {
+    const FRAMES: u64 = 400;
+    const REGION: u64 = 1 << 20;
+    if role().is_some() {
+        let rx = open_when_created(&env::<String>("RING"));
+        let opens = IPC_MEM_OPENS.load(Relaxed);
+        let (n, bad) = consume(&rx, 0);
+        assert_eq!((n, bad), (FRAMES, 0));
+        // The registered pool was mapped once, at join or at its first message.
+        assert!(IPC_MEM_OPENS.load(Relaxed) - opens <= 1);
+        return;
+    }
+    let name = unique_name("reg");
+    let mut tx =
+        Producer::builder(&name).capacity(4).slot_size(REGION as usize).create_gpu(0).unwrap();
+    let child = spawn("publish_from_registered_allocation", "consumer", &[("RING", name)]);
+    wait_for_consumers(&tx, 1);
+    // Registered after the consumer joined: it maps the pool when the first message names it.
+    let surfaces = DevicePool::new(tx.context(), 4 * REGION as usize).unwrap();
+    let id = tx.register(surfaces).unwrap();
+    let (base, size) = tx.pool(id);
+    assert!(size as u64 >= 4 * REGION);
+    let k = PatternKernels::get(tx.context()).unwrap();
+    for seq in 0..FRAMES {
+        let slot = tx.acquire().unwrap();
+        // Surface `seq % 4` is reused when this slot comes round again (capacity 4), after the
+        // acquire made the stream wait for its readers.
+        let offset = (seq % 4) * REGION;
+        let len = REGION - (seq % 8) * 8;
+        // SAFETY: base + offset .. + len lies in the registered pool; written on the slot's
+        // stream, which publish fences.
+        unsafe { k.fill(slot.stream(), base + offset, len, seq).unwrap() };
+        slot.publish_region(id, offset, len, &[]).unwrap();
+    }
+    let slot = tx.acquire().unwrap();
+    assert!(slot.publish_region(id, 4 * REGION - 8, 16, &[]).is_err(), "region past the end");
+    drop(tx);
+    expect_success(child, "consumer");
+}
+
+/// A CUDA ring is not opened as host memory (and vice versa), and a consumer naming another
+/// device than the ring's is refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn memory_kind_and_device_are_checked() {
+    let name = unique_name("kind");
+    let tx = Producer::builder(&name).create_gpu(0).unwrap();
+    assert!(matches!(
+        Consumer::open(&name),
+        Err(OpenError::WrongMemory { found: MemoryKind::Cuda })
+    ));
+    let n = driver::device_count().unwrap();
+    match Consumer::builder(&name).device(n).open_gpu() {
+        Err(OpenError::MemoryUnavailable { reason }) => eprintln!("device {n}: {reason}"),
+        Err(e) => panic!("unexpected error for a missing device: {e}"),
+        Ok(_) => panic!("opened on a device that does not exist"),
+    }
+    drop(tx);
+}
