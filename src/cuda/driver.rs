@@ -335,6 +335,19 @@ pub unsafe fn launch_host_fn(
     check("cuLaunchHostFunc", unsafe { sys::cuLaunchHostFunc(stream, Some(f), data) })
 }
 
+/// `cuEventQuery`: whether `ev`'s last record has completed. Never blocks.
+///
+/// # Safety
+/// 1. `ev` must be live, of the current context (or opened into it).
+pub unsafe fn event_query(ev: CUevent) -> DriverResult<bool> {
+    // SAFETY: by (1).
+    match unsafe { sys::cuEventQuery(ev) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        code => Err(DriverError { call: "cuEventQuery", code }),
+    }
+}
+
 /// `cuMemGetAddressRange_v2`: the base and size of the allocation that contains `ptr`.
 ///
 /// # Safety

@@ -119,6 +119,13 @@ impl IpcEvent {
         unsafe { driver::event_synchronize(self.raw) }
     }
 
+    /// Whether the event's last record has completed, without waiting.
+    pub fn is_complete(&self) -> Result<bool, DriverError> {
+        self.ctx.bind()?;
+        // SAFETY: live by the invariant.
+        unsafe { driver::event_query(self.raw) }
+    }
+
     /// Makes work submitted to `stream` from now on wait for this event's last record.
     pub fn wait_on(&self, stream: &Stream) -> Result<(), DriverError> {
         self.ctx.bind()?;

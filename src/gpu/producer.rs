@@ -41,6 +41,17 @@ impl ProducerBuilder {
     }
 }
 
+/// How long an acquire may wait.
+#[derive(Clone, Copy)]
+enum Patience {
+    /// Not at all (`try_acquire`).
+    Now,
+    /// Until a deadline (`acquire_timeout`).
+    Until(Instant),
+    /// As long as it takes.
+    Forever,
+}
+
 /// A pool table entry of a [`GpuProducer`]: the slots' own allocation (0) or one registered
 /// with [`GpuProducer::register`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -325,14 +336,14 @@ impl GpuProducer {
             TryAcquireError::Full => GpuAcquireError::Full,
             TryAcquireError::Corrupt(c) => GpuAcquireError::Corrupt(c),
         })?;
-        self.fenced(slot, None)
+        self.fenced(slot, None, Patience::Now)
     }
 
     /// The next slot, waiting as long as it takes; the producer's stream waits for the slot's
     /// last readers.
     pub fn acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
         let slot = self.claim(None)?;
-        self.fenced(slot, None)
+        self.fenced(slot, None, Patience::Forever)
     }
 
     /// The next slot, waiting at most `timeout`.
@@ -340,8 +351,9 @@ impl GpuProducer {
         &mut self,
         timeout: Duration,
     ) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
-        let slot = self.claim(Some(Instant::now() + timeout))?;
-        self.fenced(slot, None)
+        let deadline = Instant::now() + timeout;
+        let slot = self.claim(Some(deadline))?;
+        self.fenced(slot, None, Patience::Until(deadline))
     }
 
     /// Like [`acquire`](Self::acquire), but the wait for the slot's readers goes on `stream`
@@ -351,7 +363,29 @@ impl GpuProducer {
         stream: &'a Stream,
     ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
         let slot = self.claim(None)?;
-        self.fenced(slot, Some(stream))
+        self.fenced(slot, Some(stream), Patience::Forever)
+    }
+
+    /// Polls (never blocks in the driver) until slot `slot`'s ready event, recorded when its
+    /// previous message was published, has completed on the GPU. This bounds how far the CPU
+    /// runs ahead of the GPU to one lap of the ring; without it, a producer faster than the GPU
+    /// fills the driver's launch queue and latency grows to tens of milliseconds.
+    fn wait_written(&self, slot: usize, patience: Patience) -> Result<(), GpuAcquireError> {
+        let ev = &self.gpu.ready[slot];
+        let backoff = crossbeam_utils::Backoff::new();
+        while !ev.is_complete()? {
+            match patience {
+                Patience::Now => return Err(GpuAcquireError::Full),
+                Patience::Until(d) if Instant::now() >= d => return Err(GpuAcquireError::Timeout),
+                _ => {}
+            }
+            if backoff.is_completed() {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                backoff.snooze();
+            }
+        }
+        Ok(())
     }
 
     fn claim(&mut self, deadline: Option<Instant>) -> Result<usize, GpuAcquireError> {
@@ -362,14 +396,19 @@ impl GpuProducer {
     }
 
     /// Makes the slot's stream wait for the readers of the slot's previous message, then hands
-    /// the slot out.
+    /// the slot out. First waits (as `patience` allows) for the GPU to have finished writing
+    /// that previous message: see `docs/gpu.md`, "Run-ahead".
     fn fenced<'a>(
         &'a mut self,
         slot: usize,
         stream: Option<&'a Stream>,
+        patience: Patience,
     ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
         let seq = self.inner.published();
         let cap = self.inner.capacity() as u64;
+        if seq >= cap {
+            self.wait_written(slot, patience)?;
+        }
         if seq >= cap && !self.unfenced {
             let s = stream.unwrap_or(&self.stream);
             self.gpu
