@@ -1,8 +1,10 @@
 //! gpuring: a broadcast ring of buffers from one producer process to many consumer processes.
 //!
 //! A POSIX shared-memory segment holds a lock-free ring of slots. The producer fills a slot and
-//! publishes it; every consumer receives it, in its own process, without a copy. In host-memory
-//! mode (this build) the payload lives in the segment itself.
+//! publishes it; every consumer receives it, in its own process, without a copy. With CUDA
+//! memory ([`GpuProducer`], [`GpuConsumer`]; feature `cuda`, on by default) the slots live in
+//! device memory and the hand-off is fenced on the GPU with interprocess events; with host
+//! memory ([`Producer`], [`Consumer`]) the payload lives in the segment itself.
 //!
 //! ```no_run
 //! use gpuring::{Consumer, Producer};
@@ -18,7 +20,8 @@
 //! ```
 //!
 //! Layers, each depending only on those before it: [`shm`] (segments), [`ring`] (the protocol,
-//! no OS calls), `wait` (futex sleeping), then [`Producer`] and [`Consumer`].
+//! no OS calls), `wait` (futex sleeping), `cuda` (driver wrappers and kernels), then the API:
+//! [`Producer`] and [`Consumer`], and `gpu` ([`GpuProducer`], [`GpuConsumer`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 

@@ -1,6 +1,6 @@
 //! `result`-style wrappers over `cudarc::driver::sys`: each turns a `CUresult` into a
 //! `Result`, and each unsafe one lists its preconditions. Nothing here owns anything; the RAII
-//! types in [`super::pool`], [`super::ipc`] and [`super::stream`] do.
+//! types ([`super::DevicePool`], [`super::IpcMapping`], [`super::IpcEvent`], [`super::Stream`]) do.
 
 use std::ffi::CStr;
 use std::fmt;

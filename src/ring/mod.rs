@@ -3,7 +3,7 @@
 //! This module is pure protocol. It makes no OS or CUDA calls, so it runs unchanged under loom
 //! (with heap-backed state, `RUSTFLAGS="--cfg loom"`) and in plain unit tests. The layers above
 //! place its structures in shared memory ([`crate::shm`]), wait on its futex words
-//! ([`crate::wait`]) and move the payload.
+//! (`wait`) and move the payload.
 //!
 //! # State
 //!
