@@ -220,7 +220,7 @@ fn publish_from_registered_allocation() {
     // Registered after the consumer joined: it maps the pool when the first message names it.
     let surfaces = DevicePool::new(tx.context(), 4 * REGION as usize).unwrap();
     let id = tx.register(surfaces).unwrap();
-    let (base, size) = tx.pool(id);
+    let (base, size) = tx.pool(id).unwrap();
     assert!(size as u64 >= 4 * REGION);
     let k = PatternKernels::get(tx.context()).unwrap();
     for seq in 0..FRAMES {
@@ -258,4 +258,68 @@ fn memory_kind_and_device_are_checked() {
         Ok(_) => panic!("opened on a device that does not exist"),
     }
     drop(tx);
+}
+
+/// Consumers that keep joining and leaving while frames flow: each occupant of a table entry
+/// exports new release events, which the producer must wait on (and not confuse with the last
+/// occupant's). Two steady consumers and the churning one all check every byte they get.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn consumers_join_and_leave_mid_stream() {
+    const TEST: &str = "consumers_join_and_leave_mid_stream";
+    const FRAMES: u64 = 20_000;
+    const LEN: u64 = 1 << 20;
+    match role().as_deref() {
+        Some("steady") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            let (n, bad) = consume(&rx, 0);
+            assert_eq!((n, bad), (FRAMES, 0));
+        }
+        Some("churn") => {
+            let name = env::<String>("RING");
+            let mut rounds = 0;
+            let mut frames = 0;
+            'rounds: for _ in 0..40 {
+                let rx = match Consumer::builder(&name).open_gpu() {
+                    Ok(rx) => rx,
+                    Err(OpenError::Disconnected | OpenError::NotFound) => break,
+                    Err(e) => panic!("open: {e}"),
+                };
+                let k = PatternKernels::get(rx.context()).unwrap();
+                let bad = counter(&rx);
+                for _ in 0..50 {
+                    let m = match rx.recv() {
+                        Ok(m) => m,
+                        Err(GpuRecvError::Disconnected) => break 'rounds,
+                        Err(e) => panic!("recv: {e}"),
+                    };
+                    // SAFETY: as in `consume`; slow enough that the producer must wait for us.
+                    unsafe {
+                        k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 20_000)
+                    }
+                    .unwrap();
+                    frames += 1;
+                }
+                assert_eq!(read_counter(rx.stream(), &bad), 0, "round {rounds}");
+                rounds += 1;
+            }
+            eprintln!("churn: {rounds} rounds, {frames} frames checked");
+            assert!(rounds >= 10, "only {rounds} rounds before the producer finished");
+        }
+        _ => {
+            let name = unique_name("churn");
+            let b = Producer::builder(&name).capacity(4).slot_size(LEN as usize);
+            let mut tx = b.create_gpu(0).unwrap();
+            let vars = [("RING", name)];
+            let steady: Vec<_> = (0..2).map(|_| spawn(TEST, "steady", &vars)).collect();
+            wait_for_consumers(&tx, 2);
+            let churn = spawn(TEST, "churn", &vars);
+            produce(&mut tx, FRAMES, LEN);
+            drop(tx);
+            for c in steady {
+                expect_success(c, "steady consumer");
+            }
+            expect_success(churn, "churning consumer");
+        }
+    }
 }

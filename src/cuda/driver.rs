@@ -176,10 +176,18 @@ pub unsafe fn primary_ctx_release(dev: CUdevice) -> DriverResult<()> {
     check("cuDevicePrimaryCtxRelease", unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) })
 }
 
-/// Makes `ctx` current on the calling thread.
+/// The calling thread's current context (null if none).
+pub fn ctx_get_current() -> DriverResult<CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; callers reach this only after `available` succeeded.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    Ok(ctx)
+}
+
+/// Makes `ctx` current on the calling thread (null: none).
 ///
 /// # Safety
-/// 1. `ctx` must be a live context.
+/// 1. `ctx` must be a live context, or null.
 pub unsafe fn ctx_set_current(ctx: CUcontext) -> DriverResult<()> {
     // SAFETY: by (1).
     check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })

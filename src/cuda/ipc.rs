@@ -31,7 +31,7 @@ impl IpcMapping {
         handle: CUipcMemHandle,
         size: usize,
     ) -> Result<IpcMapping, DriverError> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current; the caller opens each handle once per context.
         let ptr = unsafe { driver::ipc_open_mem_handle(handle) }?;
         Ok(IpcMapping { ctx: ctx.clone(), ptr, size })
@@ -49,7 +49,7 @@ impl IpcMapping {
 
     /// Size of the allocation the driver actually mapped, to check the declared size against.
     pub fn mapped_size(&self) -> Result<usize, DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: the context is current.
         let (base, size) = unsafe { driver::mem_address_range(self.ptr) }?;
         Ok(if base == self.ptr { size } else { 0 })
@@ -58,7 +58,7 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_bound) = self.ctx.bind() {
             // SAFETY: open by the invariant; owners synchronise before dropping a mapping that
             // pending work reads.
             let _ = unsafe { driver::ipc_close_mem_handle(self.ptr) };
@@ -83,7 +83,7 @@ unsafe impl Sync for IpcEvent {}
 impl IpcEvent {
     /// Creates an interprocess event in `ctx`.
     pub fn new(ctx: &Arc<Context>) -> Result<IpcEvent, DriverError> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current.
         let raw = unsafe { driver::event_create_interprocess() }?;
         Ok(IpcEvent { ctx: ctx.clone(), raw })
@@ -91,7 +91,7 @@ impl IpcEvent {
 
     /// Opens another process's event.
     pub fn open(ctx: &Arc<Context>, handle: CUipcEventHandle) -> Result<IpcEvent, DriverError> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current.
         let raw = unsafe { driver::ipc_open_event_handle(handle) }?;
         Ok(IpcEvent { ctx: ctx.clone(), raw })
@@ -99,14 +99,14 @@ impl IpcEvent {
 
     /// The handle to give other processes.
     pub fn ipc_handle(&self) -> Result<CUipcEventHandle, DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: live interprocess event by the invariant.
         unsafe { driver::ipc_get_event_handle(self.raw) }
     }
 
     /// Records the event on `stream`: it completes when the work submitted so far does.
     pub fn record(&self, stream: &Stream) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both live by their invariants.
         unsafe { driver::event_record(self.raw, stream.raw()) }
     }
@@ -114,21 +114,21 @@ impl IpcEvent {
     /// Blocks until the event's last record completed. Teardown only: gpuring's steady state
     /// never makes the CPU wait for the GPU.
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: live by the invariant.
         unsafe { driver::event_synchronize(self.raw) }
     }
 
     /// Whether the event's last record has completed, without waiting.
     pub fn is_complete(&self) -> Result<bool, DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: live by the invariant.
         unsafe { driver::event_query(self.raw) }
     }
 
     /// Makes work submitted to `stream` from now on wait for this event's last record.
     pub fn wait_on(&self, stream: &Stream) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both live by their invariants.
         unsafe { driver::stream_wait_event(stream.raw(), self.raw) }
     }
@@ -136,7 +136,7 @@ impl IpcEvent {
 
 impl Drop for IpcEvent {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_bound) = self.ctx.bind() {
             // SAFETY: live by the invariant, never used after drop.
             let _ = unsafe { driver::event_destroy(self.raw) };
         }

@@ -129,7 +129,7 @@ impl PatternKernels {
             Image::Cubin(b) => (b, true),
             Image::Ptx(b) => (b, false),
         };
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         let mut module = std::ptr::null_mut();
         // SAFETY: the context is current; `bytes` is a CUBIN or NUL-terminated PTX image.
         check_rc("cuModuleLoadData", unsafe {
@@ -156,7 +156,7 @@ impl PatternKernels {
         len: u64,
         params: &mut [*mut c_void],
     ) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         let threads = 256u32;
         let blocks = (len / 8 / threads as u64).clamp(1, 4096) as u32;
         // SAFETY: `f` belongs to our loaded module; `params` points at locals matching the
@@ -228,7 +228,7 @@ impl PatternKernels {
 
 impl Drop for PatternKernels {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_bound) = self.ctx.bind() {
             // SAFETY: loaded by `load`, not used after drop.
             let _ = unsafe { sys::cuModuleUnload(self.module) };
         }

@@ -120,6 +120,10 @@ pub struct ConsumerSlot {
     /// `seq + 1` of the message this consumer last released in this slot (0: none). Stored with
     /// Release after the release event was recorded.
     pub released: AtomicU64,
+    /// The consumer table entry's generation when its occupant wrote `release_event` (0:
+    /// never). The producer keys the events it opened by it. Stored with Release after the
+    /// handle, while no producer scan is running (see [`GpuHeader::producer_busy`]).
+    pub generation: AtomicU32,
     /// The consumer's release event for this slot, recorded on its stream at release. Written
     /// when the consumer joins.
     pub release_event: Handle64,

@@ -30,6 +30,13 @@ pub enum CudaError {
     Driver(DriverError),
     /// NVRTC could not compile or the module could not be loaded.
     Compile(String),
+    /// A stream of another device than the ring's was passed in.
+    ForeignStream {
+        /// The stream's device ordinal.
+        stream: i32,
+        /// The ring's device ordinal in this process.
+        ring: i32,
+    },
 }
 
 impl fmt::Display for CudaError {
@@ -38,6 +45,9 @@ impl fmt::Display for CudaError {
             CudaError::Unavailable(why) => write!(f, "CUDA unavailable: {why}"),
             CudaError::Driver(e) => e.fmt(f),
             CudaError::Compile(why) => write!(f, "kernel compilation: {why}"),
+            CudaError::ForeignStream { stream, ring } => {
+                write!(f, "the stream is on device {stream}, the ring's memory on device {ring}")
+            }
         }
     }
 }
@@ -71,15 +81,27 @@ impl Context {
         let dev = driver::device(ordinal)?;
         let ctx = driver::primary_ctx_retain(dev)?;
         let c = Context { dev, ordinal, ctx };
-        c.bind()?;
+        c.make_current()?;
         Ok(Arc::new(c))
     }
 
-    /// Makes this context current on the calling thread. Every RAII type here calls it before
-    /// its driver calls, so they can be used from any thread.
-    pub fn bind(&self) -> Result<(), DriverError> {
+    /// Makes this context current on the calling thread, and leaves it so.
+    pub fn make_current(&self) -> Result<(), DriverError> {
         // SAFETY: `ctx` is retained by self, so it is live.
         unsafe { driver::ctx_set_current(self.ctx) }
+    }
+
+    /// Makes this context current on the calling thread until the returned guard drops, which
+    /// restores the thread's previous context. Every RAII type here calls it around its driver
+    /// calls, so they work from any thread and leave the caller's own context (another device's,
+    /// PyTorch's...) as it was. Free when this context is already current.
+    pub fn bind(&self) -> Result<Bound, DriverError> {
+        let previous = driver::ctx_get_current()?;
+        if previous == self.ctx {
+            return Ok(Bound { previous: None });
+        }
+        self.make_current()?;
+        Ok(Bound { previous: Some(previous) })
     }
 
     /// The device ordinal.
@@ -95,6 +117,24 @@ impl Context {
     /// The device's compute capability.
     pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
         driver::compute_capability(self.dev)
+    }
+}
+
+/// Restores the thread's previous context when dropped. See [`Context::bind`].
+///
+/// Invariant: `previous`, if set, was current on this thread when the guard was made, and is
+/// live or null (a context the caller keeps alive while it is current).
+#[must_use = "the context is current only while the guard lives"]
+pub struct Bound {
+    previous: Option<driver::CUcontext>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: by the invariant, `previous` is null or a live context.
+            let _ = unsafe { driver::ctx_set_current(previous) };
+        }
     }
 }
 

@@ -29,7 +29,7 @@ impl DevicePool {
     /// Allocates at least `bytes` (rounded up to 2 MiB) in `ctx`.
     pub fn new(ctx: &Arc<Context>, bytes: usize) -> Result<DevicePool, DriverError> {
         let size = bytes.max(1).div_ceil(POOL_ALIGN) * POOL_ALIGN;
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current.
         let ptr = unsafe { driver::mem_alloc(size) }?;
         Ok(DevicePool { ctx: ctx.clone(), ptr, size })
@@ -48,7 +48,7 @@ impl DevicePool {
     /// The legacy IPC handle of this allocation: 64 bytes that let any process that can reach
     /// the GPU map it.
     pub fn ipc_handle(&self) -> Result<CUipcMemHandle, DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: `ptr` is the base of a live allocation in the now-current context.
         unsafe { driver::ipc_get_mem_handle(self.ptr) }
     }
@@ -56,7 +56,7 @@ impl DevicePool {
 
 impl Drop for DevicePool {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let Ok(_bound) = self.ctx.bind() {
             // SAFETY: live by the invariant; owners synchronise their streams before dropping
             // a pool that pending work uses.
             let _ = unsafe { driver::mem_free(self.ptr) };

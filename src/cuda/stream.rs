@@ -11,6 +11,8 @@ use super::Context;
 pub struct Stream {
     ctx: Arc<Context>,
     raw: CUstream,
+    /// Whether dropping this destroys the stream (false for [`Stream::from_raw`]).
+    owned: bool,
 }
 
 // SAFETY: a stream handle may be used from any thread with its context bound.
@@ -19,10 +21,20 @@ unsafe impl Send for Stream {}
 impl Stream {
     /// Creates a stream in `ctx`.
     pub fn new(ctx: &Arc<Context>) -> Result<Stream, DriverError> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current.
         let raw = unsafe { driver::stream_create() }?;
-        Ok(Stream { ctx: ctx.clone(), raw })
+        Ok(Stream { ctx: ctx.clone(), raw, owned: true })
+    }
+
+    /// Wraps a stream created elsewhere (by cudarc, PyTorch, a decoder library) so it can be
+    /// passed to `acquire_on` / `recv_on`. Dropping the wrapper does not destroy the stream.
+    ///
+    /// # Safety
+    /// 1. `raw` must be a live stream of `ctx`'s device's primary context (the one the CUDA
+    ///    runtime uses), and stay live while the wrapper and anything enqueued through it are.
+    pub unsafe fn from_raw(ctx: &Arc<Context>, raw: CUstream) -> Stream {
+        Stream { ctx: ctx.clone(), raw, owned: false }
     }
 
     /// The raw handle, for passing to other CUDA code. It stays valid while `self` lives.
@@ -38,7 +50,7 @@ impl Stream {
     /// Blocks the calling thread until the stream's work is done. For setup, teardown and tests:
     /// gpuring's steady-state path never calls it.
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: `raw` is live by the invariant.
         unsafe { driver::stream_synchronize(self.raw) }
     }
@@ -55,14 +67,19 @@ extern "C" fn run_host_fn(data: *mut std::ffi::c_void) {
 }
 
 impl Stream {
-    /// Enqueues `f`: a driver thread runs it once the work queued before it has finished. It
-    /// must not make CUDA calls. Useful for timestamps ("when did my stream get the frame?")
-    /// without making this thread wait.
-    pub fn on_complete(&self, f: impl FnOnce() + Send + 'static) -> Result<(), DriverError> {
-        self.ctx.bind()?;
+    /// Enqueues `f`: a driver thread runs it once the work queued before it has finished.
+    /// Useful for timestamps ("when did my stream get the frame?") without making this thread
+    /// wait.
+    ///
+    /// # Safety
+    /// 1. `f` must make no CUDA call, and neither may dropping what it captures (so it must not
+    ///    own a [`Stream`], an event, a pool or the last `Arc` of a [`Context`]).
+    pub unsafe fn on_complete(&self, f: impl FnOnce() + Send + 'static) -> Result<(), DriverError> {
+        let _bound = self.ctx.bind()?;
         let boxed: Box<HostFn> = Box::new(Box::new(f));
         let data = Box::into_raw(boxed);
-        // SAFETY: `raw` is live; `run_host_fn` takes back ownership of `data` exactly once.
+        // SAFETY: `raw` is live; `run_host_fn` takes back ownership of `data` exactly once, and
+        // `f` makes no CUDA call by this function's precondition (1).
         let r = unsafe { driver::launch_host_fn(self.raw, run_host_fn, data.cast()) };
         if r.is_err() {
             // SAFETY: the launch failed, so the driver will not call `run_host_fn`.
@@ -74,7 +91,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_bound) = self.ctx.bind() {
             // SAFETY: live by the invariant, and never used after drop.
             let _ = unsafe { driver::stream_destroy(self.raw) };
         }

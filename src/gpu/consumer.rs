@@ -12,11 +12,39 @@ use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
 use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
 use crate::mapped::MappedRing;
 use crate::ring::Pinned;
+use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, Params};
 use crate::{Consumer, ConsumerBuilder};
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
 const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
+
+/// How long a joining or leaving consumer waits for a live producer to finish a scan of the
+/// release events before it gives up (a scan takes microseconds; only a hung producer is
+/// slower).
+const BUSY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Waits until the producer is not scanning release events (`producer_busy == 0`), while
+/// `producer_alive` says it could be. Returns false if it gave up after [`BUSY_PATIENCE`].
+fn wait_not_busy(map: &MappedRing, mut producer_alive: impl FnMut() -> bool) -> bool {
+    let busy = &map.gpu().header.producer_busy;
+    let started = Instant::now();
+    let mut checked = started;
+    // Acquire: pairs with the producer's Release store of 0 after its waits were enqueued.
+    while busy.load(Ordering::Acquire) != 0 {
+        if checked.elapsed() > Duration::from_millis(10) {
+            checked = Instant::now();
+            if !producer_alive() {
+                return true;
+            }
+            if started.elapsed() > BUSY_PATIENCE {
+                return false;
+            }
+        }
+        std::thread::yield_now();
+    }
+    true
+}
 
 impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
@@ -102,13 +130,33 @@ impl GpuSide {
             }
         };
         let ctx = Context::new(ordinal).map_err(cuda_err)?;
+        // Our entry is JOINING. SeqCst, against the fences of the producer's scan and of its
+        // close: either the producer sees our entry taken (it skips a JOINING entry, and a
+        // closing producer waits for us), or we see its `busy` flag (and wait below before
+        // writing the release lines a scan that began earlier may still be reading) and its
+        // `closed` (and give up, as its memory is about to go).
+        fence(Ordering::SeqCst);
+        let p = map.params();
+        let producer = ProcessId { pid: p.producer_pid, start_time: p.producer_start_time };
+        if !wait_not_busy(map, || producer.is_alive()) {
+            let reason = "the producer has been busy for 10 s (hung in the driver?)".to_owned();
+            return Err(OpenError::MemoryUnavailable { reason });
+        }
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if map.header().closed.load(Ordering::Acquire) != 0 {
+            return Err(OpenError::Disconnected);
+        }
+        // Relaxed: our own entry, bumped by our claim.
+        let generation = map.ring().consumers[entry].generation.load(Ordering::Relaxed);
         let mut release = Vec::with_capacity(tables.capacity);
         for line in tables.releases_of(entry) {
             let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
-            line.release_event
-                .store(&driver::event_handle_bytes(&ev.ipc_handle().map_err(cuda_err)?));
+            let handle = ev.ipc_handle().map_err(cuda_err)?;
+            line.release_event.store(&driver::event_handle_bytes(&handle));
             // Relaxed: published by the Release store of ACTIVE when we join.
             line.released.store(0, Ordering::Relaxed);
+            // Release: a producer that Acquire-loads this generation sees the handle above.
+            line.generation.store(generation, Ordering::Release);
             release.push(ev);
         }
         let ready = tables
@@ -270,9 +318,16 @@ impl GpuConsumer {
         self.ready(m, &self.side.stream)
     }
 
-    /// Receives the next message and makes `stream` (yours) wait for it; its release is
-    /// recorded on `stream` too.
+    /// Receives the next message and makes `stream` (yours, of this consumer's device) wait
+    /// for it; its release is recorded on `stream` too.
     pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        let (theirs, ours) = (stream.context().ordinal(), self.side.ctx.ordinal());
+        if theirs != ours {
+            return Err(GpuRecvError::Cuda(CudaError::ForeignStream {
+                stream: theirs,
+                ring: ours,
+            }));
+        }
         let m = self.pin(None)?;
         self.ready(m, stream)
     }
@@ -305,9 +360,11 @@ impl GpuConsumer {
     fn release(&self, m: &Pinned, stream: &Stream) -> Result<(), CudaError> {
         let recorded = self.side.release[m.slot].record(stream);
         if recorded.is_err() {
-            // Without the event the producer could overwrite what our stream still reads:
-            // wait here instead (an error path, not the steady state).
-            stream.synchronize()?;
+            // Without the event the producer could overwrite what our stream still reads: wait
+            // here instead (an error path, not the steady state). If even that fails the
+            // context is broken and nothing of ours reads any more; release all the same, or
+            // the slot would stay held for ever.
+            let _ = stream.synchronize();
         }
         let line = &self.inner.map().gpu().releases_of(self.inner.entry())[m.slot];
         // Release: pairs with the producer's Acquire load; it waits on the event recorded
@@ -330,18 +387,11 @@ impl Drop for GpuConsumer {
         // entry states: it either saw us FREE or we see its flag and wait for it to finish
         // with our events before they are destroyed (when `side` drops after this).
         fence(Ordering::SeqCst);
-        let busy = &self.inner.map().gpu().header.producer_busy;
-        let t = Instant::now();
-        let mut last_check = t;
-        // Acquire: pairs with the producer's Release store of 0 after its waits.
-        while busy.load(Ordering::Acquire) != 0 {
-            if last_check.elapsed() > Duration::from_millis(10) {
-                last_check = Instant::now();
-                if !self.inner.producer_alive() {
-                    break;
-                }
-            }
-            std::thread::yield_now();
+        let inner = &self.inner;
+        if !wait_not_busy(inner.map(), || inner.producer_alive()) {
+            // A live producer that stays busy this long is hung in the driver; destroying
+            // events it may be using is undefined, so leave them to process exit.
+            std::mem::forget(std::mem::take(&mut self.side.release));
         }
     }
 }

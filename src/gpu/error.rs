@@ -37,6 +37,8 @@ pub enum GpuPublishError {
         /// The ring's user-header size.
         max: usize,
     },
+    /// `publish_region`: the pool id is not one this producer registered.
+    UnknownPool,
     /// `publish_region`: the region does not lie inside the registered allocation.
     OutsidePool {
         /// Offset asked for.
@@ -98,6 +100,7 @@ impl fmt::Display for GpuPublishError {
             GpuPublishError::HeaderTooLong { len, max } => {
                 write!(f, "user header of {len} bytes exceeds the ring's {max}")
             }
+            GpuPublishError::UnknownPool => f.write_str("no such pool in this producer"),
             GpuPublishError::OutsidePool { offset, len, size } => {
                 write!(f, "region {offset}+{len} lies outside the {size}-byte allocation")
             }

@@ -83,12 +83,12 @@ impl PoolMemory {
     }
 }
 
-/// Release events a consumer table entry's occupant exported, opened in our context.
-struct ReaderEvents {
-    /// The entry's generation when they were opened.
+/// A consumer's release event for one slot, opened in our context.
+struct ReaderEvent {
+    /// The release line's `generation` when it was opened: which occupant of the consumer table
+    /// entry exported it.
     generation: u32,
-    /// One per slot.
-    events: Vec<IpcEvent>,
+    event: IpcEvent,
 }
 
 /// The producer's CUDA state.
@@ -102,8 +102,9 @@ struct GpuSide {
     /// Distance between slots in pool 0.
     stride: usize,
     ready: Vec<IpcEvent>,
-    /// Per consumer table entry, the release events we opened of its occupant.
-    readers: Vec<Option<ReaderEvents>>,
+    /// Per consumer table entry and slot, the release event we opened (`capacity` per entry).
+    readers: Vec<Option<ReaderEvent>>,
+    capacity: usize,
 }
 
 impl GpuSide {
@@ -126,11 +127,12 @@ impl GpuSide {
             pools: Vec::new(),
             stride,
             ready: Vec::with_capacity(capacity),
-            readers: (0..map.params().max_consumers).map(|_| None).collect(),
+            readers: (0..map.params().max_consumers as usize * capacity).map(|_| None).collect(),
+            capacity,
         };
         side.add_pool(map, PoolMemory::Owned(pool)).map_err(|e| match e {
             RegisterError::Cuda(e) => e,
-            other => unreachable!("first pool: {other}"),
+            other => CudaError::Unavailable(format!("registering the slot pool: {other}")),
         })?;
         for line in tables.slots {
             let ev = IpcEvent::new(ctx)?;
@@ -148,7 +150,7 @@ impl GpuSide {
         if index >= MAX_POOLS {
             return Err(RegisterError::TableFull);
         }
-        self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
+        let _bound = self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
         // SAFETY: a context is current.
         let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
             .map_err(|_| RegisterError::OtherDevice)?;
@@ -161,7 +163,7 @@ impl GpuSide {
                 mem.size()
             ))));
         }
-        self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
+        let _bound = self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
         // SAFETY: `base` is the base of a live allocation in the current context (checked just
         // above by the driver).
         let handle = unsafe { driver::ipc_get_mem_handle(base) }
@@ -190,40 +192,37 @@ impl GpuSide {
         let ring = map.ring();
         let tables = map.gpu();
         let busy = &tables.header.producer_busy;
-        // Relaxed, then the SeqCst fence: a consumer that leaves stores FREE, fences SeqCst and
-        // then loads `busy`. Either its load sees our 1 (and it waits for our 0 before
-        // destroying its events) or our state load below sees its FREE (and we skip it).
+        // Relaxed, then the SeqCst fence: a consumer that leaves (or joins) stores FREE (or
+        // JOINING), fences SeqCst and then loads `busy`. Either its load sees our 1 (and it
+        // waits for our 0 before destroying or writing events) or our state load below sees
+        // its store (and we skip the entry).
         busy.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let result = (|| {
             for (e, entry) in ring.consumers.iter().enumerate() {
                 // Acquire: pairs with the consumer's Release store of ACTIVE, after it wrote its
-                // release-event handles and bumped the generation.
+                // release-event handles.
                 if entry.state.load(Ordering::Acquire) != entry_state::ACTIVE {
                     continue;
                 }
+                let line = &tables.releases_of(e)[slot];
                 // Acquire: pairs with the consumer's Release store made after it recorded its
                 // release event for `prev`.
-                if tables.releases_of(e)[slot].released.load(Ordering::Acquire) != prev + 1 {
+                if line.released.load(Ordering::Acquire) != prev + 1 {
                     continue;
                 }
-                // Relaxed: ordered before ACTIVE, which we acquired.
-                let generation = entry.generation.load(Ordering::Relaxed);
-                let stale = self.readers[e].as_ref().is_none_or(|r| r.generation != generation);
-                if stale {
-                    self.readers[e] = None; // the old occupant's imports, before new opens
-                    let events = tables
-                        .releases_of(e)
-                        .iter()
-                        .map(|line| {
-                            let h = driver::event_handle_from_bytes(&line.release_event.load());
-                            IpcEvent::open(&self.ctx, h)
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    self.readers[e] = Some(ReaderEvents { generation, events });
+                // Acquire: pairs with the consumer's Release store after the handle. While we
+                // are busy no consumer writes a release line (joiners wait for `busy == 0`), so
+                // the handle and this generation belong together.
+                let generation = line.generation.load(Ordering::Acquire);
+                let cached = &mut self.readers[e * self.capacity + slot];
+                if cached.as_ref().is_none_or(|r| r.generation != generation) {
+                    *cached = None; // a former occupant's import, dropped before the new open
+                    let h = driver::event_handle_from_bytes(&line.release_event.load());
+                    let event = IpcEvent::open(&self.ctx, h)?;
+                    *cached = Some(ReaderEvent { generation, event });
                 }
-                let reader = self.readers[e].as_ref().expect("opened above");
-                reader.events[slot].wait_on(stream)?;
+                cached.as_ref().expect("opened above").event.wait_on(stream)?;
             }
             Ok(())
         })();
@@ -238,10 +237,15 @@ impl GpuSide {
 /// Each slot is a region of device memory. [`acquire`](Self::acquire) hands one out with a
 /// stream that already waits (on the GPU) for the consumers still reading the slot's previous
 /// message; write the frame on that stream, then [`publish`](GpuWriteSlot::publish), which
-/// records the slot's ready event on it. Nothing here makes the CPU wait for the GPU.
+/// records the slot's ready event on it. Nothing here blocks in the driver; `acquire` polls the
+/// slot's previous ready event so that the CPU stays at most one lap ahead of the GPU.
 ///
 /// Dropping it closes the ring, waits up to the linger time (default 5 s, see
-/// [`set_linger`](Self::set_linger)) for consumers to leave, and frees the device memory.
+/// [`set_linger`](Self::set_linger)) for consumers to leave, and frees the device memory. If a
+/// consumer is still there (or the producer's GPU work has not finished) it leaves the memory
+/// allocated until the process exits rather than free it under a reader. Work you queued on
+/// your own streams into a slot you never published is not waited for: synchronize those
+/// streams first.
 pub struct GpuProducer {
     inner: Producer,
     gpu: GpuSide,
@@ -324,46 +328,79 @@ impl GpuProducer {
         self.gpu.add_pool(self.inner.map(), PoolMemory::Borrowed { ptr, size })
     }
 
-    /// Device address and size of a registered pool.
-    pub fn pool(&self, id: PoolId) -> (CUdeviceptr, usize) {
-        let p = &self.gpu.pools[id.0 as usize];
-        (p.ptr(), p.size())
+    /// Device address and size of a registered pool (`None` for an id of another producer).
+    pub fn pool(&self, id: PoolId) -> Option<(CUdeviceptr, usize)> {
+        let p = self.gpu.pools.get(id.0 as usize)?;
+        Some((p.ptr(), p.size()))
     }
 
     /// The next slot if one is free now, its stream waiting for the slot's last readers.
+    /// `Full` leaves nothing claimed.
     pub fn try_acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
-        let slot = self.inner.try_claim().map_err(|e| match e {
-            TryAcquireError::Full => GpuAcquireError::Full,
-            TryAcquireError::Corrupt(c) => GpuAcquireError::Corrupt(c),
-        })?;
-        self.fenced(slot, None, Patience::Now)
+        self.acquire_with(None, Patience::Now)
     }
 
     /// The next slot, waiting as long as it takes; the producer's stream waits for the slot's
     /// last readers.
     pub fn acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
-        let slot = self.claim(None)?;
-        self.fenced(slot, None, Patience::Forever)
+        self.acquire_with(None, Patience::Forever)
     }
 
-    /// The next slot, waiting at most `timeout`.
+    /// The next slot, waiting at most `timeout`. `Timeout` leaves nothing claimed.
     pub fn acquire_timeout(
         &mut self,
         timeout: Duration,
     ) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
-        let deadline = Instant::now() + timeout;
-        let slot = self.claim(Some(deadline))?;
-        self.fenced(slot, None, Patience::Until(deadline))
+        self.acquire_with(None, Patience::Until(Instant::now() + timeout))
     }
 
     /// Like [`acquire`](Self::acquire), but the wait for the slot's readers goes on `stream`
-    /// (your decoder's or kernel's stream), and `publish` records the ready event there.
+    /// (your decoder's or kernel's stream, of this producer's device), and `publish` records
+    /// the ready event there.
     pub fn acquire_on<'a>(
         &'a mut self,
         stream: &'a Stream,
     ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
-        let slot = self.claim(None)?;
-        self.fenced(slot, Some(stream), Patience::Forever)
+        let (theirs, ours) = (stream.context().ordinal(), self.gpu.ctx.ordinal());
+        if theirs != ours {
+            return Err(GpuAcquireError::Cuda(CudaError::ForeignStream {
+                stream: theirs,
+                ring: ours,
+            }));
+        }
+        self.acquire_with(Some(stream), Patience::Forever)
+    }
+
+    /// Waits (as `patience` allows) for the GPU to have finished writing the next slot's
+    /// previous message (see `docs/gpu.md`, "Run-ahead"), claims the slot, makes the stream
+    /// wait for the readers of that previous message, and hands the slot out.
+    fn acquire_with<'a>(
+        &'a mut self,
+        stream: Option<&'a Stream>,
+        patience: Patience,
+    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        let seq = self.inner.published();
+        let cap = self.inner.capacity() as u64;
+        let next_slot = (seq % cap) as usize;
+        if seq >= cap {
+            self.wait_written(next_slot, patience)?;
+        }
+        let slot = match patience {
+            Patience::Now => self.inner.try_claim().map_err(|e| match e {
+                TryAcquireError::Full => GpuAcquireError::Full,
+                TryAcquireError::Corrupt(c) => GpuAcquireError::Corrupt(c),
+            })?,
+            Patience::Until(d) => self.claim(Some(d))?,
+            Patience::Forever => self.claim(None)?,
+        };
+        debug_assert_eq!(slot, next_slot);
+        if seq >= cap && !self.unfenced {
+            let s = stream.unwrap_or(&self.stream);
+            self.gpu
+                .wait_for_readers(self.inner.map(), slot, seq - cap, s)
+                .map_err(GpuAcquireError::Cuda)?;
+        }
+        Ok(GpuWriteSlot { producer: self, slot, stream })
     }
 
     /// Polls (never blocks in the driver) until slot `slot`'s ready event, recorded when its
@@ -394,34 +431,15 @@ impl GpuProducer {
             AcquireTimeoutError::Corrupt(c) => GpuAcquireError::Corrupt(c),
         })
     }
-
-    /// Makes the slot's stream wait for the readers of the slot's previous message, then hands
-    /// the slot out. First waits (as `patience` allows) for the GPU to have finished writing
-    /// that previous message: see `docs/gpu.md`, "Run-ahead".
-    fn fenced<'a>(
-        &'a mut self,
-        slot: usize,
-        stream: Option<&'a Stream>,
-        patience: Patience,
-    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
-        let seq = self.inner.published();
-        let cap = self.inner.capacity() as u64;
-        if seq >= cap {
-            self.wait_written(slot, patience)?;
-        }
-        if seq >= cap && !self.unfenced {
-            let s = stream.unwrap_or(&self.stream);
-            self.gpu
-                .wait_for_readers(self.inner.map(), slot, seq - cap, s)
-                .map_err(GpuAcquireError::Cuda)?;
-        }
-        Ok(GpuWriteSlot { producer: self, slot, stream })
-    }
 }
 
 impl Drop for GpuProducer {
     fn drop(&mut self) {
         self.inner.close();
+        // SeqCst, against the fence a joining consumer makes between claiming its entry and
+        // loading `closed`: either it sees `closed` (and gives up) or `gone` below sees its
+        // entry taken (and waits for it).
+        fence(Ordering::SeqCst);
         // Consumers still map our memory while they drain: give them the linger time to leave.
         let map = self.inner.map();
         let ring = map.ring();
@@ -441,18 +459,24 @@ impl Drop for GpuProducer {
         let config = self.inner.wait_config();
         let config = wait::WaitConfig { tick: Duration::from_millis(10), ..config };
         let deadline = Some(Instant::now() + self.linger);
-        let _ = wait::wait_until(
-            ring.producer_wake,
-            config,
-            deadline,
-            || gone().then_some(()),
-            || gone().then_some(()),
-        );
-        // Teardown may wait for the GPU: our writes (on any stream) end before the frees.
-        for ev in &self.gpu.ready {
-            let _ = ev.synchronize();
+        let left = || gone().then_some(());
+        let all_left = wait::wait_until(ring.producer_wake, config, deadline, left, left).is_some();
+        // Our own writes must end before the memory is freed. Poll rather than synchronize: a
+        // stream waiting on a dead consumer's event might never finish.
+        let written_by = Instant::now() + Duration::from_secs(1);
+        let written = loop {
+            let done = self.gpu.ready.iter().all(|ev| ev.is_complete().unwrap_or(true));
+            if done || Instant::now() >= written_by {
+                break done;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        if !all_left || !written {
+            // Someone may still map the memory or wait on our events, or our GPU work may still
+            // write it: freeing it now could corrupt a reader. Leave it to process exit.
+            std::mem::forget(std::mem::take(&mut self.gpu.pools));
+            std::mem::forget(std::mem::take(&mut self.gpu.ready));
         }
-        let _ = self.stream.synchronize();
     }
 }
 
@@ -512,7 +536,10 @@ impl GpuWriteSlot<'_> {
         len: u64,
         header: &[u8],
     ) -> Result<u64, GpuPublishError> {
-        let size = self.producer.gpu.pools[pool.0 as usize].size() as u64;
+        let Some(pool_mem) = self.producer.gpu.pools.get(pool.0 as usize) else {
+            return Err(GpuPublishError::UnknownPool);
+        };
+        let size = pool_mem.size() as u64;
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(GpuPublishError::OutsidePool { offset, len, size });
         }
