@@ -49,6 +49,42 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Waits up to `timeout` for ring `name` to exist with a live producer whose instance is not
+    /// `not_epoch` (pass the epoch of a ring whose producer died to wait for its successor),
+    /// then opens it with `open`. Errors other than "not there yet" are returned at once.
+    pub fn open_when_ready(
+        self,
+        not_epoch: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Consumer, OpenError> {
+        self.retry_open(not_epoch, timeout, |b| b.open(), |c: &Consumer| c.epoch())
+    }
+
+    /// The waiting loop behind `open_when_ready` (and its CUDA twin).
+    pub(crate) fn retry_open<T>(
+        self,
+        not_epoch: Option<u64>,
+        timeout: Duration,
+        open: impl Fn(ConsumerBuilder) -> Result<T, OpenError>,
+        epoch: impl Fn(&T) -> u64,
+    ) -> Result<T, OpenError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let retry = match open(self.clone()) {
+                Ok(c) if not_epoch.is_some_and(|e| e == epoch(&c)) => true,
+                Ok(c) => return Ok(c),
+                Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Disconnected) => {
+                    true
+                }
+                Err(e) => return Err(e),
+            };
+            if retry && Instant::now() >= deadline {
+                return Err(OpenError::Disconnected);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Opens a host-memory ring and joins it. A CUDA ring is refused with
     /// [`OpenError::WrongMemory`]; open it with `open_gpu`.
     pub fn open(self) -> Result<Consumer, OpenError> {
@@ -62,6 +98,7 @@ impl ConsumerBuilder {
         kind: MemoryKind,
         setup: impl FnOnce(&MappedRing, usize) -> Result<T, OpenError>,
     ) -> Result<(Consumer, T), OpenError> {
+        let builder = self.clone();
         let name = ShmName::new(&self.name).map_err(OpenError::InvalidName)?;
         let opts = OpenOptions { allow_foreign_owner: self.allow_foreign_owner };
         let seg = Segment::open(&name, opts)?;
@@ -100,6 +137,7 @@ impl ConsumerBuilder {
             deferred: Cell::new(None),
             wait: WaitConfig { spin: self.spin, tick: self.liveness },
             left: false,
+            builder,
         };
         Ok((consumer, extra))
     }
@@ -123,6 +161,8 @@ pub struct Consumer {
     wait: WaitConfig,
     /// Whether [`Consumer::leave`] ran.
     left: bool,
+    /// How it was opened, for [`Consumer::reconnect`].
+    builder: ConsumerBuilder,
 }
 
 impl Consumer {
@@ -176,6 +216,13 @@ impl Consumer {
     /// The ring instance's epoch: differs between a ring and a later one with the same name.
     pub fn epoch(&self) -> u64 {
         self.map.params().epoch
+    }
+
+    /// After `Disconnected`: waits up to `timeout` for a new producer to create the ring again
+    /// under the same name (a new instance, see [`epoch`](Self::epoch)) and opens it with the
+    /// same settings. `Disconnected` if none came.
+    pub fn reconnect(&self, timeout: Duration) -> Result<Consumer, OpenError> {
+        self.builder.clone().open_when_ready(Some(self.epoch()), timeout)
     }
 
     /// Receives the next message if one is waiting.
@@ -305,6 +352,11 @@ impl Consumer {
     /// The mapped segment.
     pub(crate) fn map(&self) -> &MappedRing {
         &self.map
+    }
+
+    /// The settings it was opened with.
+    pub(crate) fn settings(&self) -> ConsumerBuilder {
+        self.builder.clone()
     }
 
     /// Its consumer table entry.

@@ -1,5 +1,7 @@
 //! A segment whose header has been checked, with typed views of its regions.
 
+use std::sync::atomic::AtomicU64;
+
 use crate::ring::{ConsumerEntry, Policy, ProducerLine, Ring, SlotLine, WakeLine};
 use crate::shm::{Header, Layout, Params, Segment};
 
@@ -87,16 +89,18 @@ impl MappedRing {
         // SAFETY: for each `region` call, `Layout::of` places each region at a 128-aligned
         // offset with room for its count of 128-byte structures inside `layout.total`, and
         // every one of these types is all atomics.
-        let (producer, consumer_wake, producer_wake, consumers, slots) = unsafe {
+        let (producer, consumer_wake, producer_wake, consumers, slots, holds) = unsafe {
             (
                 &self.region::<ProducerLine>(l.producer, 1)[0],
                 &self.region::<WakeLine>(l.consumer_wake, 1)[0],
                 &self.region::<WakeLine>(l.producer_wake, 1)[0],
                 self.region::<ConsumerEntry>(l.consumers, consumers),
                 self.region::<SlotLine>(l.slots, cap),
+                self.region::<AtomicU64>(l.holds, consumers * crate::ring::hold::stride(cap)),
             )
         };
-        Ring { producer, consumer_wake, producer_wake, consumers, slots, policy: self.policy }
+        let policy = self.policy;
+        Ring { producer, consumer_wake, producer_wake, consumers, slots, holds, policy }
     }
 
     /// The CUDA tables of a CUDA-memory ring.

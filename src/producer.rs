@@ -5,11 +5,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::{
-    AcquireError, AcquireTimeoutError, CreateError, PublishError, SendError, TryAcquireError,
+    AcquireError, AcquireTimeoutError, Corruption, CreateError, PublishError, SendError,
+    TryAcquireError,
 };
 use crate::mapped::MappedRing;
 use crate::ring::producer::{wants_wake, ClaimError};
-use crate::ring::{stamp, Policy, ProducerCore};
+use crate::ring::{stamp, Policy, ProducerCore, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName, MAGIC};
 use crate::stats::ConsumerInfo;
@@ -27,6 +28,7 @@ pub struct ProducerBuilder {
     policy: Policy,
     mode: u32,
     spin: Duration,
+    liveness: Duration,
     /// Test-only: skip the GPU release-event waits (see `docs/gpu.md`, release-fence test).
     pub(crate) unfenced: bool,
 }
@@ -72,6 +74,12 @@ impl ProducerBuilder {
     /// How long a blocked `acquire` spins and yields before sleeping. Default 50 µs.
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// How long a waiting `acquire` goes between checks for dead consumers. Default 100 ms.
+    pub fn liveness_interval(mut self, every: Duration) -> Self {
+        self.liveness = every;
         self
     }
 
@@ -151,9 +159,17 @@ impl ProducerBuilder {
             // Relaxed: published by the Release store of `magic` below.
             line.stamp.store(stamp::initial(i as u32, params.capacity), Ordering::Relaxed);
         }
-        let wait = WaitConfig { spin: self.spin, tick: Duration::from_millis(100) };
+        let wait = WaitConfig { spin: self.spin, tick: self.liveness };
         // Dropped on failure below: that marks it closed and unlinks the name.
-        let producer = Producer { map, core: ProducerCore::new(), wait, closed: false };
+        let producer = Producer {
+            map,
+            core: ProducerCore::new(),
+            wait,
+            closed: false,
+            joins_seen: 0,
+            // Capacity marks a ring whose transport wants the list (see `reap`).
+            reaped: if memory == MemoryKind::Cuda { Vec::with_capacity(4) } else { Vec::new() },
+        };
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
         producer.map.header().magic.store(MAGIC, Ordering::Release);
@@ -234,6 +250,41 @@ pub struct Producer {
     wait: WaitConfig,
     /// Whether [`Producer::close`] ran.
     closed: bool,
+    /// The consumer table's `joins` count when it was last reaped.
+    joins_seen: u64,
+    /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`] (CUDA rings only;
+    /// host rings keep nothing per consumer).
+    reaped: Vec<usize>,
+}
+
+/// Reclaims the entries of `ring` whose process is dead (see [`crate::ring::reclaim`]), adding
+/// the freed ones to `freed`. Returns how many were freed.
+fn reap(ring: &crate::ring::Ring<'_>, freed: &mut Vec<usize>) -> Result<usize, RingCorrupt> {
+    use crate::ring::layout::entry_state;
+    use crate::ring::{reclaim, Reclaim};
+    let mut n = 0;
+    for (index, entry) in ring.consumers.iter().enumerate() {
+        // Acquire: pairs with the owner's Release store of its state, after pid and start time.
+        let state = entry.state.load(Ordering::Acquire);
+        if state == entry_state::FREE {
+            continue;
+        }
+        // Relaxed: ordered by the Acquire above.
+        let owner = ProcessId {
+            pid: entry.pid.load(Ordering::Relaxed),
+            start_time: entry.start_time.load(Ordering::Relaxed),
+        };
+        if state != entry_state::RECLAIMING && owner.is_alive() {
+            continue;
+        }
+        if let Reclaim::Done { .. } = reclaim(ring, index)? {
+            if freed.capacity() > 0 {
+                freed.push(index);
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 impl Producer {
@@ -248,6 +299,7 @@ impl Producer {
             policy: Policy::Block,
             mode: 0o600,
             spin: Duration::from_micros(50),
+            liveness: Duration::from_millis(100),
             unfenced: false,
         }
     }
@@ -292,6 +344,17 @@ impl Producer {
         crate::stats::consumers(&self.map.ring())
     }
 
+    /// Slots that some consumer holds now. Once every consumer has released what it received
+    /// (or died and was reaped), this is 0: a slot still counted then has leaked.
+    pub fn held_slots(&self) -> usize {
+        crate::stats::held_slots(&self.map.ring())
+    }
+
+    /// The ring instance's epoch (see `Consumer::epoch`).
+    pub fn epoch(&self) -> u64 {
+        self.map.params().epoch
+    }
+
     /// The memory kind (host for rings made by [`ProducerBuilder::create`]).
     pub fn memory(&self) -> MemoryKind {
         self.map.params().memory_kind
@@ -305,6 +368,7 @@ impl Producer {
 
     /// Claims the next slot if it is free now. Returns its index.
     pub(crate) fn try_claim(&mut self) -> Result<usize, TryAcquireError> {
+        self.reap_if_joined();
         match self.core.try_claim(&self.map.ring()) {
             Ok(slot) => Ok(slot),
             Err(ClaimError::Blocked(_)) => Err(TryAcquireError::Full),
@@ -343,7 +407,8 @@ impl Producer {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<usize, AcquireTimeoutError> {
-        let Producer { map, core, wait, .. } = self;
+        self.reap_if_joined();
+        let Producer { map, core, wait, reaped, .. } = self;
         let ring = map.ring();
         let claim = |core: &mut ProducerCore| match core.try_claim(&ring) {
             Ok(slot) => Some(Ok(slot)),
@@ -355,8 +420,34 @@ impl Producer {
             Some(r) => r,
             None => {
                 let started = Instant::now();
-                let r =
-                    wait::wait_until(ring.producer_wake, *wait, deadline, || claim(core), || None);
+                let core = std::cell::RefCell::new(core);
+                // Every liveness tick spent waiting: look for dead consumers to reclaim, then
+                // try again at once.
+                let mut last_reap = started;
+                let tick = wait.tick;
+                let idle = || {
+                    // Wake-ups also end here: look for the dead once per liveness interval.
+                    if last_reap.elapsed() < tick {
+                        return None;
+                    }
+                    last_reap = Instant::now();
+                    let mut core = core.borrow_mut();
+                    match reap(&ring, reaped) {
+                        Ok(0) => None,
+                        Ok(_) => {
+                            core.forget_min_cursor();
+                            claim(&mut core)
+                        }
+                        Err(c) => Some(Err(AcquireTimeoutError::Corrupt(c.into()))),
+                    }
+                };
+                let r = wait::wait_until(
+                    ring.producer_wake,
+                    *wait,
+                    deadline,
+                    || claim(&mut core.borrow_mut()),
+                    idle,
+                );
                 let ns = started.elapsed().as_nanos() as u64;
                 // Relaxed: a statistic, written only by the producer.
                 let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
@@ -364,6 +455,36 @@ impl Producer {
                 r.unwrap_or(Err(AcquireTimeoutError::Timeout))
             }
         }
+    }
+
+    /// Reclaims every consumer whose process died: its held slots come back, it stops gating
+    /// the producer and its table entry is freed. Returns how many were freed. `acquire` does
+    /// this by itself when a consumer joins and every liveness interval it spends waiting.
+    pub fn reap(&mut self) -> Result<usize, Corruption> {
+        let n = reap(&self.map.ring(), &mut self.reaped)?;
+        if n > 0 {
+            self.core.forget_min_cursor();
+        }
+        Ok(n)
+    }
+
+    /// Reaps when the table changed since the last look (a consumer joined), so a joiner that
+    /// found the table full of dead entries gets one next time.
+    fn reap_if_joined(&mut self) {
+        // Relaxed: a hint to look; `reap` reads the entries with Acquire.
+        let joins = self.map.ring().producer.joins.load(Ordering::Relaxed);
+        if joins != self.joins_seen {
+            self.joins_seen = joins;
+            let _ = self.reap();
+        }
+    }
+
+    /// Consumer table entries freed by reaping since the last call (the CUDA layer drops what it
+    /// opened of them).
+    pub(crate) fn take_reaped(&mut self) -> Vec<usize> {
+        let mut fresh = Vec::with_capacity(4);
+        std::mem::swap(&mut fresh, &mut self.reaped);
+        fresh
     }
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as

@@ -63,3 +63,12 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
         })
         .collect()
 }
+
+/// Slots whose stamp counts at least one holder.
+pub(crate) fn held_slots(ring: &Ring<'_>) -> usize {
+    ring.slots
+        .iter()
+        // Relaxed: a snapshot for display and leak checks.
+        .filter(|l| crate::ring::stamp::held(l.stamp.load(Ordering::Relaxed)) > 0)
+        .count()
+}

@@ -10,7 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
-use gpuring::{pattern, Consumer, OpenError, Policy, Producer, RecvError, StartAt};
+use gpuring::{pattern, Consumer, ConsumerInfo, OpenError, Policy, Producer, RecvError, StartAt};
+
+/// How often producers and consumers in these tests look for dead peers.
+const LIVENESS: Duration = Duration::from_millis(20);
 
 /// One message as a consumer saw it (its payload check is the backend's business).
 struct Msg {
@@ -41,6 +44,14 @@ trait Backend {
     fn recv(rx: &Self::Rx) -> Option<Msg>;
     /// Mismatching payload bytes over every message received so far.
     fn mismatches(rx: &Self::Rx) -> u64;
+    fn consumers(tx: &Self::Tx) -> Vec<ConsumerInfo>;
+    fn held_slots(tx: &Self::Tx) -> usize;
+    fn reap(tx: &mut Self::Tx) -> usize;
+    fn epoch(rx: &Self::Rx) -> u64;
+    /// Waits for an instance of ring `name` other than `not_epoch` and opens it.
+    fn reconnect(name: &str, not_epoch: u64) -> Self::Rx;
+    /// Receives `n` messages and keeps them (for a process that is about to be killed).
+    fn hold_forever(rx: &Self::Rx, n: usize) -> !;
 }
 
 fn len_for<B: Backend>(seq: u64) -> usize {
@@ -63,7 +74,7 @@ impl Backend for Host {
 
     fn create(name: &str, capacity: u32, policy: Policy) -> Producer {
         let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT).policy(policy);
-        b.create().unwrap()
+        b.liveness_interval(LIVENESS).create().unwrap()
     }
 
     fn consumer_count(tx: &Producer) -> usize {
@@ -80,7 +91,7 @@ impl Backend for Host {
     }
 
     fn open(name: &str, start: StartAt) -> Result<HostRx, OpenError> {
-        let rx = Consumer::builder(name).start_at(start).open()?;
+        let rx = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS).open()?;
         Ok(HostRx { rx, bad: Default::default() })
     }
 
@@ -97,6 +108,36 @@ impl Backend for Host {
 
     fn mismatches(rx: &HostRx) -> u64 {
         rx.bad.get()
+    }
+
+    fn consumers(tx: &Producer) -> Vec<ConsumerInfo> {
+        tx.consumers()
+    }
+
+    fn held_slots(tx: &Producer) -> usize {
+        tx.held_slots()
+    }
+
+    fn reap(tx: &mut Producer) -> usize {
+        tx.reap().unwrap()
+    }
+
+    fn epoch(rx: &HostRx) -> u64 {
+        rx.rx.epoch()
+    }
+
+    fn reconnect(name: &str, not_epoch: u64) -> HostRx {
+        let b = Consumer::builder(name).start_at(StartAt::Oldest).liveness_interval(LIVENESS);
+        let rx = b.open_when_ready(Some(not_epoch), Duration::from_secs(30)).unwrap();
+        HostRx { rx, bad: Default::default() }
+    }
+
+    fn hold_forever(rx: &HostRx, n: usize) -> ! {
+        let held: Vec<_> = (0..n).map(|_| rx.rx.recv().unwrap()).collect();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            assert!(!held.is_empty());
+        }
     }
 }
 
@@ -133,7 +174,7 @@ mod cuda {
 
         fn create(name: &str, capacity: u32, policy: Policy) -> CudaTx {
             let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT);
-            let tx = b.policy(policy).create_gpu(0).unwrap();
+            let tx = b.policy(policy).liveness_interval(LIVENESS).create_gpu(0).unwrap();
             let k = PatternKernels::get(tx.context()).unwrap();
             CudaTx { tx, k }
         }
@@ -158,12 +199,8 @@ mod cuda {
         }
 
         fn open(name: &str, start: StartAt) -> Result<CudaRx, OpenError> {
-            let rx = Consumer::builder(name).start_at(start).open_gpu()?;
-            let k = PatternKernels::get(rx.context()).unwrap();
-            let bad = DevicePool::new(rx.context(), 8).unwrap();
-            // SAFETY: `bad` is a live allocation of 8+ bytes.
-            unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
-            Ok(CudaRx { rx, k, bad })
+            let b = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS);
+            Ok(checked(b.open_gpu()?))
         }
 
         fn recv(rx: &CudaRx) -> Option<Msg> {
@@ -188,6 +225,56 @@ mod cuda {
             unsafe { driver::memcpy_dtoh(&mut out, rx.bad.ptr()).unwrap() };
             u64::from_le_bytes(out)
         }
+
+        fn consumers(tx: &CudaTx) -> Vec<ConsumerInfo> {
+            tx.tx.consumers()
+        }
+
+        fn held_slots(tx: &CudaTx) -> usize {
+            tx.tx.held_slots()
+        }
+
+        fn reap(tx: &mut CudaTx) -> usize {
+            tx.tx.reap().unwrap()
+        }
+
+        fn epoch(rx: &CudaRx) -> u64 {
+            rx.rx.epoch()
+        }
+
+        fn reconnect(name: &str, not_epoch: u64) -> CudaRx {
+            let b = Consumer::builder(name).start_at(StartAt::Oldest).liveness_interval(LIVENESS);
+            checked(b.open_gpu_when_ready(Some(not_epoch), Duration::from_secs(30)).unwrap())
+        }
+
+        fn hold_forever(rx: &CudaRx, n: usize) -> ! {
+            // Hold the slots with a check kernel queued on each: killed between acquiring and
+            // releasing, with GPU work in flight.
+            let held: Vec<_> = (0..n)
+                .map(|_| {
+                    let m = rx.rx.recv().unwrap();
+                    // SAFETY: as in `recv`.
+                    unsafe {
+                        rx.k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), rx.bad.ptr(), 0)
+                    }
+                    .unwrap();
+                    m
+                })
+                .collect();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                assert!(!held.is_empty());
+            }
+        }
+    }
+
+    /// A consumer with its check kernels and mismatch counter.
+    fn checked(rx: GpuConsumer) -> CudaRx {
+        let k = PatternKernels::get(rx.context()).unwrap();
+        let bad = DevicePool::new(rx.context(), 8).unwrap();
+        // SAFETY: `bad` is a live allocation of 8+ bytes.
+        unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
+        CudaRx { rx, k, bad }
     }
 }
 
@@ -390,6 +477,171 @@ fn producer_killed_disconnects<B: Backend>(test: &str) {
     drop(B::create(&name, 16, Policy::Block));
 }
 
+/// Consumers killed (SIGKILL) while they hold slots, `KILLS` times, while two steady consumers
+/// check every message: the producer goes on, the steady consumers lose nothing under Block,
+/// and once everyone has caught up no slot is still held.
+fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
+    const KILLS: usize = 20;
+    match role().as_deref() {
+        Some("steady") => {
+            let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
+            let seen = consume_and_check::<B>(&rx);
+            if policy == Policy::Block {
+                assert_eq!((seen.first, seen.lost), (Some(0), 0), "{seen:?}");
+            }
+            return;
+        }
+        Some("victim") => {
+            let rx = B::open(&env::<String>("RING"), StartAt::Newest).unwrap();
+            B::hold_forever(&rx, 3);
+        }
+        _ => {}
+    }
+    let name = unique_name("kill");
+    let mut tx = B::create(&name, 8, policy);
+    let vars = [("RING", name.clone())];
+    let steady: Vec<_> = (0..2).map(|_| spawn(test, "steady", &vars)).collect();
+    wait_for_consumers::<B>(&tx, 2);
+    let mut seq = 0;
+    let started = Instant::now();
+    for kill in 0..KILLS {
+        let mut victim = spawn(test, "victim", &vars);
+        let pid = victim.id();
+        let t = Instant::now();
+        loop {
+            if B::publish(&mut tx, seq, Duration::from_millis(5)) {
+                seq += 1;
+            }
+            if B::consumers(&tx).iter().any(|c| c.pid == pid && c.holding > 0) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "victim {kill} never held a slot");
+        }
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        victim.wait().unwrap();
+    }
+    // The producer must go on: the dead are reaped when it waits, or when asked.
+    for _ in 0..100 {
+        assert!(B::publish(&mut tx, seq, Duration::from_secs(20)), "producer stalled at {seq}");
+        seq += 1;
+    }
+    B::reap(&mut tx);
+    let t = Instant::now();
+    loop {
+        let cs = B::consumers(&tx);
+        if cs.len() == 2 && cs.iter().all(|c| c.lag == 0 && c.holding == 0) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "consumers did not settle: {cs:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(B::held_slots(&tx), 0, "a slot is still held after {KILLS} kills");
+    eprintln!("{KILLS} kills survived, {seq} messages, {:?}", started.elapsed());
+    drop(tx);
+    for c in steady {
+        expect_success(c, "steady consumer");
+    }
+}
+
+/// Producers killed mid-stream, `ROUNDS` times: both consumers of each get `Disconnected`
+/// (after draining), none hangs. Prints the time from the kill to `Disconnected`.
+fn producer_killed_mid_stream<B: Backend>(test: &str) {
+    const ROUNDS: usize = 5;
+    if role().is_some() {
+        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Overwrite);
+        let mut seq = 0;
+        loop {
+            if B::publish(&mut tx, seq, Duration::from_millis(100)) {
+                seq += 1;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let mut waits = Vec::new();
+    for _ in 0..ROUNDS {
+        let name = unique_name("pkill-mid");
+        let mut child = spawn(test, "producer", &[("RING", name.clone())]);
+        let killed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (name, killed_at) = (name.clone(), killed_at.clone());
+                std::thread::spawn(move || {
+                    let rx = open_when_created::<B>(&name);
+                    let mut n = 0u64;
+                    while B::recv(&rx).is_some() {
+                        n += 1;
+                    }
+                    let waited = killed_at.lock().unwrap().expect("disconnected before the kill");
+                    assert_eq!(B::mismatches(&rx), 0);
+                    (n, waited.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        *killed_at.lock().unwrap() = Some(Instant::now());
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        child.wait().unwrap();
+        for r in readers {
+            let (n, waited) = r.join().unwrap();
+            assert!(n > 0, "no message before the kill");
+            waits.push(waited);
+        }
+    }
+    waits.sort();
+    let p50 = waits[waits.len() / 2];
+    let max = waits[waits.len() - 1];
+    println!("kill -> Disconnected over {} consumers: p50 {p50:?}, max {max:?}", waits.len());
+    eprintln!("kill -> Disconnected over {} consumers: p50 {p50:?}, max {max:?}", waits.len());
+}
+
+/// The producer is killed and a new one created under the same name: the consumer sees
+/// `Disconnected` for the old instance, then reconnects to the new one and reads from it.
+fn restart_and_reconnect<B: Backend>(test: &str) {
+    if role().is_some() {
+        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers::<B>(&tx, 1);
+        let first: u64 = env("FIRST");
+        for seq in 0..first {
+            assert!(B::publish(&mut tx, seq, Duration::from_secs(20)));
+        }
+        if first == 10 {
+            std::thread::sleep(Duration::from_secs(60));
+            unreachable!("killed before");
+        }
+        // The second instance publishes, then waits for the reader to go before it exits.
+        let t = Instant::now();
+        while B::consumer_count(&tx) > 0 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        return;
+    }
+    let name = unique_name("restart");
+    let vars = |n: u64| [("RING", name.clone()), ("FIRST", n.to_string())];
+    let mut first = spawn(test, "producer", &vars(10));
+    let rx = open_when_created::<B>(&name);
+    for seq in 0..10 {
+        assert_eq!(B::recv(&rx).expect("message").seq, seq);
+    }
+    let old_epoch = B::epoch(&rx);
+    let pid = rustix::process::Pid::from_raw(first.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    first.wait().unwrap();
+    assert!(B::recv(&rx).is_none(), "the old instance must end in Disconnected");
+    assert_eq!(B::mismatches(&rx), 0);
+    drop(rx);
+    let second = spawn(test, "producer", &vars(20));
+    let rx = B::reconnect(&name, old_epoch);
+    assert_ne!(B::epoch(&rx), old_epoch);
+    for seq in 0..20 {
+        assert_eq!(B::recv(&rx).expect("message from the new instance").seq, seq);
+    }
+    assert_eq!(B::mismatches(&rx), 0);
+    drop(rx);
+    expect_success(second, "second producer");
+}
+
 /// One test per scenario for backend `$b`, in module `$m`; `$attr` marks them (for example
 /// ignored without a GPU).
 macro_rules! conformance {
@@ -443,6 +695,32 @@ macro_rules! conformance {
             #[test] $(#[$attr])*
             fn producer_killed_disconnects() {
                 super::producer_killed_disconnects::<$b>(&name("producer_killed_disconnects"));
+            }
+
+            #[test] $(#[$attr])*
+            fn consumer_killed_while_holding_block() {
+                super::consumer_killed_while_holding::<$b>(
+                    &name("consumer_killed_while_holding_block"),
+                    Policy::Block,
+                );
+            }
+
+            #[test] $(#[$attr])*
+            fn consumer_killed_while_holding_overwrite() {
+                super::consumer_killed_while_holding::<$b>(
+                    &name("consumer_killed_while_holding_overwrite"),
+                    Policy::Overwrite,
+                );
+            }
+
+            #[test] $(#[$attr])*
+            fn producer_killed_mid_stream() {
+                super::producer_killed_mid_stream::<$b>(&name("producer_killed_mid_stream"));
+            }
+
+            #[test] $(#[$attr])*
+            fn restart_and_reconnect() {
+                super::restart_and_reconnect::<$b>(&name("restart_and_reconnect"));
             }
         }
     };

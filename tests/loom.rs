@@ -8,9 +8,12 @@
 use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Notify};
 use loom::thread;
+use std::sync::atomic::Ordering::SeqCst;
 
 use gpuring::ring::producer::ClaimError;
-use gpuring::ring::{ConsumerCore, HeapRing, Policy, ProducerCore, StartAt};
+use gpuring::ring::{
+    hold, reclaim, ConsumerCore, HeapRing, Policy, ProducerCore, Reclaim, StartAt,
+};
 
 struct Shared {
     ring: HeapRing,
@@ -107,4 +110,135 @@ fn block_one_slot() {
 #[test]
 fn overwrite_one_slot() {
     model(Policy::Overwrite, 1, 2);
+}
+
+/// Where the dying consumer stops.
+#[derive(Clone, Copy)]
+enum Death {
+    /// After pinning message 0 completely: it holds the slot.
+    Holding,
+    /// After its pin CAS, before recording HELD: its record still says PINNING.
+    AfterPinCas,
+    /// After its release CAS, before clearing its record: the record says RELEASING.
+    AfterReleaseCas,
+}
+
+/// One live consumer reads every message (its reads must not race a producer write) while the
+/// other dies at `death`. When the producer is stuck it reclaims the dead one (after it has
+/// stopped, as a dead process has) and goes on.
+fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(move || {
+        let shared = Arc::new(Shared {
+            ring: HeapRing::new(capacity, 2, policy),
+            payload: (0..capacity).map(|_| UnsafeCell::new(u64::MAX)).collect(),
+            producer_wait: Notify::new(),
+            consumer_wait: [Notify::new(), Notify::new()],
+        });
+        let live = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 1, 1).unwrap();
+        let dying = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 2, 2).unwrap();
+        let dead_index = dying.index();
+        let s = shared.clone();
+        let live_thread = thread::spawn(move || {
+            let ring = s.ring.ring();
+            let mut next = 0;
+            while next < messages {
+                match live.try_pin(&ring).unwrap() {
+                    None => s.consumer_wait[0].wait(),
+                    Some((m, _)) => {
+                        s.producer_wait.notify();
+                        let v = s.payload[m.slot].with(|p| unsafe { *p });
+                        assert_eq!(v, m.seq);
+                        next = m.seq + 1;
+                        live.release(&ring, m.slot).unwrap();
+                        s.producer_wait.notify();
+                    }
+                }
+            }
+            live.leave(&ring);
+            s.producer_wait.notify();
+        });
+        let s = shared.clone();
+        let mut dying_thread = Some(thread::spawn(move || {
+            let ring = s.ring.ring();
+            let m = loop {
+                match dying.try_pin(&ring).unwrap() {
+                    None => s.consumer_wait[1].wait(),
+                    Some((m, _)) => break m,
+                }
+            };
+            let record = ring.hold(dying.index(), m.slot);
+            match death {
+                Death::Holding => {}
+                Death::AfterPinCas => record.store(hold::record(m.seq, hold::PINNING), SeqCst),
+                Death::AfterReleaseCas => {
+                    dying.release(&ring, m.slot).unwrap();
+                    record.store(hold::record(m.seq, hold::RELEASING), SeqCst);
+                }
+            }
+            // Dies here: never releases, never leaves.
+        }));
+        let ring = shared.ring.ring();
+        let mut p = ProducerCore::new();
+        for seq in 0..messages {
+            let slot = loop {
+                match p.try_claim(&ring) {
+                    Ok(slot) => break slot,
+                    Err(ClaimError::Blocked(_)) => match dying_thread.take() {
+                        // Stuck: the dying consumer is the suspect. Once it has stopped, as a
+                        // dead process has, reclaim it.
+                        Some(h) => {
+                            h.join().unwrap();
+                            while reclaim(&ring, dead_index).unwrap() == Reclaim::Incomplete {
+                                thread::yield_now();
+                            }
+                            // Consumers that found a slot frozen by the reclaim may wait.
+                            shared.consumer_wait.iter().for_each(Notify::notify);
+                        }
+                        None => {
+                            if std::env::var("LOOM_DEBUG").is_ok() {
+                                let st: Vec<_> =
+                                    ring.slots.iter().map(|l| l.stamp.load(SeqCst)).collect();
+                                let cs: Vec<_> = ring
+                                    .consumers
+                                    .iter()
+                                    .map(|e| (e.state.load(SeqCst), e.cursor.load(SeqCst)))
+                                    .collect();
+                                let hs: Vec<_> =
+                                    (0..2).map(|e| ring.hold(e, 0).load(SeqCst)).collect();
+                                eprintln!("WAIT seq {seq} stamps {st:x?} consumers {cs:?} holds {hs:x?}");
+                            }
+                            shared.producer_wait.wait()
+                        }
+                    },
+                    Err(ClaimError::Corrupt(c)) => panic!("{c}"),
+                }
+            };
+            shared.payload[slot].with_mut(|p| unsafe { *p = seq });
+            p.publish(&ring, seq + 100, 0);
+            shared.consumer_wait.iter().for_each(Notify::notify);
+        }
+        live_thread.join().unwrap();
+        if let Some(h) = dying_thread {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn block_consumer_dies_holding() {
+    model_dead(Policy::Block, 1, 3, Death::Holding);
+}
+
+#[test]
+fn overwrite_consumer_dies_after_pin_cas() {
+    model_dead(Policy::Overwrite, 1, 3, Death::AfterPinCas);
+}
+
+#[test]
+fn block_consumer_dies_after_release_cas() {
+    model_dead(Policy::Block, 1, 3, Death::AfterReleaseCas);
 }

@@ -61,6 +61,16 @@ impl ConsumerBuilder {
         Ok(GpuConsumer { inner, side })
     }
 
+    /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
+    /// `not_epoch`, then `open_gpu`.
+    pub fn open_gpu_when_ready(
+        self,
+        not_epoch: Option<u64>,
+        timeout: Duration,
+    ) -> Result<GpuConsumer, OpenError> {
+        self.retry_open(not_epoch, timeout, |b| b.open_gpu(), |c: &GpuConsumer| c.epoch())
+    }
+
     /// The device to read on (CUDA rings). Default: the producer's device, found by UUID.
     pub fn device(mut self, ordinal: i32) -> Self {
         self.device = Some(ordinal);
@@ -285,6 +295,13 @@ impl GpuConsumer {
     /// The ring instance's epoch.
     pub fn epoch(&self) -> u64 {
         self.inner.epoch()
+    }
+
+    /// After `Disconnected`: waits up to `timeout` for a new instance of the ring and opens it
+    /// (see [`Consumer::reconnect`]). Its pools and events are mapped afresh: nothing cached
+    /// for this instance is used again.
+    pub fn reconnect(&self, timeout: Duration) -> Result<GpuConsumer, OpenError> {
+        self.inner.settings().open_gpu_when_ready(Some(self.epoch()), timeout)
     }
 
     /// The device context this consumer reads in.

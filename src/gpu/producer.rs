@@ -291,6 +291,22 @@ impl GpuProducer {
         self.inner.consumers()
     }
 
+    /// Slots some consumer holds now (see [`Producer::held_slots`]).
+    pub fn held_slots(&self) -> usize {
+        self.inner.held_slots()
+    }
+
+    /// Reclaims consumers whose process died (see [`Producer::reap`]); acquire does it by
+    /// itself. Our imports of their release events are dropped at the next acquire.
+    pub fn reap(&mut self) -> Result<usize, crate::Corruption> {
+        self.inner.reap()
+    }
+
+    /// The ring instance's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
     /// The device's context.
     pub fn context(&self) -> &Arc<Context> {
         &self.gpu.ctx
@@ -394,6 +410,12 @@ impl GpuProducer {
             Patience::Forever => self.claim(None)?,
         };
         debug_assert_eq!(slot, next_slot);
+        for entry in self.inner.take_reaped() {
+            // A dead consumer's events: never waited on again (its entry is no longer ACTIVE);
+            // drop our imports of them.
+            let cap = self.gpu.capacity;
+            self.gpu.readers[entry * cap..(entry + 1) * cap].iter_mut().for_each(|r| *r = None);
+        }
         if seq >= cap && !self.unfenced {
             let s = stream.unwrap_or(&self.stream);
             self.gpu

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use super::atomic::{fence, Ordering};
 use super::layout::entry_state;
 use super::producer::wants_wake;
-use super::stamp;
+use super::{hold, stamp};
 use super::{Policy, Ring, RingCorrupt};
 
 /// Where a new consumer starts reading.
@@ -171,6 +171,10 @@ impl ConsumerCore {
             entry.received.store(0, Ordering::Relaxed);
             entry.lost.store(0, Ordering::Relaxed);
             entry.holding.store(0, Ordering::Relaxed);
+            for slot in 0..ring.slots.len() {
+                // Relaxed: published by the Release store of ACTIVE; normally already 0.
+                ring.hold(index, slot).store(0, Ordering::Relaxed);
+            }
             return Ok(Joining { index });
         }
         Err(JoinError::Full)
@@ -199,10 +203,19 @@ impl ConsumerCore {
             let c = self.cursor.get();
             let index = ring.slot_of(c);
             let line = &ring.slots[index];
+            let record = ring.hold(self.index, index);
+            let mut pinning = false;
             // Relaxed: the pin CAS below acquires; this load only decides what to try.
             let mut st = line.stamp.load(Ordering::Relaxed);
             loop {
                 let d = stamp::tag_diff(stamp::tag(st), c);
+                if pinning && (d != 0 || stamp::is_writing(st)) {
+                    // Our PINNING record of a failed CAS is void: clear it. (Only ours: the
+                    // record may also be the HELD one of an older message in this slot.)
+                    // Release: like every record store (see `super::hold`). Every path below
+                    // returns or moves to another message.
+                    record.store(0, Ordering::Release);
+                }
                 if d < 0 || (d == 0 && stamp::is_writing(st)) {
                     return Ok(None);
                 }
@@ -225,18 +238,25 @@ impl ConsumerCore {
                     let held = held as u32;
                     return Err(RingCorrupt::HeldCount { slot: index as u32, held });
                 }
+                // Release: a reclaimer that reads the stamp our CAS writes sees this record
+                // (see `super::hold`); it is written before the CAS.
+                record.store(hold::record(c, hold::PINNING), Ordering::Release);
+                pinning = true;
                 // Acquire on success: pairs with the producer's Release publish store, so the
-                // payload and metadata it wrote are visible.
+                // payload and metadata it wrote are visible. Release: orders the PINNING record
+                // before the new stamp, for a reclaimer's Acquire load (`super::reclaim`).
                 match line.stamp.compare_exchange_weak(
                     st,
                     st + 1,
-                    Ordering::Acquire,
+                    Ordering::AcqRel,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
                     Err(actual) => st = actual,
                 }
             }
+            // Release: a reclaimer that Acquire-loads HELD also sees our CAS on the stamp.
+            record.store(hold::record(c, hold::HELD), Ordering::Release);
             let pinned = Pinned {
                 slot: index,
                 seq: c,
@@ -261,11 +281,18 @@ impl ConsumerCore {
     /// be woken.
     pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
         let line = &ring.slots[slot];
+        let record = ring.hold(self.index, slot);
+        // Relaxed: our own record.
+        let seq = hold::seq(record.load(Ordering::Relaxed));
+        // Release: written before the CAS below, for a reclaimer (see `super::hold`).
+        record.store(hold::record(seq, hold::RELEASING), Ordering::Release);
         // Relaxed: the CAS below orders; this load only seeds it.
         let mut st = line.stamp.load(Ordering::Relaxed);
         loop {
             if stamp::held(st) == 0 {
                 // Someone else zeroed our hold: report it rather than borrow into the tag.
+                // Relaxed: we hold nothing here, whatever the record says.
+                record.store(0, Ordering::Relaxed);
                 self.holding.set(self.holding.get().saturating_sub(1));
                 return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
             }
@@ -277,6 +304,8 @@ impl ConsumerCore {
                 Err(actual) => st = actual,
             }
         }
+        // Release: a reclaimer that Acquire-loads 0 also sees our CAS on the stamp.
+        record.store(0, Ordering::Release);
         self.holding.set(self.holding.get().saturating_sub(1));
         Ok(wants_wake(ring.producer_wake))
     }

@@ -39,6 +39,9 @@ pub mod entry_state {
     pub const JOINING: u32 = 1;
     /// The consumer takes part: in `Block` its cursor gates the producer.
     pub const ACTIVE: u32 = 2;
+    /// Its process died; the producer is giving back what it held (`ring::reclaim`). It no
+    /// longer gates the producer.
+    pub const RECLAIMING: u32 = 3;
 }
 
 /// One consumer's entry in the consumer table. Written only by its owner.

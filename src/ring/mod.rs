@@ -71,13 +71,18 @@
 //!   consumer that leaves wakes up: the iceoryx2 #314 deadlock cannot happen here).
 
 pub mod consumer;
+pub mod hold;
 pub mod layout;
 pub mod producer;
+pub mod reclaim;
 pub mod stamp;
 
 pub use consumer::{ConsumerCore, JoinError, Joining, Pinned, StartAt};
 pub use layout::{ConsumerEntry, ProducerLine, SlotLine, WakeLine};
 pub use producer::{Blocked, ProducerCore};
+pub use reclaim::{reclaim, Reclaim};
+
+use atomic::AtomicU64;
 
 /// Atomics used by the ring: loom's under `--cfg loom`, core's otherwise.
 pub(crate) mod atomic {
@@ -166,6 +171,8 @@ pub struct Ring<'a> {
     pub consumers: &'a [ConsumerEntry],
     /// The slots; its length is the capacity (never zero).
     pub slots: &'a [SlotLine],
+    /// Hold records (see [`hold`]): `consumers.len() * hold::stride(capacity)` words.
+    pub holds: &'a [AtomicU64],
     /// The slow-consumer policy.
     pub policy: Policy,
 }
@@ -182,6 +189,12 @@ impl<'a> Ring<'a> {
     pub fn slot_of(&self, seq: u64) -> usize {
         (seq % self.capacity()) as usize
     }
+
+    /// Consumer `entry`'s hold record for slot `slot`.
+    #[inline]
+    pub fn hold(&self, entry: usize, slot: usize) -> &'a AtomicU64 {
+        &self.holds[entry * hold::stride(self.slots.len()) + slot]
+    }
 }
 
 /// Heap-backed ring state for tests and loom models.
@@ -191,6 +204,7 @@ pub struct HeapRing {
     producer_wake: WakeLine,
     consumers: Vec<ConsumerEntry>,
     slots: Vec<SlotLine>,
+    holds: Vec<AtomicU64>,
     policy: Policy,
 }
 
@@ -204,6 +218,9 @@ impl HeapRing {
             producer_wake: WakeLine::new(),
             consumers: (0..max_consumers).map(|_| ConsumerEntry::new()).collect(),
             slots: (0..capacity).map(|i| SlotLine::new(stamp::initial(i, capacity))).collect(),
+            holds: (0..max_consumers as usize * hold::stride(capacity as usize))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             policy,
         }
     }
@@ -216,6 +233,7 @@ impl HeapRing {
             producer_wake: &self.producer_wake,
             consumers: &self.consumers,
             slots: &self.slots,
+            holds: &self.holds,
             policy: self.policy,
         }
     }

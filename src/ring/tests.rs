@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 
+use super::atomic::Ordering;
 use super::producer::{Blocked, ClaimError};
 use super::*;
 
@@ -338,4 +339,96 @@ fn joining_entries_do_not_gate_and_can_be_abandoned() {
     joining.abandon(&ring);
     let c = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
     assert_eq!(c.cursor(), 5);
+}
+
+/// A consumer that dies holding a slot: reclaiming it ungates the producer under both
+/// policies, gives the slot back and leaves a live consumer's hold alone.
+#[test]
+fn reclaim_gives_back_a_dead_consumers_holds() {
+    for policy in [Policy::Block, Policy::Overwrite] {
+        let heap = HeapRing::new(2, 3, policy);
+        let ring = heap.ring();
+        let mut p = ProducerCore::new();
+        let mut payload = [u64::MAX; 2];
+        let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+        let live = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+        publish(&mut p, &ring, &mut payload).unwrap();
+        publish(&mut p, &ring, &mut payload).unwrap();
+        let (d0, _) = dead.try_pin(&ring).unwrap().unwrap();
+        let (l0, _) = live.try_pin(&ring).unwrap().unwrap();
+        assert_eq!((d0.slot, l0.slot), (0, 0));
+        assert_eq!(stamp::held(ring.slots[0].stamp.load(Ordering::Relaxed)), 2);
+        live.release(&ring, l0.slot).unwrap();
+        // `dead` dies holding slot 0 (and at cursor 1): the producer is stuck.
+        assert!(publish(&mut p, &ring, &mut payload).is_err());
+        assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 1 }));
+        assert_eq!(ring.consumers[dead.index()].state.load(Ordering::Relaxed), 0);
+        let (l1, _) = live.try_pin(&ring).unwrap().unwrap();
+        assert_eq!(l1.seq, 1);
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(2));
+        // The live consumer's hold of slot 1 survives a second (idempotent) reclaim.
+        assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 0 }));
+        assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
+        live.release(&ring, l1.slot).unwrap();
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(3));
+    }
+}
+
+/// Death at every step of pin and release: the recount from live records is right whether or
+/// not the dead consumer's CAS happened.
+#[test]
+fn reclaim_handles_death_between_record_and_cas() {
+    use super::hold::{record, HELD, PINNING, RELEASING};
+    // (record the dead one leaves, whether its CAS on the stamp happened)
+    let cases = [(PINNING, false), (PINNING, true), (HELD, true), (RELEASING, true)];
+    for (state, cas_done) in cases {
+        let heap = HeapRing::new(1, 2, Policy::Overwrite);
+        let ring = heap.ring();
+        let mut p = ProducerCore::new();
+        let mut payload = [u64::MAX; 1];
+        let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+        publish(&mut p, &ring, &mut payload).unwrap();
+        let line = &ring.slots[0].stamp;
+        let st = line.load(Ordering::Relaxed);
+        // Forge the dead consumer's last steps by hand.
+        ring.hold(dead.index(), 0).store(record(0, state), Ordering::Relaxed);
+        let holds_it = cas_done && state != RELEASING;
+        if holds_it {
+            line.store(st + 1, Ordering::Relaxed);
+        }
+        assert_eq!(
+            reclaim(&ring, dead.index()),
+            Ok(Reclaim::Done { slots: holds_it as u32 }),
+            "{state} {cas_done}"
+        );
+        assert_eq!(stamp::held(line.load(Ordering::Relaxed)), 0);
+        assert_eq!(ring.hold(dead.index(), 0).load(Ordering::Relaxed), 0);
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    }
+}
+
+/// A live consumer caught between its record and its CAS makes the reclaim wait for it.
+#[test]
+fn reclaim_waits_for_a_live_consumer_mid_pin() {
+    use super::hold::{record, PINNING};
+    let heap = HeapRing::new(1, 2, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 1];
+    let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let live = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    let (d, _) = dead.try_pin(&ring).unwrap().unwrap();
+    // `live` has CASed but not yet written HELD: its record still says PINNING.
+    let (l, _) = live.try_pin(&ring).unwrap().unwrap();
+    ring.hold(live.index(), 0).store(record(0, PINNING), Ordering::Relaxed);
+    assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Incomplete));
+    // The dead entry no longer gates, but is not free yet.
+    assert_eq!(ring.consumers[dead.index()].state.load(Ordering::Relaxed), 3);
+    ring.hold(live.index(), 0).store(record(0, super::hold::HELD), Ordering::Relaxed);
+    assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 1 }));
+    assert_eq!(stamp::held(ring.slots[0].stamp.load(Ordering::Relaxed)), 1);
+    live.release(&ring, l.slot).unwrap();
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    let _ = d;
 }

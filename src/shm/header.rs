@@ -12,8 +12,8 @@ use crate::error::{Corruption, OpenError};
 /// `b"GPURING1"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 
-/// Bumped on any change to the header or region layout.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Bumped on any change to the header or region layout (2: hold records, CUDA tables).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,9 +113,9 @@ impl Params {
     pub const MAX_SLOT_SIZE: u64 = 1 << 40;
     /// Largest user header.
     pub const MAX_USER_HEADER: u32 = 1 << 16;
-    /// Largest `capacity * max_consumers` of a CUDA ring: each pair has a 128-byte release-event
-    /// line, so this caps that table at 128 MiB.
-    pub const MAX_GPU_RELEASE_SLOTS: u64 = 1 << 20;
+    /// Largest `capacity * max_consumers`: each pair has an 8-byte hold record (and, in a CUDA
+    /// ring, a 128-byte release-event line), so this caps those tables at 8 and 128 MiB.
+    pub const MAX_SLOT_RECORDS: u64 = 1 << 20;
 
     /// Checks every value's range. Returns the failing field.
     pub fn check(&self) -> Result<(), Corruption> {
@@ -136,8 +136,7 @@ impl Params {
             return bad("policy", self.policy as u64);
         }
         let per_consumer_slots = self.capacity as u64 * self.max_consumers as u64;
-        if self.memory_kind == MemoryKind::Cuda && per_consumer_slots > Self::MAX_GPU_RELEASE_SLOTS
-        {
+        if per_consumer_slots > Self::MAX_SLOT_RECORDS {
             return bad("capacity x max_consumers", per_consumer_slots);
         }
         Ok(())
@@ -220,6 +219,7 @@ impl Params {
 /// producer_wake     ring::WakeLine              128 B   (the producer sleeps here)
 /// consumers         ring::ConsumerEntry x max_consumers, 128 B each
 /// slots             ring::SlotLine x capacity, 128 B each
+/// holds             u64 x hold::stride(capacity) per consumer (the ring's hold records)
 /// user_headers      capacity x user_header_stride       (user_header_size rounded up to 64)
 /// -- CUDA memory kind only (zero bytes for host memory) --
 /// gpu               cuda::layout::GpuHeader             128 B   (device UUID, producer busy flag)
@@ -242,6 +242,8 @@ pub struct Layout {
     pub consumers: usize,
     /// Slot lines.
     pub slots: usize,
+    /// Hold records, `ring::hold::stride(capacity)` words per consumer.
+    pub holds: usize,
     /// User headers.
     pub user_headers: usize,
     /// Distance between two user headers.
@@ -283,7 +285,8 @@ impl Layout {
         let producer_wake = consumer_wake + LINE;
         let consumers = producer_wake + LINE;
         let slots = consumers + LINE * p.max_consumers as usize;
-        let user_headers = slots + LINE * cap;
+        let holds = slots + LINE * cap;
+        let user_headers = holds + 8 * crate::ring::hold::stride(cap) * p.max_consumers as usize;
         let user_header_stride = round_up(p.user_header_size as usize, 64);
         let gpu = round_up(user_headers + user_header_stride * cap, LINE);
         let cuda = p.memory_kind == MemoryKind::Cuda;
@@ -303,6 +306,7 @@ impl Layout {
             producer_wake,
             consumers,
             slots,
+            holds,
             user_headers,
             user_header_stride,
             gpu,
