@@ -33,6 +33,9 @@ pub mod shm;
 
 #[cfg(not(loom))]
 mod consumer;
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod gpu;
 #[cfg(not(loom))]

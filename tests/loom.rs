@@ -235,7 +235,7 @@ fn block_consumer_dies_holding() {
 
 #[test]
 fn overwrite_consumer_dies_after_pin_cas() {
-    model_dead(Policy::Overwrite, 1, 3, Death::AfterPinCas);
+    model_dead(Policy::Overwrite, 1, 2, Death::AfterPinCas);
 }
 
 #[test]

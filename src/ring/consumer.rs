@@ -199,6 +199,10 @@ impl ConsumerCore {
     /// Pins the next message if one is published. `Ok(None)`: nothing yet. The second value
     /// says whether the producer sleeps and must be woken (the cursor moved).
     pub fn try_pin(&self, ring: &Ring<'_>) -> Result<Option<(Pinned, bool)>, RingCorrupt> {
+        // Lag jumps allowed in one call. A producer lapping us again and again, or stamps from
+        // a hostile segment that are all "ahead", would otherwise keep us here; the caller just
+        // tries again (our cursor has moved on).
+        let mut jumps = ring.capacity().saturating_add(64);
         'next: loop {
             let c = self.cursor.get();
             let index = ring.slot_of(c);
@@ -220,6 +224,10 @@ impl ConsumerCore {
                     return Ok(None);
                 }
                 if d > 0 {
+                    jumps -= 1;
+                    if jumps == 0 {
+                        return Ok(None);
+                    }
                     // Message `c` was overwritten: the producer claimed `c + k*cap`, so it has
                     // published at least up to `c + cap - 1`. Jump to the oldest one left.
                     // Acquire: pairs with the producer's Release head store.

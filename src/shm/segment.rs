@@ -26,7 +26,8 @@ pub struct OpenOptions {
 /// [`Header`]), at a page-aligned address.
 pub struct Segment {
     map: MmapRaw,
-    fd: OwnedFd,
+    /// The shm file (`None` for [`Segment::from_bytes`]).
+    fd: Option<OwnedFd>,
     name: ShmName,
     /// (st_dev, st_ino) of the file, to unlink only our own file.
     id: (u64, u64),
@@ -60,7 +61,7 @@ impl Segment {
             Ok::<_, io::Error>((map, (st.st_dev, st.st_ino)))
         })();
         match made {
-            Ok((map, id)) => Ok(Segment { map, fd, name: name.clone(), id }),
+            Ok((map, id)) => Ok(Segment { map, fd: Some(fd), name: name.clone(), id }),
             Err(e) => {
                 let _ = shm::unlink(name.shm());
                 Err(CreateError::Io(e))
@@ -94,7 +95,22 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| OpenError::Truncated { needed, actual: 0 })?;
         let map = map(&fd, len).map_err(OpenError::Io)?;
-        Ok(Segment { map, fd, name: name.clone(), id: (st.st_dev, st.st_ino) })
+        Ok(Segment { map, fd: Some(fd), name: name.clone(), id: (st.st_dev, st.st_ino) })
+    }
+
+    /// A segment holding a copy of `bytes` in anonymous memory that no other process can
+    /// open: for fuzzing the readers of a segment without touching /dev/shm. Fails if `bytes` is
+    /// shorter than a header.
+    #[doc(hidden)]
+    pub fn from_bytes(bytes: &[u8]) -> io::Result<Segment> {
+        if bytes.len() < std::mem::size_of::<Header>() {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let mut anon = memmap2::MmapMut::map_anon(bytes.len())?;
+        anon.copy_from_slice(bytes);
+        let map = MmapRaw::from(anon);
+        let name = ShmName::new("fuzz").expect("valid name");
+        Ok(Segment { map, fd: None, name, id: (u64::MAX, u64::MAX) })
     }
 
     /// The header.
@@ -126,13 +142,15 @@ impl Segment {
 
     /// The file's current size (it may have been truncated by someone since it was mapped).
     pub fn file_size(&self) -> io::Result<u64> {
-        Ok(rustix::fs::fstat(&self.fd)?.st_size.max(0) as u64)
+        let fd = self.fd.as_ref().ok_or(io::ErrorKind::Unsupported)?;
+        Ok(rustix::fs::fstat(fd)?.st_size.max(0) as u64)
     }
 
     /// Age of the file's last status change, in seconds (for telling a half-built segment from
     /// one abandoned by a creator that crashed).
     pub fn age_secs(&self) -> io::Result<i64> {
-        let st = rustix::fs::fstat(&self.fd)?;
+        let fd = self.fd.as_ref().ok_or(io::ErrorKind::Unsupported)?;
+        let st = rustix::fs::fstat(fd)?;
         let now = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
         Ok(now.tv_sec - st.st_ctime)
     }

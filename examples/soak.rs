@@ -1,0 +1,493 @@
+// Run: cargo run --release --example soak -- [--minutes 10] [--memory host|cuda] [--consumers 3]
+//
+// A soak test of dead-peer handling. One producer process streams checked frames while
+// steady consumer processes verify every byte. Meanwhile this process keeps SIGKILLing
+// victim consumers that hold slots (and now and then a steady consumer, which is restarted),
+// and restarts the producer under the same name, whose consumers reconnect. At the end it prints
+// the kills survived, the slots leaked (must be 0), the frames verified, the mismatches (must be
+// 0) and the time from each producer kill to its consumers' `Disconnected`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use gpuring::{monotonic_ns, pattern, Consumer, Policy, Producer, RecvError, StartAt};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Soak test: random consumer kills and producer restarts")]
+struct Args {
+    /// How long to run.
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// Where frames live.
+    #[arg(long, value_enum, default_value_t = Memory::Host)]
+    memory: Memory,
+    /// Steady consumers (each verifies every frame it gets).
+    #[arg(long, default_value_t = 3)]
+    consumers: usize,
+    /// Mean time between victim kills.
+    #[arg(long, default_value_t = 200)]
+    kill_every_ms: u64,
+    /// Mean time between producer restarts.
+    #[arg(long, default_value_t = 30.0)]
+    restart_every_s: f64,
+    /// Policy of the ring.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Block)]
+    policy: PolicyArg,
+    /// Internal: this process's role (producer, consumer, victim) and ring name.
+    #[arg(long, hide = true)]
+    role: Option<String>,
+    #[arg(long, hide = true)]
+    name: Option<String>,
+    /// Internal (producer): run this long, then settle and report.
+    #[arg(long, hide = true)]
+    run_s: Option<f64>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Memory {
+    Host,
+    Cuda,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PolicyArg {
+    Block,
+    Overwrite,
+}
+
+const SLOT: usize = 64 << 10;
+const LIVENESS: Duration = Duration::from_millis(20);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match args.role.as_deref() {
+        Some("producer") => producer(&args),
+        Some("consumer") => consumer(&args, false),
+        Some("victim") => consumer(&args, true),
+        _ => orchestrate(&args),
+    }
+}
+
+/// A tiny xorshift generator: the soak needs variety, not quality.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Roughly exponential around `mean`.
+    fn around(&mut self, mean: Duration) -> Duration {
+        mean.mul_f64(0.25 + (self.next() % 1000) as f64 / 666.0)
+    }
+}
+
+fn spawn(
+    args: &Args,
+    role: &str,
+    name: &str,
+    extra: &[String],
+    lines: &mpsc::Sender<String>,
+) -> Child {
+    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--role", role, "--name", name, "--memory"])
+        .arg(if args.memory == Memory::Cuda { "cuda" } else { "host" })
+        .args(["--policy", if args.policy == PolicyArg::Block { "block" } else { "overwrite" }])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out = child.stdout.take().expect("piped");
+    let tx = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    child
+}
+
+fn kill(child: &mut Child) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    let _ = child.wait();
+}
+
+fn orchestrate(args: &Args) -> ExitCode {
+    let name = format!("soak-{}", std::process::id());
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    let end = Instant::now() + Duration::from_secs_f64(args.minutes * 60.0);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
+    let (mut victim_kills, mut steady_kills, mut restarts) = (0u64, 0u64, 0u64);
+    let mut producer_kills_ns = Vec::new();
+    let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
+    let mut producer = spawn(
+        args,
+        "producer",
+        &name,
+        &["--run-s".into(), remaining(Instant::now()).to_string()],
+        &lines_tx,
+    );
+    let mut steady: Vec<Child> =
+        (0..args.consumers).map(|_| spawn(args, "consumer", &name, &[], &lines_tx)).collect();
+    let mut next_kill = Instant::now() + rng.around(Duration::from_millis(args.kill_every_ms));
+    let mut next_restart =
+        Instant::now() + rng.around(Duration::from_secs_f64(args.restart_every_s));
+    let mut victims: Vec<(Child, Instant)> = Vec::new();
+    println!(
+        "soak: ring '{name}', {:?} memory, {:?}, {} steady consumers, {:.1} min",
+        args.memory, args.policy, args.consumers, args.minutes
+    );
+    let mut next_report = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        let now = Instant::now();
+        // Victims: join, hold slots, get killed a little later.
+        if now >= next_kill {
+            victims.push((
+                spawn(args, "victim", &name, &[], &lines_tx),
+                now + rng.around(Duration::from_millis(40)),
+            ));
+            next_kill = now + rng.around(Duration::from_millis(args.kill_every_ms));
+        }
+        victims.retain_mut(|(v, at)| {
+            if Instant::now() < *at {
+                return true;
+            }
+            kill(v);
+            victim_kills += 1;
+            false
+        });
+        // Now and then a steady consumer dies too; a new one takes its place.
+        if rng.next() % 4000 == 0 && !steady.is_empty() {
+            let k = (rng.next() as usize) % steady.len();
+            kill(&mut steady[k]);
+            steady_kills += 1;
+            steady[k] = spawn(args, "consumer", &name, &[], &lines_tx);
+        }
+        // Producer restarts: kill it, start a new instance under the same name.
+        if now >= next_restart && remaining(now) > 5.0 {
+            producer_kills_ns.push(monotonic_ns());
+            kill(&mut producer);
+            restarts += 1;
+            producer = spawn(
+                args,
+                "producer",
+                &name,
+                &["--run-s".into(), remaining(Instant::now()).to_string()],
+                &lines_tx,
+            );
+            next_restart = now + rng.around(Duration::from_secs_f64(args.restart_every_s));
+        }
+        if now >= next_report {
+            println!(
+                "soak: {:.0} s left, {victim_kills} victim kills, {steady_kills} steady kills, {restarts} producer restarts",
+                remaining(now)
+            );
+            next_report += Duration::from_secs(30);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for (mut v, _) in victims {
+        kill(&mut v);
+        victim_kills += 1;
+    }
+    // The last producer settles, reports and exits; the steady consumers then time out.
+    let producer_ok = producer.wait().map(|s| s.success()).unwrap_or(false);
+    let steady_ok = steady.iter_mut().all(|c| c.wait().map(|s| s.success()).unwrap_or(false));
+    drop(lines_tx);
+    let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
+    let mut disconnects = Vec::new();
+    let mut closings = Vec::new();
+    for line in lines.iter() {
+        let field = |key: &str| -> Option<u64> {
+            line.split_whitespace().find_map(|w| w.strip_prefix(key)?.parse().ok())
+        };
+        if let Some(n) = field("verified=") {
+            frames += n;
+        }
+        if let Some(n) = field("mismatches=") {
+            mismatches += n;
+        }
+        if let Some(n) = field("leaked=") {
+            leaked = Some(n);
+        }
+        if let Some(n) = field("published=") {
+            published += n;
+        }
+        if let Some(at) = field("disconnected_at=") {
+            disconnects.push(at);
+        }
+        if let Some(at) = field("closing_at=") {
+            closings.push(at);
+        }
+    }
+    // Each Disconnected that follows a producer kill (not the last producer's orderly close):
+    // the time since that kill.
+    let mut waits: Vec<f64> = disconnects
+        .iter()
+        .filter_map(|&at| {
+            let kill = *producer_kills_ns.iter().rev().find(|&&k| k <= at)?;
+            if closings.iter().any(|&c| c >= kill && c <= at) {
+                return None;
+            }
+            Some((at - kill) as f64 / 1e6)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let pct = |p: f64| waits.get(((waits.len() as f64 - 1.0) * p).round() as usize).copied();
+    println!(
+        "soak: kills survived {} ({victim_kills} victims holding slots, {steady_kills} steady consumers), producer restarts {restarts}",
+        victim_kills + steady_kills
+    );
+    println!(
+        "soak: slots leaked {}, frames published {published}, frames verified {frames}, mismatches {mismatches}",
+        leaked.map_or("unknown".into(), |n| n.to_string())
+    );
+    println!(
+        "soak: producer kill -> consumer Disconnected over {} disconnects: p50 {:.1} ms, max {:.1} ms",
+        waits.len(),
+        pct(0.5).unwrap_or(f64::NAN),
+        pct(1.0).unwrap_or(f64::NAN)
+    );
+    let ok = producer_ok && steady_ok && leaked == Some(0) && mismatches == 0 && frames > 0;
+    println!("soak: {}", if ok { "PASS" } else { "FAIL" });
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// What a producer instance needs of its ring, host or CUDA.
+trait Ring {
+    fn publish(&mut self, seq: u64) -> bool;
+    fn consumers(&self) -> Vec<gpuring::ConsumerInfo>;
+    fn held_slots(&self) -> usize;
+    fn reap(&mut self);
+}
+
+impl Ring for Producer {
+    fn publish(&mut self, seq: u64) -> bool {
+        let Ok(mut slot) = self.acquire_timeout(Duration::from_millis(50)) else { return false };
+        let len = pattern::len_for(seq, 1, SLOT);
+        pattern::fill(&mut slot[..len], seq);
+        slot.publish(len, &seq.to_le_bytes()).is_ok()
+    }
+    fn consumers(&self) -> Vec<gpuring::ConsumerInfo> {
+        Producer::consumers(self)
+    }
+    fn held_slots(&self) -> usize {
+        Producer::held_slots(self)
+    }
+    fn reap(&mut self) {
+        let _ = Producer::reap(self);
+    }
+}
+
+fn producer(args: &Args) -> ExitCode {
+    let name = args.name.as_deref().expect("--name");
+    let policy = if args.policy == PolicyArg::Block { Policy::Block } else { Policy::Overwrite };
+    let b = Producer::builder(name)
+        .capacity(16)
+        .slot_size(SLOT)
+        .policy(policy)
+        .liveness_interval(LIVENESS);
+    let mut ring: Box<dyn Ring> = match args.memory {
+        Memory::Host => Box::new(b.create().expect("create")),
+        Memory::Cuda => gpu::producer(b),
+    };
+    let run = Duration::from_secs_f64(args.run_s.unwrap_or(10.0));
+    let start = Instant::now();
+    let mut seq = 0u64;
+    while start.elapsed() < run {
+        if ring.publish(seq) {
+            seq += 1;
+        }
+        // Pace to about 2000 frames/s so the victims get to hold slots.
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    // Settle: every live consumer caught up, the dead reaped; then nothing may still be held.
+    let t = Instant::now();
+    loop {
+        ring.reap();
+        let cs = ring.consumers();
+        if cs.iter().all(|c| c.lag == 0 && c.holding == 0) || t.elapsed() > Duration::from_secs(20)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("published={seq} leaked={} closing_at={}", ring.held_slots(), monotonic_ns());
+    ExitCode::SUCCESS
+}
+
+/// A steady consumer (reconnects across producer restarts, verifies everything, reports) or a
+/// victim (holds slots until killed).
+fn consumer(args: &Args, victim: bool) -> ExitCode {
+    let name = args.name.as_deref().expect("--name");
+    if args.memory == Memory::Cuda {
+        return gpu::consumer(name, victim);
+    }
+    let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
+    let Ok(mut rx) = builder.clone().open_when_ready(None, Duration::from_secs(10)) else {
+        return ExitCode::SUCCESS; // the soak ended before we got in
+    };
+    if victim {
+        let mut held = Vec::new();
+        while let Ok(m) = rx.recv() {
+            held.push(m);
+            if held.len() == 4 {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let (mut verified, mut mismatches) = (0u64, 0u64);
+    loop {
+        let disconnected = match rx.recv() {
+            Ok(m) => {
+                mismatches += pattern::mismatches(&m, m.seq());
+                verified += 1;
+                false
+            }
+            Err(RecvError::Disconnected) => true,
+            Err(e) => {
+                eprintln!("consumer: {e}");
+                mismatches += 1;
+                break;
+            }
+        };
+        if disconnected {
+            println!("disconnected_at={}", monotonic_ns());
+            match rx.reconnect(Duration::from_secs(5)) {
+                Ok(next) => rx = next,
+                Err(_) => break,
+            }
+        }
+    }
+    println!("verified={verified} mismatches={mismatches}");
+    ExitCode::SUCCESS
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use super::*;
+    pub fn producer(_: gpuring::ProducerBuilder) -> Box<dyn Ring> {
+        panic!("built without the cuda feature")
+    }
+    pub fn consumer(_: &str, _: bool) -> ExitCode {
+        ExitCode::FAILURE
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::Arc;
+
+    use gpuring::cuda::driver;
+    use gpuring::cuda::kernels::PatternKernels;
+    use gpuring::cuda::DevicePool;
+    use gpuring::gpu::GpuRecvError;
+    use gpuring::{GpuConsumer, GpuProducer, ProducerBuilder};
+
+    use super::*;
+
+    struct Gpu {
+        tx: GpuProducer,
+        k: Arc<PatternKernels>,
+    }
+
+    impl Ring for Gpu {
+        fn publish(&mut self, seq: u64) -> bool {
+            let Ok(slot) = self.tx.acquire_timeout(Duration::from_millis(50)) else { return false };
+            let len = pattern::len_for(seq, 1, SLOT) as u64;
+            // SAFETY: the slot holds SLOT >= len bytes and is ours until publish, which fences
+            // the kernel's writes (it runs on the slot's stream).
+            unsafe { self.k.fill(slot.stream(), slot.ptr(), len, seq) }.expect("fill");
+            slot.publish(len as usize, &seq.to_le_bytes()).is_ok()
+        }
+        fn consumers(&self) -> Vec<gpuring::ConsumerInfo> {
+            self.tx.consumers()
+        }
+        fn held_slots(&self) -> usize {
+            self.tx.held_slots()
+        }
+        fn reap(&mut self) {
+            let _ = self.tx.reap();
+        }
+    }
+
+    pub fn producer(b: ProducerBuilder) -> Box<dyn Ring> {
+        let tx = b.create_gpu(0).expect("create_gpu");
+        let k = PatternKernels::get(tx.context()).expect("kernels");
+        Box::new(Gpu { tx, k })
+    }
+
+    fn read_counter(rx: &GpuConsumer, bad: &DevicePool) -> u64 {
+        rx.stream().synchronize().expect("sync");
+        let mut out = [0u8; 8];
+        // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
+        unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()) }.expect("read");
+        u64::from_le_bytes(out)
+    }
+
+    pub fn consumer(name: &str, victim: bool) -> ExitCode {
+        let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
+        let Ok(mut rx) = builder.open_gpu_when_ready(None, Duration::from_secs(10)) else {
+            return ExitCode::SUCCESS;
+        };
+        let (mut verified, mut mismatches) = (0u64, 0u64);
+        loop {
+            let k = PatternKernels::get(rx.context()).expect("kernels");
+            let bad = DevicePool::new(rx.context(), 8).expect("counter");
+            // SAFETY: `bad` is a live allocation of 8+ bytes.
+            unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()) }.expect("memset");
+            let mut held = Vec::new();
+            let disconnected = loop {
+                match rx.recv() {
+                    Ok(m) => {
+                        // SAFETY: the slot's bytes stay readable on its stream until the
+                        // release recorded after this kernel.
+                        unsafe {
+                            k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0)
+                        }
+                        .expect("check");
+                        verified += 1;
+                        if victim {
+                            held.push(m);
+                            if held.len() == 4 {
+                                std::thread::sleep(Duration::from_secs(3600));
+                            }
+                        }
+                    }
+                    Err(GpuRecvError::Disconnected) => break true,
+                    Err(e) => {
+                        eprintln!("consumer: {e}");
+                        mismatches += 1;
+                        break false;
+                    }
+                }
+            };
+            drop(held);
+            mismatches += read_counter(&rx, &bad);
+            if !disconnected || victim {
+                break;
+            }
+            println!("disconnected_at={}", monotonic_ns());
+            match rx.reconnect(Duration::from_secs(5)) {
+                Ok(next) => rx = next,
+                Err(_) => break,
+            }
+        }
+        if !victim {
+            println!("verified={verified} mismatches={mismatches}");
+        }
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,127 @@
+//! Entry points for the fuzz targets in `fuzz/` (not part of the supported API).
+//!
+//! [`segment`] treats arbitrary bytes as a ring segment and does what the readers of a segment
+//! do with it: check the header, join as a consumer, receive and release messages (reading
+//! every payload and user-header byte), reclaim consumer entries as a producer would, claim and
+//! publish, and check every CUDA descriptor. Whatever the bytes, this must return normally:
+//! errors are fine; a panic, an out-of-bounds access or UB is a bug.
+
+use std::sync::atomic::Ordering;
+
+use crate::mapped::MappedRing;
+use crate::ring::{reclaim, ConsumerCore, ProducerCore, StartAt};
+use crate::shm::{Header, Layout, MemoryKind, Params, Segment, MAGIC};
+
+/// Runs the readers of a segment over `data`.
+pub fn segment(data: &[u8]) {
+    let Ok(seg) = Segment::from_bytes(data) else { return };
+    let Ok((params, layout)) = Params::read(seg.header(), seg.len() as u64) else { return };
+    let map = MappedRing::new(seg, params, layout);
+    let ring = map.ring();
+    if let Ok(joining) = ConsumerCore::claim(&ring, 1, 1) {
+        let core = joining.activate(&ring, StartAt::Oldest);
+        let mut held = Vec::new();
+        for _ in 0..(2 * params.capacity).min(64) {
+            match core.try_pin(&ring) {
+                Ok(Some((m, _))) => {
+                    if m.len <= params.slot_size && params.memory_kind == MemoryKind::Host {
+                        // SAFETY: pinned, and len <= slot_size: inside the slot's payload.
+                        let payload = unsafe {
+                            std::slice::from_raw_parts(map.payload(m.slot), m.len as usize)
+                        };
+                        std::hint::black_box(crate::pattern::mismatches(payload, m.seq));
+                    }
+                    // SAFETY: the header region is `user_header_size` bytes in the mapping.
+                    let header = unsafe {
+                        std::slice::from_raw_parts(map.user_header(m.slot), map.user_header_size())
+                    };
+                    std::hint::black_box(header.iter().map(|b| *b as u64).sum::<u64>());
+                    held.push(m.slot);
+                    if held.len() > 2 {
+                        let _ = core.release(&ring, held.remove(0));
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        for slot in held {
+            let _ = core.release(&ring, slot);
+        }
+        core.leave(&ring);
+    }
+    for entry in 0..ring.consumers.len().min(8) {
+        let _ = reclaim(&ring, entry);
+    }
+    let mut producer = ProducerCore::new();
+    for _ in 0..4 {
+        if producer.try_claim(&ring).is_err() {
+            break;
+        }
+        producer.publish(&ring, 0, 0);
+    }
+    #[cfg(feature = "cuda")]
+    if params.memory_kind == MemoryKind::Cuda {
+        cuda_descriptors(&map);
+    }
+}
+
+/// Checks every slot's descriptor against the pool table as a consumer that mapped every live
+/// pool (with the sizes the table claims) would.
+#[cfg(feature = "cuda")]
+fn cuda_descriptors(map: &MappedRing) {
+    use crate::cuda::layout::{check_descriptor, pool_state, KnownPool};
+    let tables = map.gpu();
+    let known: Vec<Option<KnownPool>> = tables
+        .pools
+        .iter()
+        .map(|p| {
+            // Relaxed: fuzzing reads; the checks are what matters.
+            (p.state.load(Ordering::Relaxed) == pool_state::LIVE).then(|| KnownPool {
+                generation: p.generation.load(Ordering::Relaxed),
+                size: p.size.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    for (line, slot) in tables.slots.iter().zip(map.ring().slots) {
+        let pool = line.pool.load(Ordering::Relaxed);
+        let generation = line.pool_generation.load(Ordering::Relaxed);
+        let offset = line.offset.load(Ordering::Relaxed);
+        let len = slot.len.load(Ordering::Relaxed);
+        if let Ok(d) = check_descriptor(pool, generation, offset, len, &known) {
+            let size = known[d.pool].expect("accepted: mapped").size;
+            assert!(d.offset + d.len <= size, "accepted descriptor out of bounds");
+        }
+        std::hint::black_box(line.ready_event.load());
+    }
+}
+
+/// A valid, empty segment of `kind` (for the fuzz corpus): the header as a producer writes it,
+/// initial stamps, nothing else.
+pub fn sample_segment(kind: MemoryKind, capacity: u32, max_consumers: u32, slot: u64) -> Vec<u8> {
+    let p = Params {
+        capacity,
+        max_consumers,
+        slot_size: slot,
+        user_header_size: 16,
+        policy: 1,
+        memory_kind: kind,
+        producer_pid: 1,
+        producer_start_time: 1,
+        epoch: 7,
+    };
+    let layout = Layout::of(&p);
+    let mut bytes = vec![0u8; layout.total];
+    let seg = Segment::from_bytes(&bytes).expect("memfd");
+    p.write(seg.header(), layout.total as u64);
+    let map = MappedRing::new(seg, p, layout);
+    for (i, line) in map.ring().slots.iter().enumerate() {
+        // Relaxed: single-threaded construction.
+        line.stamp.store(crate::ring::stamp::initial(i as u32, capacity), Ordering::Relaxed);
+    }
+    let header: &Header = map.header();
+    header.magic.store(MAGIC, Ordering::Relaxed);
+    // SAFETY: the mapping is `layout.total` bytes long and nothing else uses it now.
+    let src = unsafe { std::slice::from_raw_parts(map.segment().base(), layout.total) };
+    bytes.copy_from_slice(src);
+    bytes
+}
