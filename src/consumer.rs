@@ -293,6 +293,9 @@ impl Consumer {
 
     fn check_producer(&self) {
         self.last_check.set(Instant::now());
+        if self.map.segment().truncated() {
+            self.deferred.set(Some(Corruption::Truncated));
+        }
         if !self.producer.is_alive() {
             self.producer_dead.set(true);
         }
@@ -302,6 +305,9 @@ impl Consumer {
     fn poll(&self) -> Option<Result<Pinned, TryRecvError>> {
         if let Some(c) = self.deferred.take() {
             return Some(Err(TryRecvError::Corrupt(c)));
+        }
+        if self.map.segment().faulted() {
+            return Some(Err(TryRecvError::Corrupt(Corruption::Truncated)));
         }
         match self.pin() {
             Ok(Some(m)) => Some(Ok(m)),

@@ -17,6 +17,9 @@ pub enum Corruption {
     },
     /// The ring's shared state (stamps, counts) is damaged.
     Ring(RingCorrupt),
+    /// The segment's file was truncated under its mapping (what was past the new end now
+    /// reads as zeros).
+    Truncated,
     /// A published message is longer than its slot.
     MessageLength {
         /// Length found.
@@ -31,6 +34,7 @@ impl fmt::Display for Corruption {
         match self {
             Corruption::Field { field, value } => write!(f, "header field {field} = {value}"),
             Corruption::Ring(r) => r.fmt(f),
+            Corruption::Truncated => f.write_str("the segment file was truncated while mapped"),
             Corruption::MessageLength { len, slot_size } => {
                 write!(f, "message length {len} exceeds slot size {slot_size}")
             }

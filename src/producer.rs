@@ -368,6 +368,9 @@ impl Producer {
 
     /// Claims the next slot if it is free now. Returns its index.
     pub(crate) fn try_claim(&mut self) -> Result<usize, TryAcquireError> {
+        if self.map.segment().faulted() {
+            return Err(TryAcquireError::Corrupt(Corruption::Truncated));
+        }
         self.reap_if_joined();
         match self.core.try_claim(&self.map.ring()) {
             Ok(slot) => Ok(slot),
@@ -407,6 +410,9 @@ impl Producer {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<usize, AcquireTimeoutError> {
+        if self.map.segment().faulted() {
+            return Err(AcquireTimeoutError::Corrupt(Corruption::Truncated));
+        }
         self.reap_if_joined();
         let Producer { map, core, wait, reaped, .. } = self;
         let ring = map.ring();

@@ -319,7 +319,7 @@ fn open_when_created<B: Backend>(name: &str) -> B::Rx {
     loop {
         match B::open(name, StartAt::Next) {
             Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 30 => {
+            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 90 => {
                 std::thread::sleep(Duration::from_millis(1))
             }
             Err(e) => panic!("open: {e}"),
@@ -563,14 +563,19 @@ fn producer_killed_mid_stream<B: Backend>(test: &str) {
         let name = unique_name("pkill-mid");
         let mut child = spawn(test, "producer", &[("RING", name.clone())]);
         let killed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let readers: Vec<_> = (0..2)
             .map(|_| {
                 let (name, killed_at) = (name.clone(), killed_at.clone());
+                let started = started.clone();
                 std::thread::spawn(move || {
                     let rx = open_when_created::<B>(&name);
                     let mut n = 0u64;
                     while B::recv(&rx).is_some() {
                         n += 1;
+                        if n == 20 {
+                            started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
                     }
                     let waited = killed_at.lock().unwrap().expect("disconnected before the kill");
                     assert_eq!(B::mismatches(&rx), 0);
@@ -578,7 +583,12 @@ fn producer_killed_mid_stream<B: Backend>(test: &str) {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300));
+        // Mid-stream: both readers are receiving.
+        let t = Instant::now();
+        while started.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert!(t.elapsed() < Duration::from_secs(90), "readers did not start");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
         *killed_at.lock().unwrap() = Some(Instant::now());
         rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
@@ -729,3 +739,82 @@ macro_rules! conformance {
 conformance!(host, Host);
 #[cfg(feature = "cuda")]
 conformance!(cuda_memory, cuda::Cuda, #[ignore = "needs a CUDA GPU"]);
+
+/// The segment is scribbled over with random bytes, then truncated, while a consumer process
+/// receives: it gets errors (or nothing), never a crash (SIGBUS is caught, see
+/// `src/shm/guard.rs`), and ends with an error rather than waiting for ever.
+#[test]
+fn segment_scribbled_then_truncated_while_consumer_runs() {
+    const TEST: &str = "segment_scribbled_then_truncated_while_consumer_runs";
+    if role().is_some() {
+        let rx = Consumer::builder(&env::<String>("RING"))
+            .start_at(StartAt::Next)
+            .liveness_interval(LIVENESS)
+            .open()
+            .unwrap();
+        let (mut received, mut errors) = (0u64, 0u64);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(20) {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(m) => {
+                    // Read every byte, as a real consumer would.
+                    std::hint::black_box(pattern::mismatches(&m, m.seq()));
+                    received += 1;
+                }
+                Err(gpuring::RecvTimeoutError::Timeout) => {}
+                Err(e) => {
+                    errors += 1;
+                    if matches!(
+                        e,
+                        gpuring::RecvTimeoutError::Corrupt(gpuring::Corruption::Truncated)
+                    ) {
+                        eprintln!("consumer: {received} messages, {errors} errors, last: {e}");
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("no Truncated error within 20 s ({received} messages, {errors} errors)");
+    }
+    let name = unique_name("scribble");
+    let mut tx = Producer::builder(&name).capacity(8).slot_size(64 << 10).create().unwrap();
+    let child = spawn(TEST, "consumer", &[("RING", name.clone())]);
+    wait_for_consumers::<Host>(&tx, 1);
+    for seq in 0..200u64 {
+        let mut slot = tx.acquire().unwrap();
+        pattern::fill(&mut slot[..4096], seq);
+        slot.publish(4096, &[]).unwrap();
+    }
+    let path = format!("/dev/shm/gpuring.{name}");
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    // Scribble: random bytes over everything past the header's first line.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let noise: Vec<u8> = (0..len - 64)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&noise, 64).unwrap();
+    // Our own producer may now fail too; that is fine, it must not crash either.
+    for _ in 0..50 {
+        if let Ok(mut slot) = tx.try_acquire() {
+            slot[0] = 1;
+            let _ = slot.publish(1, &[]);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // Truncate to one page: the consumer's next look past it faults.
+    f.set_len(4096).unwrap();
+    expect_success(child, "consumer");
+    // The producer's own next access past the end faults too (SIGBUS, caught): an error.
+    assert!(tx.try_acquire().is_err(), "the producer sees the damage too");
+    assert!(matches!(
+        tx.try_acquire(),
+        Err(gpuring::TryAcquireError::Corrupt(gpuring::Corruption::Truncated))
+    ));
+}

@@ -1,6 +1,7 @@
 //! The OS layer: POSIX shared memory segments, their header, names, owner checks and process
 //! identity. Nothing here knows the ring protocol; it places bytes and checks them.
 
+mod guard;
 mod header;
 mod name;
 pub mod process;

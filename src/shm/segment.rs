@@ -8,6 +8,7 @@ use rustix::fs::{FileType, Mode};
 use rustix::io::Errno;
 use rustix::shm;
 
+use super::guard::Guard;
 use super::header::Header;
 use super::name::ShmName;
 use crate::error::{CreateError, OpenError};
@@ -31,6 +32,9 @@ pub struct Segment {
     name: ShmName,
     /// (st_dev, st_ino) of the file, to unlink only our own file.
     id: (u64, u64),
+    /// Catches SIGBUS if the file is truncated under the mapping. Declared after `map`, so it
+    /// unregisters after the unmap... which is harmless: nothing touches the range by then.
+    guard: Guard,
 }
 
 fn nofollow() -> shm::OFlags {
@@ -61,7 +65,10 @@ impl Segment {
             Ok::<_, io::Error>((map, (st.st_dev, st.st_ino)))
         })();
         match made {
-            Ok((map, id)) => Ok(Segment { map, fd: Some(fd), name: name.clone(), id }),
+            Ok((map, id)) => {
+                let guard = Guard::register(map.as_mut_ptr(), map.len());
+                Ok(Segment { map, fd: Some(fd), name: name.clone(), id, guard })
+            }
             Err(e) => {
                 let _ = shm::unlink(name.shm());
                 Err(CreateError::Io(e))
@@ -95,7 +102,9 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| OpenError::Truncated { needed, actual: 0 })?;
         let map = map(&fd, len).map_err(OpenError::Io)?;
-        Ok(Segment { map, fd: Some(fd), name: name.clone(), id: (st.st_dev, st.st_ino) })
+        let guard = Guard::register(map.as_mut_ptr(), map.len());
+        let id = (st.st_dev, st.st_ino);
+        Ok(Segment { map, fd: Some(fd), name: name.clone(), id, guard })
     }
 
     /// A segment holding a copy of `bytes` in anonymous memory that no other process can
@@ -110,7 +119,7 @@ impl Segment {
         anon.copy_from_slice(bytes);
         let map = MmapRaw::from(anon);
         let name = ShmName::new("fuzz").expect("valid name");
-        Ok(Segment { map, fd: None, name, id: (u64::MAX, u64::MAX) })
+        Ok(Segment { map, fd: None, name, id: (u64::MAX, u64::MAX), guard: Guard::none() })
     }
 
     /// The header.
@@ -138,6 +147,17 @@ impl Segment {
     /// The segment's name.
     pub fn name(&self) -> &ShmName {
         &self.name
+    }
+
+    /// Whether the file was truncated under the mapping: an access past its end was caught (see
+    /// `guard.rs`), or the file is now shorter than the mapping.
+    pub fn truncated(&self) -> bool {
+        self.guard.faulted() || self.file_size().is_ok_and(|n| n < self.len() as u64)
+    }
+
+    /// Whether an access past the end of the file was caught (no system call).
+    pub fn faulted(&self) -> bool {
+        self.guard.faulted()
     }
 
     /// The file's current size (it may have been truncated by someone since it was mapped).
