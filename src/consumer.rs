@@ -73,9 +73,14 @@ impl ConsumerBuilder {
             let retry = match open(self.clone()) {
                 Ok(c) if not_epoch.is_some_and(|e| e == epoch(&c)) => true,
                 Ok(c) => return Ok(c),
-                Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Disconnected) => {
-                    true
-                }
+                // Not there yet, half-built (between the producer's shm_open and ftruncate,
+                // or before its magic), or the old instance.
+                Err(
+                    OpenError::NotFound
+                    | OpenError::NotInitialized
+                    | OpenError::Truncated { .. }
+                    | OpenError::Disconnected,
+                ) => true,
                 Err(e) => return Err(e),
             };
             if retry && Instant::now() >= deadline {

@@ -319,7 +319,10 @@ fn open_when_created<B: Backend>(name: &str) -> B::Rx {
     loop {
         match B::open(name, StartAt::Next) {
             Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 90 => {
+            // Not there yet, or caught between the producer's shm_open and ftruncate.
+            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
+                if t.elapsed().as_secs() < 90 =>
+            {
                 std::thread::sleep(Duration::from_millis(1))
             }
             Err(e) => panic!("open: {e}"),

@@ -41,7 +41,9 @@ fn open_when_created(name: &str) -> GpuConsumer {
     loop {
         match Consumer::builder(name).start_at(gpuring::StartAt::Next).open_gpu() {
             Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 30 => {
+            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
+                if t.elapsed().as_secs() < 30 =>
+            {
                 std::thread::sleep(Duration::from_millis(1))
             }
             Err(e) => panic!("open: {e}"),
