@@ -339,9 +339,7 @@ impl Tx {
 mod gpu {
     use std::sync::{Arc, Mutex};
 
-    use gpuring::cuda::driver;
-    use gpuring::cuda::kernels::PatternKernels;
-    use gpuring::cuda::DevicePool;
+    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
     use gpuring::gpu::GpuRecvError;
     use gpuring::{GpuProducer, ProducerBuilder};
 
@@ -382,9 +380,7 @@ mod gpu {
             }
         };
         let kernels = PatternKernels::get(rx.context()).expect("kernels");
-        let bad = DevicePool::new(rx.context(), 8).expect("counter");
-        // SAFETY: `bad` is a live allocation of 8+ bytes.
-        unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).expect("memset") };
+        let bad = MismatchCounter::new(rx.stream()).expect("counter");
         let bytes = frame_bytes(args);
         let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
         let mut stats = Stats::default();
@@ -421,11 +417,7 @@ mod gpu {
             }
             stats.frames += 1;
         }
-        rx.stream().synchronize().expect("sync");
-        let mut out = [0u8; 8];
-        // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
-        unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()).expect("read counter") };
-        stats.bad_bytes = u64::from_le_bytes(out);
+        stats.bad_bytes = bad.read(rx.stream()).expect("read counter");
         stats.latencies_us = std::mem::take(&mut *latencies.lock().unwrap());
         stats.report(k, start.elapsed().as_secs_f64(), "publish->stream-ready")
     }

@@ -390,11 +390,9 @@ mod gpu {
 mod gpu {
     use std::sync::Arc;
 
-    use gpuring::cuda::driver;
-    use gpuring::cuda::kernels::PatternKernels;
-    use gpuring::cuda::DevicePool;
+    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
     use gpuring::gpu::GpuRecvError;
-    use gpuring::{GpuConsumer, GpuProducer, ProducerBuilder};
+    use gpuring::{GpuProducer, ProducerBuilder};
 
     use super::*;
 
@@ -429,14 +427,6 @@ mod gpu {
         Box::new(Gpu { tx, k })
     }
 
-    fn read_counter(rx: &GpuConsumer, bad: &DevicePool) -> u64 {
-        rx.stream().synchronize().expect("sync");
-        let mut out = [0u8; 8];
-        // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
-        unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()) }.expect("read");
-        u64::from_le_bytes(out)
-    }
-
     pub fn consumer(name: &str, victim: bool) -> ExitCode {
         let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
         let Ok(mut rx) = builder.open_gpu_when_ready(None, Duration::from_secs(10)) else {
@@ -445,9 +435,7 @@ mod gpu {
         let (mut verified, mut mismatches) = (0u64, 0u64);
         loop {
             let k = PatternKernels::get(rx.context()).expect("kernels");
-            let bad = DevicePool::new(rx.context(), 8).expect("counter");
-            // SAFETY: `bad` is a live allocation of 8+ bytes.
-            unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()) }.expect("memset");
+            let bad = MismatchCounter::new(rx.stream()).expect("counter");
             let mut held = Vec::new();
             let disconnected = loop {
                 match rx.recv() {
@@ -475,7 +463,7 @@ mod gpu {
                 }
             };
             drop(held);
-            mismatches += read_counter(&rx, &bad);
+            mismatches += bad.read(rx.stream()).expect("read counter");
             if !disconnected || victim {
                 break;
             }

@@ -167,8 +167,7 @@ impl ProducerBuilder {
             wait,
             closed: false,
             joins_seen: 0,
-            // Capacity marks a ring whose transport wants the list (see `reap`).
-            reaped: if memory == MemoryKind::Cuda { Vec::with_capacity(4) } else { Vec::new() },
+            reaped: (memory == MemoryKind::Cuda).then(Vec::new),
         };
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
@@ -252,14 +251,17 @@ pub struct Producer {
     closed: bool,
     /// The consumer table's `joins` count when it was last reaped.
     joins_seen: u64,
-    /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`] (CUDA rings only;
-    /// host rings keep nothing per consumer).
-    reaped: Vec<usize>,
+    /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`]. `None` for host
+    /// rings, which keep nothing per consumer outside the segment.
+    reaped: Option<Vec<usize>>,
 }
 
 /// Reclaims the entries of `ring` whose process is dead (see [`crate::ring::reclaim`]), adding
-/// the freed ones to `freed`. Returns how many were freed.
-fn reap(ring: &crate::ring::Ring<'_>, freed: &mut Vec<usize>) -> Result<usize, RingCorrupt> {
+/// the freed ones to `freed` if given. Returns how many were freed.
+fn reap(
+    ring: &crate::ring::Ring<'_>,
+    freed: &mut Option<Vec<usize>>,
+) -> Result<usize, RingCorrupt> {
     use crate::ring::layout::entry_state;
     use crate::ring::{reclaim, Reclaim};
     let mut n = 0;
@@ -278,7 +280,7 @@ fn reap(ring: &crate::ring::Ring<'_>, freed: &mut Vec<usize>) -> Result<usize, R
             continue;
         }
         if let Reclaim::Done { .. } = reclaim(ring, index)? {
-            if freed.capacity() > 0 {
+            if let Some(freed) = freed {
                 freed.push(index);
             }
             n += 1;
@@ -488,9 +490,7 @@ impl Producer {
     /// Consumer table entries freed by reaping since the last call (the CUDA layer drops what it
     /// opened of them).
     pub(crate) fn take_reaped(&mut self) -> Vec<usize> {
-        let mut fresh = Vec::with_capacity(4);
-        std::mem::swap(&mut fresh, &mut self.reaped);
-        fresh
+        self.reaped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as

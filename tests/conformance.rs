@@ -144,9 +144,7 @@ impl Backend for Host {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
-    use gpuring::cuda::driver;
-    use gpuring::cuda::kernels::PatternKernels;
-    use gpuring::cuda::DevicePool;
+    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
     use gpuring::gpu::{GpuAcquireError, GpuRecvError};
     use gpuring::{GpuConsumer, GpuProducer};
     use std::sync::Arc;
@@ -161,8 +159,8 @@ mod cuda {
     pub struct CudaRx {
         rx: GpuConsumer,
         k: Arc<PatternKernels>,
-        /// A device u64 the check kernels add mismatches to.
-        bad: DevicePool,
+        /// What the check kernels add mismatches to.
+        bad: MismatchCounter,
     }
 
     impl Backend for Cuda {
@@ -219,11 +217,7 @@ mod cuda {
         }
 
         fn mismatches(rx: &CudaRx) -> u64 {
-            rx.rx.stream().synchronize().unwrap();
-            let mut out = [0u8; 8];
-            // SAFETY: `bad` holds 8 bytes; its stream is synchronised.
-            unsafe { driver::memcpy_dtoh(&mut out, rx.bad.ptr()).unwrap() };
-            u64::from_le_bytes(out)
+            rx.bad.read(rx.rx.stream()).unwrap()
         }
 
         fn consumers(tx: &CudaTx) -> Vec<ConsumerInfo> {
@@ -271,9 +265,7 @@ mod cuda {
     /// A consumer with its check kernels and mismatch counter.
     fn checked(rx: GpuConsumer) -> CudaRx {
         let k = PatternKernels::get(rx.context()).unwrap();
-        let bad = DevicePool::new(rx.context(), 8).unwrap();
-        // SAFETY: `bad` is a live allocation of 8+ bytes.
-        unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
+        let bad = MismatchCounter::new(rx.stream()).unwrap();
         CudaRx { rx, k, bad }
     }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{env, expect_success, role, spawn};
 use gpuring::cuda::driver::{self, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
-use gpuring::cuda::kernels::PatternKernels;
+use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
 use gpuring::cuda::{Context, DevicePool, IpcEvent, IpcMapping, Stream, POOL_ALIGN};
 
 /// 8 MiB plus 5 bytes, so the kernels' tail path runs too.
@@ -26,24 +26,11 @@ fn unhex(s: &str) -> [u8; 64] {
 }
 
 /// Runs the check kernel over `len` bytes at `src` for `seq` and returns the mismatch count.
-fn gpu_mismatches(
-    ctx: &std::sync::Arc<Context>,
-    k: &PatternKernels,
-    s: &Stream,
-    src: u64,
-    seq: u64,
-) -> u64 {
-    let counter = DevicePool::new(ctx, 8).unwrap();
-    // SAFETY: the counter pool is live and 8+ bytes; `src` holds LEN bytes.
-    unsafe {
-        driver::memset_async(counter.ptr(), 0, 8, s.raw()).unwrap();
-        k.check(s, src, LEN, seq, counter.ptr(), 0).unwrap();
-    }
-    s.synchronize().unwrap();
-    let mut out = [0u8; 8];
-    // SAFETY: counter holds 8 bytes; the stream is synchronised.
-    unsafe { driver::memcpy_dtoh(&mut out, counter.ptr()).unwrap() };
-    u64::from_le_bytes(out)
+fn gpu_mismatches(k: &PatternKernels, s: &Stream, src: u64, seq: u64) -> u64 {
+    let counter = MismatchCounter::new(s).unwrap();
+    // SAFETY: `src` holds LEN bytes; the counter is a device u64.
+    unsafe { k.check(s, src, LEN, seq, counter.ptr(), 0).unwrap() };
+    counter.read(s).unwrap()
 }
 
 #[test]
@@ -60,9 +47,9 @@ fn ipc_pool_and_event_across_processes() {
         let ready = IpcEvent::open(&ctx, ev).unwrap();
         // The GPU-side fence: our kernel starts only after the producer's fill.
         ready.wait_on(&s).unwrap();
-        assert_eq!(gpu_mismatches(&ctx, &k, &s, map.ptr(), SEQ), 0, "mapped pool differs");
+        assert_eq!(gpu_mismatches(&k, &s, map.ptr(), SEQ), 0, "mapped pool differs");
         // The checker can fail: the same bytes are wrong for another message.
-        assert!(gpu_mismatches(&ctx, &k, &s, map.ptr(), SEQ + 1) > LEN / 2);
+        assert!(gpu_mismatches(&k, &s, map.ptr(), SEQ + 1) > LEN / 2);
         assert_eq!(IPC_MEM_OPENS.load(std::sync::atomic::Ordering::Relaxed), 1);
         assert_eq!(IPC_EVENT_OPENS.load(std::sync::atomic::Ordering::Relaxed), 1);
         drop(map);
@@ -88,7 +75,7 @@ fn ipc_pool_and_event_across_processes() {
     ];
     let child = spawn("ipc_pool_and_event_across_processes", "consumer", &vars);
     expect_success(child, "consumer process");
-    assert_eq!(gpu_mismatches(&ctx, &k, &s, pool.ptr(), SEQ), 0);
+    assert_eq!(gpu_mismatches(&k, &s, pool.ptr(), SEQ), 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::cuda::driver::{self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
-use gpuring::cuda::kernels::PatternKernels;
+use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
 use gpuring::cuda::{DevicePool, Stream};
 use gpuring::gpu::GpuRecvError;
 use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
@@ -20,20 +20,13 @@ fn counters() -> [u64; 4] {
     [&IPC_MEM_OPENS, &IPC_EVENT_OPENS, &IPC_MEM_CLOSES, &CPU_SYNCS].map(|c| c.load(Relaxed))
 }
 
-/// A device u64 counter for the check kernel, zeroed on `s`.
-fn counter(rx: &GpuConsumer) -> DevicePool {
-    let bad = DevicePool::new(rx.context(), 8).unwrap();
-    // SAFETY: `bad` is a live allocation of 8+ bytes.
-    unsafe { driver::memset_async(bad.ptr(), 0, 8, rx.stream().raw()).unwrap() };
-    bad
+/// A mismatch counter for the check kernels on `rx`'s stream.
+fn counter(rx: &GpuConsumer) -> MismatchCounter {
+    MismatchCounter::new(rx.stream()).unwrap()
 }
 
-fn read_counter(s: &Stream, bad: &DevicePool) -> u64 {
-    s.synchronize().unwrap();
-    let mut out = [0u8; 8];
-    // SAFETY: `bad` holds 8 bytes and its stream is synchronised.
-    unsafe { driver::memcpy_dtoh(&mut out, bad.ptr()).unwrap() };
-    u64::from_le_bytes(out)
+fn read_counter(s: &Stream, bad: &MismatchCounter) -> u64 {
+    bad.read(s).unwrap()
 }
 
 fn open_when_created(name: &str) -> GpuConsumer {

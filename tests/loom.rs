@@ -24,18 +24,29 @@ struct Shared {
     consumer_wait: [Notify; 2],
 }
 
-fn model(policy: Policy, capacity: u32, messages: u64) {
+/// Loom's builder, with preemption bound 2 unless LOOM_MAX_PREEMPTIONS says otherwise.
+fn builder() -> loom::model::Builder {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(2);
     }
-    builder.check(move || {
-        let shared = Arc::new(Shared {
+    builder
+}
+
+impl Shared {
+    fn new(capacity: u32, policy: Policy) -> Arc<Shared> {
+        Arc::new(Shared {
             ring: HeapRing::new(capacity, 2, policy),
             payload: (0..capacity).map(|_| UnsafeCell::new(u64::MAX)).collect(),
             producer_wait: Notify::new(),
             consumer_wait: [Notify::new(), Notify::new()],
-        });
+        })
+    }
+}
+
+fn model(policy: Policy, capacity: u32, messages: u64) {
+    builder().check(move || {
+        let shared = Shared::new(capacity, policy);
         // Join before the producer starts, so that Block must deliver every message.
         let consumers: Vec<_> = (0..2)
             .map(|_| ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 1, 1).unwrap())
@@ -127,17 +138,8 @@ enum Death {
 /// other dies at `death`. When the producer is stuck it reclaims the dead one (after it has
 /// stopped, as a dead process has) and goes on.
 fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(move || {
-        let shared = Arc::new(Shared {
-            ring: HeapRing::new(capacity, 2, policy),
-            payload: (0..capacity).map(|_| UnsafeCell::new(u64::MAX)).collect(),
-            producer_wait: Notify::new(),
-            consumer_wait: [Notify::new(), Notify::new()],
-        });
+    builder().check(move || {
+        let shared = Shared::new(capacity, policy);
         let live = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 1, 1).unwrap();
         let dying = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 2, 2).unwrap();
         let dead_index = dying.index();
@@ -198,21 +200,7 @@ fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
                             // Consumers that found a slot frozen by the reclaim may wait.
                             shared.consumer_wait.iter().for_each(Notify::notify);
                         }
-                        None => {
-                            if std::env::var("LOOM_DEBUG").is_ok() {
-                                let st: Vec<_> =
-                                    ring.slots.iter().map(|l| l.stamp.load(SeqCst)).collect();
-                                let cs: Vec<_> = ring
-                                    .consumers
-                                    .iter()
-                                    .map(|e| (e.state.load(SeqCst), e.cursor.load(SeqCst)))
-                                    .collect();
-                                let hs: Vec<_> =
-                                    (0..2).map(|e| ring.hold(e, 0).load(SeqCst)).collect();
-                                eprintln!("WAIT seq {seq} stamps {st:x?} consumers {cs:?} holds {hs:x?}");
-                            }
-                            shared.producer_wait.wait()
-                        }
+                        None => shared.producer_wait.wait(),
                     },
                     Err(ClaimError::Corrupt(c)) => panic!("{c}"),
                 }

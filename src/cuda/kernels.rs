@@ -235,6 +235,39 @@ impl Drop for PatternKernels {
     }
 }
 
+/// A device `u64` that [`PatternKernels::check`] adds mismatching bytes to: the one counter
+/// tests, examples and benches keep per consumer.
+pub struct MismatchCounter {
+    cell: super::DevicePool,
+}
+
+impl MismatchCounter {
+    /// A zeroed counter in `stream`'s context (the zeroing is queued on `stream`).
+    pub fn new(stream: &Stream) -> Result<MismatchCounter, DriverError> {
+        let cell = super::DevicePool::new(stream.context(), 8)?;
+        let _bound = stream.context().bind()?;
+        // SAFETY: `cell` is a live allocation of at least 8 bytes; `stream` is live.
+        unsafe { super::driver::memset_async(cell.ptr(), 0, 8, stream.raw()) }?;
+        Ok(MismatchCounter { cell })
+    }
+
+    /// Its device address, for [`PatternKernels::check`].
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.cell.ptr()
+    }
+
+    /// Waits for `stream` (which must carry every check that adds to it), then reads it. A CPU
+    /// sync: for the end of a run, never per frame.
+    pub fn read(&self, stream: &Stream) -> Result<u64, DriverError> {
+        stream.synchronize()?;
+        let _bound = stream.context().bind()?;
+        let mut out = [0u8; 8];
+        // SAFETY: the cell holds 8 bytes and the stream that wrote it is synchronised.
+        unsafe { super::driver::memcpy_dtoh(&mut out, self.cell.ptr()) }?;
+        Ok(u64::from_le_bytes(out))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
