@@ -44,6 +44,9 @@
 //!    ring and counts the ones it lost.
 //! 4. **Release** (consumer): `held - 1` with a Release RMW.
 //!
+//! Around each pin and release CAS a consumer also writes its hold record for the slot
+//! ([`hold`]), so that the producer can give back what a killed consumer held ([`reclaim`]).
+//!
 //! Because a pinned slot has `held > 0`, the producer's claim CAS cannot succeed while anyone
 //! reads it, and because a consumer pins with a CAS that expects `READY(c)` exactly, it never pins
 //! a slot that the producer has claimed. These two CASes on one word are the whole exclusion.
