@@ -1,5 +1,5 @@
 //! Hold records: which message each consumer pins in each slot, so that the slots a dead
-//! consumer held can be given back (see [`super::reclaim`]).
+//! consumer held can be given back (see [`super::reclaim`](mod@super::reclaim)).
 //!
 //! Consumer `e`'s record for slot `i` is `Ring::holds[e * hold_stride + i]`, written only by
 //! consumer `e`. It is `0` (nothing) or `seq << 2 | state`:
@@ -11,7 +11,7 @@
 //!
 //! A consumer can die between any two steps, so a dead consumer's record alone cannot say
 //! whether its CAS happened. The reclaimer does not need to know: it recounts the slot's holders
-//! from the records of the consumers that are alive (see [`super::reclaim`]).
+//! from the records of the consumers that are alive (see [`super::reclaim`](mod@super::reclaim)).
 
 /// The consumer is about to pin (its CAS may or may not have happened).
 pub const PINNING: u64 = 1;

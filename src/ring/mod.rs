@@ -45,7 +45,7 @@
 //! 4. **Release** (consumer): `held - 1` with a Release RMW.
 //!
 //! Around each pin and release CAS a consumer also writes its hold record for the slot
-//! ([`hold`]), so that the producer can give back what a killed consumer held ([`reclaim`]).
+//! ([`hold`]), so that the producer can give back what a killed consumer held ([`reclaim`](mod@reclaim)).
 //!
 //! Because a pinned slot has `held > 0`, the producer's claim CAS cannot succeed while anyone
 //! reads it, and because a consumer pins with a CAS that expects `READY(c)` exactly, it never pins

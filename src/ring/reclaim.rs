@@ -28,7 +28,7 @@ use super::atomic::Ordering;
 use super::layout::entry_state;
 use super::{hold, stamp, Ring, RingCorrupt};
 
-/// What [`reclaim`] achieved.
+/// What [`reclaim()`] achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reclaim {
     /// The entry is free; `slots` holds of the dead consumer were given back.
