@@ -411,6 +411,69 @@ pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> DriverResult<()> 
     })
 }
 
+/// `cuMemcpyDtoDAsync_v2` of `len` bytes from `src` to `dst` on `stream` (the bandwidth floor
+/// of the GPU bench).
+///
+/// # Safety
+/// 1. `src` and `dst` must each point to at least `len` device bytes (readable, writable), not
+///    overlapping, valid until the copy has run; `stream` must be live in the current context.
+pub unsafe fn memcpy_dtod_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuMemcpyDtoDAsync_v2", unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream) })
+}
+
+/// `cuStreamWriteValue64_v2`: when `stream` reaches it (after its earlier work, with a memory
+/// barrier), writes `value` to the device word at `addr`. The bench's alternative fence.
+///
+/// # Safety
+/// 1. `stream` must be live in the current context; `addr` must be an 8-byte aligned device
+///    word writable from it until the write has run.
+pub unsafe fn stream_write_value64(
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u64,
+) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuStreamWriteValue64_v2", unsafe {
+        sys::cuStreamWriteValue64_v2(stream, addr, value, 0)
+    })
+}
+
+/// `cuStreamWaitValue64_v2` with `CU_STREAM_WAIT_VALUE_GEQ`: work queued on `stream` after it
+/// waits until the device word at `addr` is at least `value`.
+///
+/// # Safety
+/// 1. `stream` must be live in the current context; `addr` must be an 8-byte aligned device
+///    word readable from it until the wait has run, and something must eventually write a
+///    value `>= value` there, or the stream never proceeds.
+pub unsafe fn stream_wait_value64(
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u64,
+) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(stream, addr, value, 0) })
+}
+
+/// Whether device `dev` supports 64-bit stream memory operations.
+pub fn can_use_64_bit_stream_mem_ops(dev: CUdevice) -> DriverResult<bool> {
+    let mut v = 0;
+    // SAFETY: `dev` came from `device`; valid out-pointer.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut v,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+            dev,
+        )
+    })?;
+    Ok(v != 0)
+}
+
 /// `cuMemsetD8Async` of `len` bytes at `dst` on `stream`.
 ///
 /// # Safety

@@ -126,6 +126,22 @@ impl IpcEvent {
         unsafe { driver::event_query(self.raw) }
     }
 
+    /// Makes `stream` wait for this event's last record, unless that record has already
+    /// completed (then there is nothing to order after, and the wait, the costlier driver call,
+    /// is skipped). Returns whether it enqueued a wait. In a ring that keeps up, the readers of
+    /// a slot's previous lap and the writer of a frame a consumer is behind on are finished, so
+    /// the steady state makes no waits at all.
+    pub fn wait_if_pending(&self, stream: &Stream) -> Result<bool, DriverError> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: live by the invariant.
+        if unsafe { driver::event_query(self.raw) }? {
+            return Ok(false);
+        }
+        // SAFETY: both live by their invariants.
+        unsafe { driver::stream_wait_event(stream.raw(), self.raw) }?;
+        Ok(true)
+    }
+
     /// Makes work submitted to `stream` from now on wait for this event's last record.
     pub fn wait_on(&self, stream: &Stream) -> Result<(), DriverError> {
         let _bound = self.ctx.bind()?;

@@ -83,22 +83,28 @@ fn compile_with(src: &str, name: &str, arch: &str, cubin: bool) -> Result<Image,
     result
 }
 
-/// A loaded module with the pattern kernels.
+/// A CUDA module compiled from source by [`compile`] and loaded into one context.
 ///
-/// Invariant: `module` is loaded in `ctx`; `fill` and `check` are its functions.
-pub struct PatternKernels {
+/// Invariant: `module` is loaded in `ctx` and unloaded only by `Drop`.
+pub struct Module {
     ctx: Arc<Context>,
     module: sys::CUmodule,
-    fill: sys::CUfunction,
-    check: sys::CUfunction,
     /// Whether the module came from a CUBIN (true) or PTX.
     pub from_cubin: bool,
 }
 
+/// A kernel of a [`Module`]. Valid while its module is loaded.
+#[derive(Clone, Copy, Debug)]
+pub struct Function(sys::CUfunction);
+
 // SAFETY: module and function handles may be used from any thread with the context bound.
-unsafe impl Send for PatternKernels {}
+unsafe impl Send for Module {}
 // SAFETY: launching is thread-safe in the driver.
-unsafe impl Sync for PatternKernels {}
+unsafe impl Sync for Module {}
+// SAFETY: as for `Module`.
+unsafe impl Send for Function {}
+// SAFETY: as for `Module`.
+unsafe impl Sync for Function {}
 
 fn check_rc(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {
     if code == sys::CUresult::CUDA_SUCCESS {
@@ -108,23 +114,10 @@ fn check_rc(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> 
     }
 }
 
-impl PatternKernels {
-    /// The pattern kernels for `ctx`, compiled once per process and device and cached.
-    pub fn get(ctx: &Arc<Context>) -> Result<Arc<PatternKernels>, CudaError> {
-        type Cache = Mutex<Vec<(i32, Arc<PatternKernels>)>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(Default::default);
-        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, k)) = cache.iter().find(|(o, _)| *o == ctx.ordinal()) {
-            return Ok(k.clone());
-        }
-        let k = Arc::new(PatternKernels::load(ctx)?);
-        cache.push((ctx.ordinal(), k.clone()));
-        Ok(k)
-    }
-
-    fn load(ctx: &Arc<Context>) -> Result<PatternKernels, CudaError> {
-        let image = compile(PATTERN_SRC, "pattern.cu", ctx.compute_capability()?)?;
+impl Module {
+    /// Compiles `src` (file name `name`, for messages) for `ctx`'s device and loads it.
+    pub fn load(ctx: &Arc<Context>, src: &str, name: &str) -> Result<Module, CudaError> {
+        let image = compile(src, name, ctx.compute_capability()?)?;
         let (bytes, from_cubin) = match &image {
             Image::Cubin(b) => (b, true),
             Image::Ptx(b) => (b, false),
@@ -135,35 +128,40 @@ impl PatternKernels {
         check_rc("cuModuleLoadData", unsafe {
             sys::cuModuleLoadData(&mut module, bytes.as_ptr().cast())
         })?;
-        let func = |name: &str| -> Result<sys::CUfunction, DriverError> {
-            let name = CString::new(name).expect("no NUL");
-            let mut f = std::ptr::null_mut();
-            // SAFETY: `module` is loaded; `name` is NUL-terminated.
-            check_rc("cuModuleGetFunction", unsafe {
-                sys::cuModuleGetFunction(&mut f, module, name.as_ptr())
-            })?;
-            Ok(f)
-        };
-        let fill = func("pattern_fill")?;
-        let check = func("pattern_check")?;
-        Ok(PatternKernels { ctx: ctx.clone(), module, fill, check, from_cubin })
+        Ok(Module { ctx: ctx.clone(), module, from_cubin })
     }
 
-    fn launch(
+    /// The kernel `name` (an `extern "C"` function of the source).
+    pub fn function(&self, name: &str) -> Result<Function, DriverError> {
+        let name = CString::new(name).expect("kernel names have no NUL");
+        let mut f = std::ptr::null_mut();
+        // SAFETY: `module` is loaded; `name` is NUL-terminated; valid out-pointer.
+        check_rc("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut f, self.module, name.as_ptr())
+        })?;
+        Ok(Function(f))
+    }
+
+    /// Enqueues `f` on `stream` with `blocks` x `threads` (1-D).
+    ///
+    /// # Safety
+    /// 1. `f` must come from this module, and `stream` must belong to this module's context.
+    /// 2. `params` must point at one value per kernel parameter, of the parameter's type, alive
+    ///    for the call; every pointer among them must be valid for what the kernel does with it
+    ///    until the kernel has run.
+    pub unsafe fn launch(
         &self,
-        f: sys::CUfunction,
+        f: Function,
+        blocks: u32,
+        threads: u32,
         stream: &Stream,
-        len: u64,
         params: &mut [*mut c_void],
     ) -> Result<(), DriverError> {
         let _bound = self.ctx.bind()?;
-        let threads = 256u32;
-        let blocks = (len / 8 / threads as u64).clamp(1, 4096) as u32;
-        // SAFETY: `f` belongs to our loaded module; `params` points at locals matching the
-        // kernel's parameter list, alive for the call; the stream is live.
+        // SAFETY: (1) and (2) are the caller's; the stream is live while borrowed.
         check_rc("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
-                f,
+                f.0,
                 blocks,
                 1,
                 1,
@@ -176,6 +174,61 @@ impl PatternKernels {
                 std::ptr::null_mut(),
             )
         })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(_bound) = self.ctx.bind() {
+            // SAFETY: loaded by `load`; its functions are not used after the module is dropped
+            // (they are only reachable through borrows of it or its owners).
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
+        }
+    }
+}
+
+/// The pattern kernels (`kernels/pattern.cu`), loaded in one context.
+///
+/// Invariant: `fill` and `check` are functions of `module`.
+pub struct PatternKernels {
+    module: Module,
+    fill: Function,
+    check: Function,
+    /// Whether the module came from a CUBIN (true) or PTX.
+    pub from_cubin: bool,
+}
+
+impl PatternKernels {
+    /// The pattern kernels for `ctx`, compiled once per process and device and cached.
+    pub fn get(ctx: &Arc<Context>) -> Result<Arc<PatternKernels>, CudaError> {
+        type Cache = Mutex<Vec<(i32, Arc<PatternKernels>)>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, k)) = cache.iter().find(|(o, _)| *o == ctx.ordinal()) {
+            return Ok(k.clone());
+        }
+        let module = Module::load(ctx, PATTERN_SRC, "pattern.cu")?;
+        let (fill, check) = (module.function("pattern_fill")?, module.function("pattern_check")?);
+        let from_cubin = module.from_cubin;
+        let k = Arc::new(PatternKernels { module, fill, check, from_cubin });
+        cache.push((ctx.ordinal(), k.clone()));
+        Ok(k)
+    }
+
+    /// # Safety
+    /// As [`Module::launch`] (2), for the kernel's parameters; `stream` in the kernels' context.
+    unsafe fn launch(
+        &self,
+        f: Function,
+        stream: &Stream,
+        len: u64,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DriverError> {
+        let threads = 256u32;
+        let blocks = (len / 8 / threads as u64).clamp(1, 4096) as u32;
+        // SAFETY: `f` is ours (the invariant); the rest is the caller's.
+        unsafe { self.module.launch(f, blocks, threads, stream, params) }
     }
 
     /// Enqueues on `stream`: fill `len` bytes at `dst` with message `seq`'s pattern.
@@ -196,7 +249,8 @@ impl PatternKernels {
             (&mut len_v as *mut u64).cast(),
             (&mut seq as *mut u64).cast(),
         ];
-        self.launch(self.fill, stream, len, &mut params)
+        // SAFETY: `params` match `pattern_fill(u8*, u64, u64)`; (1) covers `dst`.
+        unsafe { self.launch(self.fill, stream, len, &mut params) }
     }
 
     /// Enqueues on `stream`: add to the `u64` at `bad` the number of the `len` bytes at `src`
@@ -222,16 +276,9 @@ impl PatternKernels {
             (&mut bad as *mut CUdeviceptr).cast(),
             (&mut spin as *mut u64).cast(),
         ];
-        self.launch(self.check, stream, len, &mut params)
-    }
-}
-
-impl Drop for PatternKernels {
-    fn drop(&mut self) {
-        if let Ok(_bound) = self.ctx.bind() {
-            // SAFETY: loaded by `load`, not used after drop.
-            let _ = unsafe { sys::cuModuleUnload(self.module) };
-        }
+        // SAFETY: `params` match `pattern_check(const u8*, u64, u64, u64*, u64)`; (1) covers
+        // `src` and `bad`.
+        unsafe { self.launch(self.check, stream, len, &mut params) }
     }
 }
 

@@ -363,9 +363,9 @@ impl GpuConsumer {
         let located = self
             .side
             .locate(self.inner.map(), &m)
-            .and_then(|ptr| Ok((ptr, self.side.ready[m.slot].wait_on(stream)?)));
+            .and_then(|ptr| Ok((ptr, self.side.ready[m.slot].wait_if_pending(stream)?)));
         match located {
-            Ok((ptr, ())) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
+            Ok((ptr, _)) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
             Err(e) => {
                 self.inner.release(m.slot);
                 Err(e)

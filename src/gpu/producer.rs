@@ -222,7 +222,8 @@ impl GpuSide {
                     let event = IpcEvent::open(&self.ctx, h)?;
                     *cached = Some(ReaderEvent { generation, event });
                 }
-                cached.as_ref().expect("opened above").event.wait_on(stream)?;
+                // A reader whose release already completed needs no wait (see `wait_if_pending`).
+                cached.as_ref().expect("opened above").event.wait_if_pending(stream)?;
             }
             Ok(())
         })();
@@ -431,17 +432,25 @@ impl GpuProducer {
     /// fills the driver's launch queue and latency grows to tens of milliseconds.
     fn wait_written(&self, slot: usize, patience: Patience) -> Result<(), GpuAcquireError> {
         let ev = &self.gpu.ready[slot];
-        let backoff = crossbeam_utils::Backoff::new();
+        // Poll hard for the producer's spin time (a GPU a few microseconds behind is the common
+        // case, and an OS sleep costs tens of microseconds), then yield, then nap briefly.
+        let start = Instant::now();
+        let spin = self.inner.wait_config().spin;
+        let mut polls = 0u32;
         while !ev.is_complete()? {
             match patience {
                 Patience::Now => return Err(GpuAcquireError::Full),
                 Patience::Until(d) if Instant::now() >= d => return Err(GpuAcquireError::Timeout),
                 _ => {}
             }
-            if backoff.is_completed() {
-                std::thread::sleep(Duration::from_micros(20));
+            polls += 1;
+            let waited = start.elapsed();
+            if waited < spin {
+                std::hint::spin_loop();
+            } else if waited < spin * 4 || polls % 16 != 0 {
+                std::thread::yield_now();
             } else {
-                backoff.snooze();
+                std::thread::sleep(Duration::from_micros(20));
             }
         }
         Ok(())
