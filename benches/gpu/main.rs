@@ -1,0 +1,205 @@
+//! GPU bench: gpuring's CUDA ring against floors measured in the same run.
+//!
+//! Run on a machine with a CUDA GPU (see docs/performance.md for MPS and the full command):
+//!
+//! ```text
+//! cargo bench --bench gpu -- --label mps-off --json gpu.json --md gpu.md
+//! target/gpu-bundle/bin/gpu --label mps-on ...        (a binary built by ../shared/gpu-bundle)
+//! ```
+//!
+//! It measures, in order:
+//! 1. floors: `%globaltimer` step, D2D copy bandwidth (the roofline), the bench kernels' own
+//!    bandwidth, and a raw CUDA IPC handoff (no ring) per frame size;
+//! 2. paced 1→1 latency through a one-slot ring (the ring's version of the raw handoff);
+//! 3. the matrix: consumers × frame sizes × policies, each consumer a process reading every byte.
+//!
+//! Consumer processes are this binary again, with `GPURING_GPU_BENCH_ROLE` set.
+
+mod floors;
+mod kernels;
+mod report;
+mod ring;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::Child;
+use std::time::Duration;
+
+use clap::Parser;
+use gpuring::cuda::{Context, Stream};
+use gpuring::Policy;
+
+/// `ROLE:NAME:SIZE:INDEX` in a child process.
+pub const ROLE: &str = "GPURING_GPU_BENCH_ROLE";
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "gpuring GPU bench: ring vs D2D and raw CUDA IPC floors")]
+pub struct Opts {
+    /// Consumer counts of the matrix.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    consumers: Vec<usize>,
+    /// Frame sizes of the matrix (K and M suffixes: KiB, MiB).
+    #[arg(long, value_delimiter = ',', default_value = "64K,1M,8M,32M", value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// Policies of the matrix.
+    #[arg(long, value_delimiter = ',', default_value = "block,overwrite")]
+    policies: Vec<String>,
+    /// Ring capacity of the matrix.
+    #[arg(long, default_value_t = 8)]
+    capacity: u32,
+    /// Measured seconds per cell.
+    #[arg(long, default_value = "1.0", value_parser = parse_secs)]
+    seconds: Duration,
+    /// Warm-up seconds per cell.
+    #[arg(long, default_value = "0.3", value_parser = parse_secs)]
+    warmup: Duration,
+    /// CUDA device.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// A label for this run (for example `mps-on`), kept in the JSON and the table title.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<String>,
+    /// Write the markdown tables here.
+    #[arg(long)]
+    md: Option<String>,
+    /// Skip the matrix (floors and latency only).
+    #[arg(long)]
+    no_matrix: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>().map(Duration::from_secs_f64).map_err(|e| format!("seconds {s}: {e}"))
+}
+
+/// Reads a child's `RESULT k=v ...` line and waits for it; panics if it failed.
+pub fn child_result(mut child: Child) -> HashMap<String, f64> {
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "bench child failed: {status}");
+    let line = out.lines().find(|l| l.starts_with("RESULT ")).expect("child printed no RESULT");
+    line[7..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+        .collect()
+}
+
+fn print_result(r: HashMap<&'static str, f64>) {
+    let kv: Vec<String> = r.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("RESULT {}", kv.join(" "));
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        let parts: Vec<&str> = role.splitn(4, ':').collect();
+        let (name, size) = (parts[1], parts[2].parse().unwrap());
+        let device = std::env::var("GPURING_GPU_BENCH_DEVICE").map_or(0, |d| d.parse().unwrap());
+        match parts[0] {
+            "consumer" => print_result(ring::consumer(name, size, device)),
+            "launcher" => print_result(floors::launcher(name.parse().unwrap(), size, device)),
+            "raw-consumer" => {
+                let fence =
+                    if parts[3] == "1" { floors::Fence::MemOp } else { floors::Fence::Event };
+                print_result(floors::raw_consumer(name, size, fence, device))
+            }
+            r => panic!("unknown role {r}"),
+        }
+        return;
+    }
+    // Criterion-style flags that `cargo bench` passes are not ours.
+    let args = std::env::args().filter(|a| a != "--bench");
+    let o = Opts::parse_from(args);
+    std::env::set_var("GPURING_GPU_BENCH_DEVICE", o.device.to_string());
+    if let Err(e) = gpuring::cuda::driver::available() {
+        eprintln!("gpu bench: no usable CUDA driver ({e}); nothing measured");
+        std::process::exit(2);
+    }
+    let ctx = Context::new(o.device).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let k = kernels::Kernels::load(&ctx, &stream);
+    let mut rep = report::Report::new(&o);
+
+    rep.timer_step = k.timer_step(&stream);
+    rep.d2d = floors::d2d_bandwidth(&ctx, &stream);
+    (rep.fill_bw, rep.read_bw) = floors::kernel_bandwidth(&ctx, &stream, &k);
+    eprintln!(
+        "floors: timer step {} ns, D2D {:.0} GB/s, fill {:.0} GB/s, read {:.0} GB/s",
+        rep.timer_step,
+        rep.d2d / 1e9,
+        rep.fill_bw / 1e9,
+        rep.read_bw / 1e9
+    );
+    rep.calls = floors::call_costs(&ctx, &stream, &k);
+    for (call, ns) in &rep.calls {
+        eprintln!("call {call}: {ns:.0} ns");
+    }
+    let mem_ops = floors::mem_ops_supported(&ctx);
+    for &size in &o.sizes {
+        let raw = floors::raw_ipc(&o, &ctx, &k, size, floors::Fence::Event);
+        let memop = mem_ops.then(|| floors::raw_ipc(&o, &ctx, &k, size, floors::Fence::MemOp));
+        let ring = ring::run_cell(&o, &k, 1, size, Policy::Block, 1, false);
+        let ahead = ring::run_cell(&o, &k, 1, size, Policy::Block, 4, true);
+        eprintln!(
+            "latency {size:>9} B: raw {:.0}/s p50 {} ns | mem-op {:.0}/s p50 {} ns | ring {:.0}/s \
+             p50 {} ns",
+            raw.round_trips,
+            raw.p50,
+            memop.as_ref().map_or(0.0, |m| m.round_trips),
+            memop.as_ref().map_or(0, |m| m.p50),
+            ring.producer_fps,
+            ring.lat_p50
+        );
+        rep.latency.push((raw, memop, ring, ahead));
+    }
+    if !o.no_matrix {
+        for &n in &o.consumers {
+            for &size in &o.sizes {
+                let kps = floors::launch_ceiling(&o, n + 1, size);
+                eprintln!("launch ceiling {} processes {size:>9} B: {kps:.0} kernels/s", n + 1);
+                rep.ceilings.push((n + 1, size, kps));
+            }
+        }
+    }
+    if !o.no_matrix {
+        for &n in &o.consumers {
+            for &size in &o.sizes {
+                for p in &o.policies {
+                    let policy = match p.as_str() {
+                        "block" => Policy::Block,
+                        "overwrite" => Policy::Overwrite,
+                        other => panic!("unknown policy {other}"),
+                    };
+                    let cell = ring::run_cell(&o, &k, n, size, policy, o.capacity, false);
+                    eprintln!(
+                        "1->{n} {size:>9} B {p:9}: {:.0} fps/consumer, p50 {} ns, lost {}",
+                        cell.mean_fps(),
+                        cell.lat_p50,
+                        cell.lost
+                    );
+                    rep.cells.push(cell);
+                }
+            }
+        }
+    }
+    let md = rep.markdown();
+    println!("{md}");
+    if let Some(path) = &o.md {
+        std::fs::write(path, &md).unwrap();
+    }
+    if let Some(path) = &o.json {
+        std::fs::write(path, rep.json()).unwrap();
+    }
+}
