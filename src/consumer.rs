@@ -21,7 +21,11 @@ pub struct ConsumerBuilder {
     spin: Duration,
     liveness: Duration,
     /// The device to read on (CUDA rings); `None`: the producer's.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) device: Option<i32>,
+    /// CUDA rings: how long `recv` polls a frame's ready event before a GPU-side wait.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) gpu_poll: Duration,
 }
 
 impl ConsumerBuilder {
@@ -185,6 +189,7 @@ impl Consumer {
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
             device: None,
+            gpu_poll: crate::DEFAULT_GPU_POLL,
         }
     }
 
@@ -359,6 +364,8 @@ impl Consumer {
     }
 }
 
+/// Used by the CUDA layer (`src/gpu/`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Consumer {
     /// The mapped segment.
     pub(crate) fn map(&self) -> &MappedRing {

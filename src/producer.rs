@@ -31,6 +31,9 @@ pub struct ProducerBuilder {
     liveness: Duration,
     /// Test-only: skip the GPU release-event waits (see `docs/gpu.md`, release-fence test).
     pub(crate) unfenced: bool,
+    /// CUDA rings: how long `acquire` polls a reader's release event before a GPU-side wait.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) gpu_poll: Duration,
 }
 
 impl ProducerBuilder {
@@ -303,6 +306,7 @@ impl Producer {
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
             unfenced: false,
+            gpu_poll: crate::DEFAULT_GPU_POLL,
         }
     }
 
@@ -489,6 +493,7 @@ impl Producer {
 
     /// Consumer table entries freed by reaping since the last call (the CUDA layer drops what it
     /// opened of them).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn take_reaped(&mut self) -> Vec<usize> {
         self.reaped.as_mut().map(std::mem::take).unwrap_or_default()
     }
@@ -506,6 +511,8 @@ impl Producer {
     }
 }
 
+/// Used by the CUDA layer (`src/gpu/`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Producer {
     /// The mapped segment.
     pub(crate) fn map(&self) -> &MappedRing {

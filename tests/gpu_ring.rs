@@ -30,9 +30,13 @@ fn read_counter(s: &Stream, bad: &MismatchCounter) -> u64 {
 }
 
 fn open_when_created(name: &str) -> GpuConsumer {
+    open_polling(name, gpuring::DEFAULT_GPU_POLL)
+}
+
+fn open_polling(name: &str, poll: Duration) -> GpuConsumer {
     let t = Instant::now();
     loop {
-        match Consumer::builder(name).start_at(gpuring::StartAt::Next).open_gpu() {
+        match Consumer::builder(name).start_at(gpuring::StartAt::Next).gpu_poll(poll).open_gpu() {
             Ok(rx) => return rx,
             Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
                 if t.elapsed().as_secs() < 30 =>
@@ -87,12 +91,13 @@ fn produce(tx: &mut GpuProducer, frames: u64, len: u64) {
 /// A consumer whose kernel is slow (it spins before reading) against a producer that writes
 /// as fast as it can, in Block mode with 2 slots. With the release fence no frame is torn; with
 /// the fence disabled (test-only switch) the same run must tear frames, which shows the check
-/// can see it.
-fn fence_run(test: &str, unfenced: bool) {
+/// can see it. `poll` is both sides' `gpu_poll`: 0 puts every wait on the GPU; a window longer
+/// than the reader's kernel makes the producer see the release complete on the CPU instead.
+fn fence_run(test: &str, unfenced: bool, poll: Duration) {
     const FRAMES: u64 = 300;
     const LEN: u64 = 4 << 20;
     if role().is_some() {
-        let rx = open_when_created(&env::<String>("RING"));
+        let rx = open_polling(&env::<String>("RING"), poll);
         let (n, bad) = consume(&rx, 200_000);
         println!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
         eprintln!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
@@ -106,7 +111,7 @@ fn fence_run(test: &str, unfenced: bool) {
     }
     let name = unique_name("fence");
     let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
-    let mut tx = b.unfenced_for_tests(unfenced).create_gpu(0).unwrap();
+    let mut tx = b.unfenced_for_tests(unfenced).gpu_poll(poll).create_gpu(0).unwrap();
     let child = spawn(test, "consumer", &[("RING", name)]);
     wait_for_consumers(&tx, 1);
     produce(&mut tx, FRAMES, LEN);
@@ -117,13 +122,20 @@ fn fence_run(test: &str, unfenced: bool) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn release_fence_prevents_torn_frames() {
-    fence_run("release_fence_prevents_torn_frames", false);
+    fence_run("release_fence_prevents_torn_frames", false, Duration::ZERO);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn release_fence_holds_when_completion_is_seen_on_the_cpu() {
+    let test = "release_fence_holds_when_completion_is_seen_on_the_cpu";
+    fence_run(test, false, Duration::from_millis(10));
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn without_release_fence_frames_tear() {
-    fence_run("without_release_fence_frames_tear", true);
+    fence_run("without_release_fence_frames_tear", true, Duration::ZERO);
 }
 
 /// After joining, neither side opens or closes a handle or makes the CPU wait for the GPU:

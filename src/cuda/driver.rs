@@ -460,6 +460,40 @@ pub unsafe fn stream_wait_value64(
     check("cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(stream, addr, value, 0) })
 }
 
+/// `cuMemHostRegister_v2` with `PORTABLE | DEVICEMAP`: page-locks `len` bytes at `ptr` and
+/// maps them for the GPU. Returns the device address of `ptr`
+/// (`cuMemHostGetDevicePointer_v2`).
+///
+/// # Safety
+/// 1. `ptr..ptr + len` must be mapped in this process, page-aligned, and stay mapped until
+///    [`mem_host_unregister`] is called on `ptr`; a context must be current.
+pub unsafe fn mem_host_register(ptr: *mut u8, len: usize) -> DriverResult<CUdeviceptr> {
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: by (1).
+    check("cuMemHostRegister_v2", unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) })?;
+    let mut dptr = 0;
+    // SAFETY: `ptr` was just registered; valid out-pointer.
+    let got = check("cuMemHostGetDevicePointer_v2", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0)
+    });
+    if let Err(e) = got {
+        // SAFETY: registered above, not used since.
+        let _ = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+        return Err(e);
+    }
+    Ok(dptr)
+}
+
+/// `cuMemHostUnregister`.
+///
+/// # Safety
+/// 1. `ptr` must have been registered by [`mem_host_register`] and no GPU work that uses the
+///    range may still be pending.
+pub unsafe fn mem_host_unregister(ptr: *mut u8) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr.cast()) })
+}
+
 /// Whether device `dev` supports 64-bit stream memory operations.
 pub fn can_use_64_bit_stream_mem_ops(dev: CUdevice) -> DriverResult<bool> {
     let mut v = 0;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::GpuRecvError;
-use crate::cuda::driver::{self, CUdeviceptr};
+use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::layout::{check_descriptor, load_uuid, pool_state, KnownPool, MAX_POOLS};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
 use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
@@ -51,14 +51,14 @@ impl ConsumerBuilder {
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
     /// Maps the producer's pools and opens the slots' ready events once, here.
     pub fn open_gpu(self) -> Result<GpuConsumer, OpenError> {
-        let device = self.device;
+        let (device, poll) = (self.device, self.gpu_poll);
         let (inner, side) = self.open_kind(MemoryKind::Cuda, |map, entry| {
             driver::available().map_err(|why| OpenError::MemoryUnavailable {
                 reason: format!("CUDA unavailable: {why}"),
             })?;
             GpuSide::join(map, entry, device)
         })?;
-        Ok(GpuConsumer { inner, side })
+        Ok(GpuConsumer { inner, side, poll })
     }
 
     /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
@@ -75,6 +75,32 @@ impl ConsumerBuilder {
     pub fn device(mut self, ordinal: i32) -> Self {
         self.device = Some(ordinal);
         self
+    }
+
+    /// CUDA rings: how long `recv` polls a frame's ready event on the CPU (`cuEventQuery`)
+    /// before it makes the stream wait for it on the GPU instead. A frame that completes within
+    /// the window is read with no GPU-side wait at all. Default [`crate::DEFAULT_GPU_POLL`].
+    pub fn gpu_poll(mut self, window: Duration) -> Self {
+        self.gpu_poll = window;
+        self
+    }
+}
+
+/// Polls `ev` with `cuEventQuery` for up to `window` (nothing when it is zero). Returns
+/// whether it completed.
+pub(crate) fn poll_until_complete(ev: &IpcEvent, window: Duration) -> Result<bool, DriverError> {
+    if window.is_zero() {
+        return Ok(false);
+    }
+    let start = Instant::now();
+    loop {
+        if ev.is_complete()? {
+            return Ok(true);
+        }
+        if start.elapsed() >= window {
+            return Ok(false);
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -259,6 +285,8 @@ impl GpuSide {
 pub struct GpuConsumer {
     inner: Consumer,
     side: GpuSide,
+    /// How long to poll a ready event before a GPU-side wait.
+    poll: Duration,
 }
 
 impl GpuConsumer {
@@ -360,10 +388,11 @@ impl GpuConsumer {
     /// Checks pinned `m`'s descriptor and makes `stream` wait for its ready event. On failure
     /// the slot is released again (nothing of ours read it).
     fn ready<'a>(&'a self, m: Pinned, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
-        let located = self
-            .side
-            .locate(self.inner.map(), &m)
-            .and_then(|ptr| Ok((ptr, self.side.ready[m.slot].wait_if_pending(stream)?)));
+        let located = self.side.locate(self.inner.map(), &m).and_then(|ptr| {
+            let ready = &self.side.ready[m.slot];
+            poll_until_complete(ready, self.poll)?;
+            Ok((ptr, ready.wait_if_pending(stream)?))
+        });
         match located {
             Ok((ptr, _)) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
             Err(e) => {

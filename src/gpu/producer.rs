@@ -27,9 +27,21 @@ impl ProducerBuilder {
     /// every slot, and each slot has an interprocess ready event. Fails with
     /// [`CreateError::MemoryUnavailable`] where there is no usable CUDA driver or device.
     pub fn create_gpu(self, ordinal: i32) -> Result<GpuProducer, CreateError> {
+        self.create_gpu_inner(ordinal)
+    }
+
+    /// CUDA rings: how long `acquire` polls a pending release event of a slot's previous
+    /// readers on the CPU (`cuEventQuery`) before it makes the stream wait for it on the GPU
+    /// instead. Default [`crate::DEFAULT_GPU_POLL`].
+    pub fn gpu_poll(mut self, window: Duration) -> Self {
+        self.gpu_poll = window;
+        self
+    }
+
+    fn create_gpu_inner(self, ordinal: i32) -> Result<GpuProducer, CreateError> {
         let unavailable = |e: CudaError| CreateError::MemoryUnavailable { reason: e.to_string() };
         let ctx = Context::new(ordinal).map_err(unavailable)?;
-        let unfenced = self.unfenced;
+        let (unfenced, poll) = (self.unfenced, self.gpu_poll);
         let slot_size = self.slot_size;
         let capacity = self.capacity as usize;
         let (inner, (gpu, stream)) = self.build(MemoryKind::Cuda, |map| {
@@ -37,7 +49,7 @@ impl ProducerBuilder {
             let stream = Stream::new(&ctx).map_err(|e| unavailable(e.into()))?;
             Ok((gpu, stream))
         })?;
-        Ok(GpuProducer { inner, gpu, stream, unfenced, linger: DEFAULT_LINGER })
+        Ok(GpuProducer { inner, gpu, stream, unfenced, linger: DEFAULT_LINGER, poll })
     }
 }
 
@@ -188,6 +200,7 @@ impl GpuSide {
         slot: usize,
         prev: u64,
         stream: &Stream,
+        poll: Duration,
     ) -> Result<(), CudaError> {
         let ring = map.ring();
         let tables = map.gpu();
@@ -223,7 +236,9 @@ impl GpuSide {
                     *cached = Some(ReaderEvent { generation, event });
                 }
                 // A reader whose release already completed needs no wait (see `wait_if_pending`).
-                cached.as_ref().expect("opened above").event.wait_if_pending(stream)?;
+                let event = &cached.as_ref().expect("opened above").event;
+                super::consumer::poll_until_complete(event, poll)?;
+                event.wait_if_pending(stream)?;
             }
             Ok(())
         })();
@@ -254,6 +269,8 @@ pub struct GpuProducer {
     stream: Stream,
     unfenced: bool,
     linger: Duration,
+    /// How long `acquire` polls a reader's pending release event before a GPU-side wait.
+    poll: Duration,
 }
 
 impl GpuProducer {
@@ -420,7 +437,7 @@ impl GpuProducer {
         if seq >= cap && !self.unfenced {
             let s = stream.unwrap_or(&self.stream);
             self.gpu
-                .wait_for_readers(self.inner.map(), slot, seq - cap, s)
+                .wait_for_readers(self.inner.map(), slot, seq - cap, s, self.poll)
                 .map_err(GpuAcquireError::Cuda)?;
         }
         Ok(GpuWriteSlot { producer: self, slot, stream })
