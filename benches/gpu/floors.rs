@@ -64,6 +64,8 @@ pub fn kernel_bandwidth(ctx: &Arc<Context>, stream: &Stream, k: &Kernels) -> (f6
 struct Shared {
     map: memmap2::MmapRaw,
     path: String,
+    /// Whether this process registered the second page with CUDA (unregistered on drop).
+    registered: std::cell::Cell<bool>,
 }
 
 const FLAG: usize = 0;
@@ -79,14 +81,18 @@ impl Shared {
         let path = format!("/dev/shm/{name}");
         let f =
             std::fs::File::options().create_new(true).read(true).write(true).open(&path).unwrap();
-        f.set_len(4096).unwrap();
-        Shared { map: memmap2::MmapRaw::map_raw(&f).unwrap(), path }
+        f.set_len(8192).unwrap();
+        Shared { map: memmap2::MmapRaw::map_raw(&f).unwrap(), path, registered: false.into() }
     }
 
     fn open(name: &str) -> Shared {
         let path = format!("/dev/shm/{name}");
         let f = std::fs::File::options().read(true).write(true).open(&path).unwrap();
-        Shared { map: memmap2::MmapRaw::map_raw(&f).unwrap(), path: String::new() }
+        Shared {
+            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
+            path: String::new(),
+            registered: false.into(),
+        }
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -121,6 +127,11 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if self.registered.get() {
+            // SAFETY: registered by `words`; the stream that used it was synchronized by the
+            // owner of this `Shared` before it dropped it.
+            let _ = unsafe { driver::mem_host_unregister(self.map.as_mut_ptr().add(4096)) };
+        }
         if !self.path.is_empty() {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -150,6 +161,44 @@ pub enum Fence {
     /// A sequence word in the shared device buffer: `cuStreamWriteValue64`, then
     /// `cuStreamWaitValue64` (GEQ).
     MemOp,
+    /// The same with the words in the shared /dev/shm file, page-locked and mapped for the GPU
+    /// (`cuMemHostRegister`) in each process, so the CPU can read them too.
+    HostMemOp,
+}
+
+impl Fence {
+    pub fn from_index(i: &str) -> Fence {
+        match i {
+            "1" => Fence::MemOp,
+            "2" => Fence::HostMemOp,
+            _ => Fence::Event,
+        }
+    }
+}
+
+/// The device addresses of the ready and ack words for a memory-op fence: after the payload
+/// in the device buffer, or in the shared file's second page (registered here; unregister it
+/// with [`Shared::unregister`]).
+fn words(
+    fence: Fence,
+    sh: &Shared,
+    ctx: &Arc<Context>,
+    buf: CUdeviceptr,
+    size: usize,
+) -> (u64, u64) {
+    match fence {
+        Fence::Event => (0, 0),
+        Fence::MemOp => (buf + size as u64, buf + (size + 128) as u64),
+        Fence::HostMemOp => {
+            let _bound = ctx.bind().unwrap();
+            // SAFETY: the second page of the map, page-aligned and mapped until `sh` drops,
+            // which unregisters it first.
+            let dev = unsafe { driver::mem_host_register(sh.map.as_mut_ptr().add(4096), 4096) }
+                .expect("cuMemHostRegister of the shared page");
+            sh.registered.set(true);
+            (dev, dev + 128)
+        }
+    }
 }
 
 /// Bytes after a raw handoff buffer's payload that hold the two `Fence::MemOp` words.
@@ -161,11 +210,11 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
     let sh = Shared::create(&name);
     let stream = Stream::new(ctx).unwrap();
     let buf = DevicePool::new(ctx, size + WORDS).unwrap();
-    let (ready_word, ack_word) = (buf.ptr() + size as u64, buf.ptr() + (size + 128) as u64);
+    let (ready_word, ack_word) = words(fence, &sh, ctx, buf.ptr(), size);
     {
         let _bound = ctx.bind().unwrap();
-        // SAFETY: the words lie inside `buf` (size + WORDS bytes); the stream is live.
-        unsafe { driver::memset_async(ready_word, 0, WORDS, stream.raw()) }.unwrap();
+        // SAFETY: `buf` holds size + WORDS bytes; the stream is live.
+        unsafe { driver::memset_async(buf.ptr() + size as u64, 0, WORDS, stream.raw()) }.unwrap();
         stream.synchronize().unwrap();
     }
     let ready = IpcEvent::new(ctx).unwrap();
@@ -189,8 +238,9 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
         if i > 1 {
             match fence {
                 Fence::Event => ack.wait_on(&stream).unwrap(),
-                // SAFETY: a word of `buf`; the consumer writes i - 1 there after its read.
-                Fence::MemOp => unsafe {
+                // SAFETY: a word of `buf` or of the registered page; the consumer writes i - 1
+                // there after its read.
+                Fence::MemOp | Fence::HostMemOp => unsafe {
                     driver::stream_wait_value64(stream.raw(), ack_word, i - 1).unwrap()
                 },
             }
@@ -199,8 +249,9 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
         unsafe { k.fill(&stream, buf.ptr(), size as u64, i) };
         match fence {
             Fence::Event => ready.record(&stream).unwrap(),
-            // SAFETY: a word of `buf`, which outlives the stream's work (synchronized below).
-            Fence::MemOp => unsafe {
+            // SAFETY: a word of `buf` or of the registered page, which outlive the stream's work
+            // (synchronized below).
+            Fence::MemOp | Fence::HostMemOp => unsafe {
                 driver::stream_write_value64(stream.raw(), ready_word, i).unwrap()
             },
         }
@@ -330,7 +381,7 @@ pub fn raw_consumer(
     sh.word(FLAG).fetch_or(2, Ordering::Release);
     let (mut last, mut samples) = (0u64, 0u64);
     let src: CUdeviceptr = map.ptr();
-    let (ready_word, ack_word) = (src + size as u64, src + (size + 128) as u64);
+    let (ready_word, ack_word) = words(fence, &sh, &ctx, src, size);
     loop {
         let i = loop {
             // Acquire: pairs with the producer's Release store after its ready record.
@@ -347,8 +398,9 @@ pub fn raw_consumer(
         let _bound = ctx.bind().unwrap();
         match fence {
             Fence::Event => ready.wait_on(&stream).unwrap(),
-            // SAFETY: a word of the mapping; the producer writes i there after its fill.
-            Fence::MemOp => unsafe {
+            // SAFETY: a word of the mapping or the registered page; the producer writes i there
+            // after its fill.
+            Fence::MemOp | Fence::HostMemOp => unsafe {
                 driver::stream_wait_value64(stream.raw(), ready_word, i).unwrap()
             },
         }
@@ -358,9 +410,9 @@ pub fn raw_consumer(
         samples += measured as u64;
         match fence {
             Fence::Event => ack.record(&stream).unwrap(),
-            // SAFETY: a word of the mapping, which outlives the stream's work (synchronized
-            // before it is closed).
-            Fence::MemOp => unsafe {
+            // SAFETY: a word of the mapping or the registered page, which outlive the stream's
+            // work (synchronized before they are closed).
+            Fence::MemOp | Fence::HostMemOp => unsafe {
                 driver::stream_write_value64(stream.raw(), ack_word, i).unwrap()
             },
         }

@@ -68,6 +68,12 @@ pub struct Opts {
     /// Skip the matrix (floors and latency only).
     #[arg(long)]
     no_matrix: bool,
+    /// Skip the floors and the latency rows (the matrix only).
+    #[arg(long)]
+    no_floors: bool,
+    /// The rings' `gpu_poll` window, producer and consumers, in µs (default: the library's).
+    #[arg(long, value_parser = parse_us)]
+    gpu_poll: Option<Duration>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -77,6 +83,10 @@ fn parse_size(s: &str) -> Result<usize, String> {
         _ => (s, 1),
     };
     num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
+}
+
+fn parse_us(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>().map(|us| Duration::from_secs_f64(us / 1e6)).map_err(|e| format!("µs {s}: {e}"))
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -111,8 +121,7 @@ fn main() {
             "consumer" => print_result(ring::consumer(name, size, device)),
             "launcher" => print_result(floors::launcher(name.parse().unwrap(), size, device)),
             "raw-consumer" => {
-                let fence =
-                    if parts[3] == "1" { floors::Fence::MemOp } else { floors::Fence::Event };
+                let fence = floors::Fence::from_index(parts[3]);
                 print_result(floors::raw_consumer(name, size, fence, device))
             }
             r => panic!("unknown role {r}"),
@@ -123,6 +132,9 @@ fn main() {
     let args = std::env::args().filter(|a| a != "--bench");
     let o = Opts::parse_from(args);
     std::env::set_var("GPURING_GPU_BENCH_DEVICE", o.device.to_string());
+    if let Some(p) = o.gpu_poll {
+        std::env::set_var("GPURING_GPU_BENCH_POLL_NS", p.as_nanos().to_string());
+    }
     if let Err(e) = gpuring::cuda::driver::available() {
         eprintln!("gpu bench: no usable CUDA driver ({e}); nothing measured");
         std::process::exit(2);
@@ -133,8 +145,37 @@ fn main() {
     let mut rep = report::Report::new(&o);
 
     rep.timer_step = k.timer_step(&stream);
-    rep.d2d = floors::d2d_bandwidth(&ctx, &stream);
-    (rep.fill_bw, rep.read_bw) = floors::kernel_bandwidth(&ctx, &stream, &k);
+    if !o.no_floors {
+        floors_and_latency(&o, &ctx, &stream, &k, &mut rep);
+    }
+    if !o.no_matrix {
+        matrix(&o, &k, &mut rep);
+    }
+    let md = rep.markdown();
+    println!("{md}");
+    if let Some(path) = &o.md {
+        std::fs::write(path, &md).unwrap();
+    }
+    if let Some(path) = &o.json {
+        std::fs::write(path, rep.json()).unwrap();
+    }
+}
+
+/// The producer's and consumers' `gpu_poll` for this run.
+pub fn gpu_poll() -> Duration {
+    std::env::var("GPURING_GPU_BENCH_POLL_NS")
+        .map_or(gpuring::DEFAULT_GPU_POLL, |ns| Duration::from_nanos(ns.parse().unwrap()))
+}
+
+fn floors_and_latency(
+    o: &Opts,
+    ctx: &std::sync::Arc<Context>,
+    stream: &Stream,
+    k: &kernels::Kernels,
+    rep: &mut report::Report,
+) {
+    rep.d2d = floors::d2d_bandwidth(ctx, stream);
+    (rep.fill_bw, rep.read_bw) = floors::kernel_bandwidth(ctx, stream, k);
     eprintln!(
         "floors: timer step {} ns, D2D {:.0} GB/s, fill {:.0} GB/s, read {:.0} GB/s",
         rep.timer_step,
@@ -142,16 +183,18 @@ fn main() {
         rep.fill_bw / 1e9,
         rep.read_bw / 1e9
     );
-    rep.calls = floors::call_costs(&ctx, &stream, &k);
+    rep.calls = floors::call_costs(ctx, stream, k);
     for (call, ns) in &rep.calls {
         eprintln!("call {call}: {ns:.0} ns");
     }
-    let mem_ops = floors::mem_ops_supported(&ctx);
+    let mem_ops = floors::mem_ops_supported(ctx);
     for &size in &o.sizes {
-        let raw = floors::raw_ipc(&o, &ctx, &k, size, floors::Fence::Event);
-        let memop = mem_ops.then(|| floors::raw_ipc(&o, &ctx, &k, size, floors::Fence::MemOp));
-        let ring = ring::run_cell(&o, &k, 1, size, Policy::Block, 1, false);
-        let ahead = ring::run_cell(&o, &k, 1, size, Policy::Block, 4, true);
+        let raw = floors::raw_ipc(o, ctx, k, size, floors::Fence::Event);
+        let memop = mem_ops.then(|| floors::raw_ipc(o, ctx, k, size, floors::Fence::MemOp));
+        let host = mem_ops.then(|| floors::raw_ipc(o, ctx, k, size, floors::Fence::HostMemOp));
+        let ring = ring::run_cell(o, k, 1, size, Policy::Block, 1, false, Duration::ZERO);
+        let polled = ring::run_cell(o, k, 1, size, Policy::Block, 1, false, gpu_poll());
+        let ahead = ring::run_cell(o, k, 1, size, Policy::Block, 4, true, gpu_poll());
         eprintln!(
             "latency {size:>9} B: raw {:.0}/s p50 {} ns | mem-op {:.0}/s p50 {} ns | ring {:.0}/s \
              p50 {} ns",
@@ -162,44 +205,37 @@ fn main() {
             ring.producer_fps,
             ring.lat_p50
         );
-        rep.latency.push((raw, memop, ring, ahead));
+        rep.latency.push((raw, memop, host, ring, polled, ahead));
     }
     if !o.no_matrix {
         for &n in &o.consumers {
             for &size in &o.sizes {
-                let kps = floors::launch_ceiling(&o, n + 1, size);
+                let kps = floors::launch_ceiling(o, n + 1, size);
                 eprintln!("launch ceiling {} processes {size:>9} B: {kps:.0} kernels/s", n + 1);
                 rep.ceilings.push((n + 1, size, kps));
             }
         }
     }
-    if !o.no_matrix {
-        for &n in &o.consumers {
-            for &size in &o.sizes {
-                for p in &o.policies {
-                    let policy = match p.as_str() {
-                        "block" => Policy::Block,
-                        "overwrite" => Policy::Overwrite,
-                        other => panic!("unknown policy {other}"),
-                    };
-                    let cell = ring::run_cell(&o, &k, n, size, policy, o.capacity, false);
-                    eprintln!(
-                        "1->{n} {size:>9} B {p:9}: {:.0} fps/consumer, p50 {} ns, lost {}",
-                        cell.mean_fps(),
-                        cell.lat_p50,
-                        cell.lost
-                    );
-                    rep.cells.push(cell);
-                }
+}
+
+fn matrix(o: &Opts, k: &kernels::Kernels, rep: &mut report::Report) {
+    for &n in &o.consumers {
+        for &size in &o.sizes {
+            for p in &o.policies {
+                let policy = match p.as_str() {
+                    "block" => Policy::Block,
+                    "overwrite" => Policy::Overwrite,
+                    other => panic!("unknown policy {other}"),
+                };
+                let cell = ring::run_cell(o, k, n, size, policy, o.capacity, false, gpu_poll());
+                eprintln!(
+                    "1->{n} {size:>9} B {p:9}: {:.0} fps/consumer, p50 {} ns, lost {}",
+                    cell.mean_fps(),
+                    cell.lat_p50,
+                    cell.lost
+                );
+                rep.cells.push(cell);
             }
         }
-    }
-    let md = rep.markdown();
-    println!("{md}");
-    if let Some(path) = &o.md {
-        std::fs::write(path, &md).unwrap();
-    }
-    if let Some(path) = &o.json {
-        std::fs::write(path, rep.json()).unwrap();
     }
 }

@@ -45,6 +45,11 @@ pub struct Cell {
     /// IPC opens/closes and CPU syncs in the measured window, all processes.
     pub opens: u64,
     pub syncs: u64,
+    /// µs per frame the producer spent in acquire, the fill launch and publish.
+    pub producer_us: [f64; 3],
+    /// µs per frame a consumer spent (mean over consumers) in recv (waiting included), the
+    /// read launch and the slot's release.
+    pub consumer_us: [f64; 3],
 }
 
 impl Cell {
@@ -53,9 +58,10 @@ impl Cell {
     }
 }
 
-fn spawn_consumer(name: &str, size: usize, index: usize) -> Child {
+fn spawn_consumer(name: &str, size: usize, index: usize, poll: Duration) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .env(ROLE, format!("consumer:{name}:{size}:{index}"))
+        .env("GPURING_GPU_BENCH_POLL_NS", poll.as_nanos().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -64,7 +70,9 @@ fn spawn_consumer(name: &str, size: usize, index: usize) -> Child {
 
 /// Runs one cell: `n` consumers, `size`-byte frames, `policy`, a ring of `capacity` slots.
 /// `paced`: after each publish, wait until every consumer has taken the frame (one frame in
-/// flight, like the raw handoff's ack) before acquiring the next.
+/// flight, like the raw handoff's ack) before acquiring the next. `poll`: every side's
+/// `gpu_poll` window.
+#[allow(clippy::too_many_arguments)]
 pub fn run_cell(
     o: &Opts,
     k: &Kernels,
@@ -73,6 +81,7 @@ pub fn run_cell(
     policy: Policy,
     capacity: u32,
     paced: bool,
+    poll: Duration,
 ) -> Cell {
     let name = format!("gpubench-{}-{n}-{size}-{capacity}", std::process::id());
     let mut tx = Producer::builder(&name)
@@ -81,21 +90,33 @@ pub fn run_cell(
         .max_consumers(8)
         .user_header_size(8)
         .policy(policy)
+        .gpu_poll(poll)
         .create_gpu(o.device)
         .expect("create the CUDA ring");
-    let children: Vec<Child> = (0..n).map(|i| spawn_consumer(&name, size, i)).collect();
+    let children: Vec<Child> = (0..n).map(|i| spawn_consumer(&name, size, i, poll)).collect();
     let t = Instant::now();
     while tx.consumer_count() < n {
         assert!(t.elapsed() < Duration::from_secs(60), "consumers did not join");
         std::thread::sleep(Duration::from_millis(2));
     }
     let mut seq = 0u64;
+    // Time spent in acquire, the fill launch and publish (ns, measured frames only).
+    let mut spent = [0u64; 3];
     let mut publish = |tx: &mut gpuring::GpuProducer, phase: u8| {
+        let t0 = Instant::now();
         let slot = tx.acquire().expect("acquire");
+        let t1 = Instant::now();
         // SAFETY: the slot holds `size` writable bytes until published; its stream is the
         // producer's one stream, as the fill ticket needs.
         unsafe { k.fill(slot.stream(), slot.ptr(), size as u64, seq) };
+        let t2 = Instant::now();
         slot.publish(size, &[phase, 0, 0, 0, 0, 0, 0, 0]).expect("publish");
+        if phase == 1 {
+            let t3 = Instant::now();
+            spent[0] += (t1 - t0).as_nanos() as u64;
+            spent[1] += (t2 - t1).as_nanos() as u64;
+            spent[2] += (t3 - t2).as_nanos() as u64;
+        }
         seq += 1;
         while paced && tx.consumers().iter().any(|c| c.cursor < seq) {
             std::hint::spin_loop();
@@ -123,6 +144,7 @@ pub fn run_cell(
         producer_fps,
         opens: opens1 - opens0,
         syncs: syncs1 - syncs0,
+        producer_us: spent.map(|ns| ns as f64 / frames.max(1) as f64 / 1e3),
         ..Cell::default()
     };
     let mut p50s = Vec::new();
@@ -133,6 +155,9 @@ pub fn run_cell(
         p50s.push(r["p50"] as u64);
         cell.lat_p99 = cell.lat_p99.max(r["p99"] as u64);
         cell.opens += r["opens"] as u64;
+        for (i, key) in ["recv_ns", "read_ns", "release_ns"].iter().enumerate() {
+            cell.consumer_us[i] += r[*key] / r["frames"].max(1.0) / 1e3 / n as f64;
+        }
         cell.syncs += r["syncs"] as u64;
     }
     cell.lat_p50 = percentiles(p50s).0;
@@ -147,7 +172,7 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
     setup.synchronize().unwrap();
     let t = Instant::now();
     let rx = loop {
-        match Consumer::builder(name).device(device).open_gpu() {
+        match Consumer::builder(name).device(device).gpu_poll(crate::gpu_poll()).open_gpu() {
             Ok(rx) => break rx,
             Err(OpenError::NotFound | OpenError::NotInitialized)
                 if t.elapsed() < Duration::from_secs(30) =>
@@ -159,9 +184,12 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
     };
     let (mut frames, mut lost) = (0u64, 0u64);
     let mut start: Option<(Instant, u64, u64)> = None;
+    let mut spent = [0u64; 3];
     loop {
+        let t0 = Instant::now();
         match rx.recv() {
             Ok(slot) => {
+                let t1 = Instant::now();
                 assert_eq!(slot.len(), size, "frame length");
                 let measured = slot.header()[0] == 1;
                 if measured {
@@ -175,6 +203,14 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
                 // SAFETY: the slot's `len` bytes are readable on its stream until released,
                 // and the release is queued after this kernel.
                 unsafe { k.read(slot.stream(), slot.ptr(), slot.len() as u64, sample) };
+                let t2 = Instant::now();
+                drop(slot);
+                if measured {
+                    let t3 = Instant::now();
+                    spent[0] += (t1 - t0).as_nanos() as u64;
+                    spent[1] += (t2 - t1).as_nanos() as u64;
+                    spent[2] += (t3 - t2).as_nanos() as u64;
+                }
                 frames += measured as u64;
             }
             Err(GpuRecvError::Disconnected) => break,
@@ -194,5 +230,8 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
         ("p99", p99 as f64),
         ("opens", (opens1 - opens0) as f64),
         ("syncs", (syncs1 - syncs0) as f64),
+        ("recv_ns", spent[0] as f64),
+        ("read_ns", spent[1] as f64),
+        ("release_ns", spent[2] as f64),
     ])
 }

@@ -336,7 +336,14 @@ impl Drop for RingRoundTrip {
     }
 }
 
-/// gpuring throughput: `n` sink children on one Block ring of 64 slots.
+/// Ring capacity of the throughput case: 64 slots, but no more than 8 MiB of them, so that
+/// large messages cycle through memory that stays in cache (a ring visits every slot in turn; a
+/// 64 MiB ring of 1 MiB slots would measure DRAM, not the handoff).
+pub fn throughput_capacity(size: usize) -> u32 {
+    (8usize << 20).div_ceil(size).clamp(4, 64) as u32
+}
+
+/// gpuring throughput: `n` sink children on one Block ring of [`throughput_capacity`] slots.
 pub struct RingThroughput {
     tx: Option<Producer>,
     children: Vec<Child>,
@@ -347,7 +354,7 @@ impl RingThroughput {
     pub fn new(n: usize, size: usize) -> RingThroughput {
         let name = unique(&format!("tp{n}-{size}"));
         let tx = Producer::builder(&name)
-            .capacity(64)
+            .capacity(throughput_capacity(size))
             .slot_size(size)
             .policy(Policy::Block)
             .create()

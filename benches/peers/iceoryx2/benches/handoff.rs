@@ -137,9 +137,6 @@ type Sub = Subscriber<ipc::Service, [u8], ()>;
 type Svc = PubSub<ipc::Service, [u8], ()>;
 type Msg = Sample<ipc::Service, [u8], ()>;
 
-/// Each subscriber's queue in the throughput case, the same depth as gpuring's 64-slot ring.
-const TP_BUFFER: usize = 64;
-
 /// The bench's private iceoryx2 domain, named after the criterion (parent) process: its own
 /// root directory for node and service files and its own prefix for the shared-memory files, so
 /// that the run can remove everything it made (see [`IoxDomain`]) without touching any other
@@ -342,7 +339,8 @@ fn iox_child(a: &handoff::ChildArgs) {
         }
         "iox-sink" => {
             let svc = iox_open(&node, &a.name);
-            let rx = iox_subscriber(&svc, TP_BUFFER);
+            // Each subscriber's queue: the same depth as gpuring's ring in this case.
+            let rx = iox_subscriber(&svc, handoff::throughput_capacity(a.size) as usize);
             let mut sum = 0u64;
             loop {
                 let m = iox_recv(&rx, &orphaned);
@@ -420,7 +418,8 @@ impl Drop for IoxRoundTrip {
     }
 }
 
-/// iceoryx2 throughput: `n` sink children on one service, queues of 64, no loss.
+/// iceoryx2 throughput: `n` sink children on one service, queues as deep as gpuring's ring
+/// (`handoff::throughput_capacity`), no loss.
 pub struct IoxThroughput {
     tx: Pub,
     children: Vec<Child>,
@@ -433,7 +432,7 @@ impl IoxThroughput {
     pub fn new(n: usize, size: usize) -> IoxThroughput {
         let node = iox_node();
         let name = handoff::unique(&format!("iox-tp{n}-{size}"));
-        let svc = iox_create(&node, &name, n, TP_BUFFER);
+        let svc = iox_create(&node, &name, n, handoff::throughput_capacity(size) as usize);
         let tx = iox_publisher(&svc, size);
         let children = (0..n).map(|i| handoff::spawn("iox-sink", &name, size, i)).collect();
         iox_wait_subscribers(&svc, &tx, n);
