@@ -56,7 +56,7 @@ pub use error::{
     RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
 #[cfg(all(feature = "cuda", not(loom)))]
-pub use gpu::{GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot};
+pub use gpu::{Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
 pub use ring::{Policy, StartAt};

@@ -34,6 +34,9 @@ pub struct ProducerBuilder {
     /// CUDA rings: how long `acquire` polls a reader's release event before a GPU-side wait.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) gpu_poll: Duration,
+    /// CUDA rings: use the memory-word fence (`gpu::Fence::Memory`) rather than events.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) memory_fence: bool,
 }
 
 impl ProducerBuilder {
@@ -307,6 +310,7 @@ impl Producer {
             liveness: Duration::from_millis(100),
             unfenced: false,
             gpu_poll: crate::DEFAULT_GPU_POLL,
+            memory_fence: false,
         }
     }
 

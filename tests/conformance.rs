@@ -149,7 +149,8 @@ mod cuda {
     use gpuring::{GpuConsumer, GpuProducer};
     use std::sync::Arc;
 
-    pub struct Cuda;
+    /// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`.
+    pub struct Cuda<const MEMORY_FENCE: bool>;
 
     pub struct CudaTx {
         tx: GpuProducer,
@@ -163,7 +164,7 @@ mod cuda {
         bad: MismatchCounter,
     }
 
-    impl Backend for Cuda {
+    impl<const MEMORY_FENCE: bool> Backend for Cuda<MEMORY_FENCE> {
         const SLOT: usize = 256 << 10;
         const MESSAGES: u64 = 20_000;
         const DRAINS_AFTER_EXIT: bool = false;
@@ -171,7 +172,8 @@ mod cuda {
         type Rx = CudaRx;
 
         fn create(name: &str, capacity: u32, policy: Policy) -> CudaTx {
-            let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT);
+            let fence = if MEMORY_FENCE { gpuring::Fence::Memory } else { gpuring::Fence::Events };
+            let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT).fence(fence);
             let tx = b.policy(policy).liveness_interval(LIVENESS).create_gpu(0).unwrap();
             let k = PatternKernels::get(tx.context()).unwrap();
             CudaTx { tx, k }
@@ -733,7 +735,9 @@ macro_rules! conformance {
 
 conformance!(host, Host);
 #[cfg(feature = "cuda")]
-conformance!(cuda_memory, cuda::Cuda, #[ignore = "needs a CUDA GPU"]);
+conformance!(cuda_memory, cuda::Cuda<false>, #[ignore = "needs a CUDA GPU"]);
+#[cfg(feature = "cuda")]
+conformance!(cuda_memory_fence, cuda::Cuda<true>, #[ignore = "needs a CUDA GPU"]);
 
 /// The segment is scribbled over with random bytes, then truncated, while a consumer process
 /// receives: it gets errors (or nothing), never a crash (SIGBUS is caught, see

@@ -94,6 +94,10 @@ fn produce(tx: &mut GpuProducer, frames: u64, len: u64) {
 /// can see it. `poll` is both sides' `gpu_poll`: 0 puts every wait on the GPU; a window longer
 /// than the reader's kernel makes the producer see the release complete on the CPU instead.
 fn fence_run(test: &str, unfenced: bool, poll: Duration) {
+    fence_run_with(test, unfenced, poll, gpuring::Fence::Events)
+}
+
+fn fence_run_with(test: &str, unfenced: bool, poll: Duration, fence: gpuring::Fence) {
     const FRAMES: u64 = 300;
     const LEN: u64 = 4 << 20;
     if role().is_some() {
@@ -111,7 +115,8 @@ fn fence_run(test: &str, unfenced: bool, poll: Duration) {
     }
     let name = unique_name("fence");
     let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
-    let mut tx = b.unfenced_for_tests(unfenced).gpu_poll(poll).create_gpu(0).unwrap();
+    let b = b.unfenced_for_tests(unfenced).gpu_poll(poll).fence(fence);
+    let mut tx = b.create_gpu(0).unwrap();
     let child = spawn(test, "consumer", &[("RING", name)]);
     wait_for_consumers(&tx, 1);
     produce(&mut tx, FRAMES, LEN);
@@ -130,6 +135,13 @@ fn release_fence_prevents_torn_frames() {
 fn release_fence_holds_when_completion_is_seen_on_the_cpu() {
     let test = "release_fence_holds_when_completion_is_seen_on_the_cpu";
     fence_run(test, false, Duration::from_millis(10));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn memory_fence_prevents_torn_frames() {
+    let test = "memory_fence_prevents_torn_frames";
+    fence_run_with(test, false, Duration::ZERO, gpuring::Fence::Memory);
 }
 
 #[test]

@@ -74,6 +74,9 @@ pub struct Opts {
     /// The rings' `gpu_poll` window, producer and consumers, in µs (default: the library's).
     #[arg(long, value_parser = parse_us)]
     gpu_poll: Option<Duration>,
+    /// The rings' fence: `events` or `memory`.
+    #[arg(long, default_value = "events")]
+    fence: String,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -158,6 +161,15 @@ fn main() {
     }
     if let Some(path) = &o.json {
         std::fs::write(path, rep.json()).unwrap();
+    }
+}
+
+/// The rings' fence for this run.
+pub fn fence(o: &Opts) -> gpuring::Fence {
+    match o.fence.as_str() {
+        "memory" => gpuring::Fence::Memory,
+        "events" => gpuring::Fence::Events,
+        other => panic!("unknown fence {other} (events or memory)"),
     }
 }
 

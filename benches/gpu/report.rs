@@ -17,6 +17,8 @@ pub struct Report {
     pub capacity: u32,
     /// The rings' `gpu_poll` window, ns.
     pub gpu_poll_ns: u128,
+    /// The rings' fence (`events` or `memory`).
+    pub fence: String,
     pub timer_step: u64,
     /// Bytes read + written per second by a device-to-device copy.
     pub d2d: f64,
@@ -59,6 +61,7 @@ impl Report {
             seconds: o.seconds.as_secs_f64(),
             capacity: o.capacity,
             gpu_poll_ns: crate::gpu_poll().as_nanos(),
+            fence: o.fence.clone(),
             ..Report::default()
         }
     }
@@ -93,7 +96,7 @@ impl Report {
         let mut s = format!(
             "### GPU bench {} ({})\n\nFloors: D2D copy {:.0} GB/s (read + write), bench_fill \
              {:.0} GB/s, bench_read {:.0} GB/s, %globaltimer step {} ns. {} s measured per \
-             cell, ring capacity {}, gpu_poll {} µs.\n\n",
+             cell, ring capacity {}, gpu_poll {} µs, fence {}.\n\n",
             self.label,
             self.device,
             self.d2d / 1e9,
@@ -103,6 +106,7 @@ impl Report {
             self.seconds,
             self.capacity,
             self.gpu_poll_ns as f64 / 1e3,
+            self.fence,
         );
         s += "Driver calls (ns per call, this process):";
         for (call, ns) in &self.calls {
@@ -204,13 +208,14 @@ impl Report {
         let esc = |t: &str| t.replace('\\', "\\\\").replace('"', "\\\"");
         let mut s = format!(
             "{{\n  \"label\": \"{}\",\n  \"device\": \"{}\",\n  \"seconds\": {},\n  \
-             \"capacity\": {},\n  \"gpu_poll_ns\": {},\n  \"timer_step_ns\": {},\n  \"d2d_bytes_per_s\": {:.0},\n  \
+             \"capacity\": {},\n  \"gpu_poll_ns\": {},\n  \"fence\": \"{}\",\n  \"timer_step_ns\": {},\n  \"d2d_bytes_per_s\": {:.0},\n  \
              \"fill_bytes_per_s\": {:.0},\n  \"read_bytes_per_s\": {:.0},\n",
             esc(&self.label),
             esc(&self.device),
             self.seconds,
             self.capacity,
             self.gpu_poll_ns,
+            esc(&self.fence),
             self.timer_step,
             self.d2d,
             self.fill_bw,

@@ -91,6 +91,7 @@ pub fn run_cell(
         .user_header_size(8)
         .policy(policy)
         .gpu_poll(poll)
+        .fence(crate::fence(o))
         .create_gpu(o.device)
         .expect("create the CUDA ring");
     let children: Vec<Child> = (0..n).map(|i| spawn_consumer(&name, size, i, poll)).collect();

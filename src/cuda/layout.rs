@@ -53,6 +53,37 @@ pub struct GpuHeader {
     /// (opening or waiting on an IPC event whose exporter destroyed it is undefined). Both
     /// sides fence SeqCst between their store and their load; see `docs/gpu.md`.
     pub producer_busy: AtomicU32,
+    /// How GPU work is ordered across processes: a [`fence_kind`]. Written before `magic`.
+    pub fence: AtomicU32,
+    /// With [`fence_kind::MEMORY`]: the pool table entry that holds the fence words
+    /// ([`fence_bytes`]). Written before `magic`.
+    pub fence_pool: AtomicU32,
+}
+
+/// Values of [`GpuHeader::fence`].
+pub mod fence_kind {
+    /// Interprocess events only.
+    pub const EVENTS: u32 = 1;
+    /// Sequence words in device memory (`cuStreamWriteValue64` / `cuStreamWaitValue64`), with
+    /// the events still recorded so that the CPU can see completion.
+    pub const MEMORY: u32 = 2;
+}
+
+/// Bytes of fence words of a ring: per slot a *ready* word (the last published seq + 1 whose
+/// writes are complete), then per consumer entry and slot a *done* word (the last seq + 1 that
+/// consumer finished reading there).
+pub fn fence_bytes(capacity: usize, max_consumers: usize) -> usize {
+    8 * (capacity + capacity * max_consumers)
+}
+
+/// Offset of slot `slot`'s ready word in the fence words.
+pub fn ready_word(slot: usize) -> u64 {
+    8 * slot as u64
+}
+
+/// Offset of consumer entry `entry`'s done word for slot `slot`.
+pub fn done_word(capacity: usize, entry: usize, slot: usize) -> u64 {
+    8 * (capacity + entry * capacity + slot) as u64
 }
 
 /// Loads a UUID kept as two little-endian halves.

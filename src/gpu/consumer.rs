@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::error::GpuRecvError;
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
-use crate::cuda::layout::{check_descriptor, load_uuid, pool_state, KnownPool, MAX_POOLS};
+use crate::cuda::layout::{
+    check_descriptor, done_word, fence_bytes, fence_kind, load_uuid, pool_state, ready_word,
+    KnownPool, MAX_POOLS,
+};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
 use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
 use crate::mapped::MappedRing;
@@ -122,6 +125,9 @@ struct GpuSide {
     ready: Vec<IpcEvent>,
     pools: RefCell<Vec<Option<OpenPool>>>,
     ctx: Arc<Context>,
+    /// With `Fence::Memory`: the device address of the ring's fence words, inside the mapping
+    /// of the fence pool in `pools` (checked at join to hold `fence_bytes`).
+    words: Option<CUdeviceptr>,
 }
 
 fn cuda_err(e: impl Into<CudaError>) -> OpenError {
@@ -204,12 +210,13 @@ impl GpuSide {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(cuda_err)?;
-        let side = GpuSide {
+        let mut side = GpuSide {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
             release,
             ready,
             pools: RefCell::new((0..MAX_POOLS).map(|_| None).collect()),
             ctx,
+            words: None,
         };
         for p in 0..MAX_POOLS {
             // Acquire: pairs with the producer's Release store of LIVE.
@@ -220,7 +227,33 @@ impl GpuSide {
                 })?;
             }
         }
+        side.words = side.fence_words(map)?;
         Ok(side)
+    }
+
+    /// The fence words, if the segment says `Fence::Memory`: checks the kind, that the named
+    /// pool is one we mapped, and that it is large enough for every word we may touch.
+    fn fence_words(&self, map: &MappedRing) -> Result<Option<CUdeviceptr>, OpenError> {
+        let header = &map.gpu().header;
+        let bad = |field, value| OpenError::Corrupt(Corruption::Field { field, value });
+        // Relaxed (both): written before `magic`, which the open acquired.
+        match header.fence.load(Ordering::Relaxed) {
+            fence_kind::EVENTS => Ok(None),
+            fence_kind::MEMORY => {
+                let p = header.fence_pool.load(Ordering::Relaxed) as usize;
+                let pools = self.pools.borrow();
+                let Some(Some(pool)) = pools.get(p) else {
+                    return Err(bad("gpu.fence_pool", p as u64));
+                };
+                let params = map.params();
+                let need = fence_bytes(params.capacity as usize, params.max_consumers as usize);
+                if (pool.known.size as usize) < need {
+                    return Err(bad("gpu.fence_pool size", pool.known.size));
+                }
+                Ok(Some(pool.mapping.ptr()))
+            }
+            other => Err(bad("gpu.fence", other as u64)),
+        }
     }
 
     /// Maps pool table entry `p` after checking it: live, on our device, of a sane size, and
@@ -389,12 +422,11 @@ impl GpuConsumer {
     /// the slot is released again (nothing of ours read it).
     fn ready<'a>(&'a self, m: Pinned, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
         let located = self.side.locate(self.inner.map(), &m).and_then(|ptr| {
-            let ready = &self.side.ready[m.slot];
-            poll_until_complete(ready, self.poll)?;
-            Ok((ptr, ready.wait_if_pending(stream)?))
+            self.order_after_write(&m, stream)?;
+            Ok(ptr)
         });
         match located {
-            Ok((ptr, _)) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
+            Ok(ptr) => Ok(GpuReadSlot { consumer: self, m, ptr, stream }),
             Err(e) => {
                 self.inner.release(m.slot);
                 Err(e)
@@ -402,9 +434,49 @@ impl GpuConsumer {
         }
     }
 
-    /// Records the release event of `m`'s slot on `stream`, then releases the slot.
+    /// Makes work queued on `stream` from now on run after the producer's writes of `m`:
+    /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
+    /// the ready event or, with `Fence::Memory`, on the slot's ready word.
+    fn order_after_write(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
+        let ready = &self.side.ready[m.slot];
+        if poll_until_complete(ready, self.poll)? {
+            return Ok(());
+        }
+        match self.side.words {
+            None => {
+                ready.wait_if_pending(stream)?;
+            }
+            // The producer writes the ready word before it records the event, so a complete
+            // event means a written word.
+            Some(words) if !ready.is_complete()? => {
+                let _bound = self.side.ctx.bind()?;
+                let word = words + ready_word(m.slot);
+                // SAFETY: the word lies in the fence pool we mapped (size checked at join), kept
+                // mapped while we live; the producer writes seq + 1 there after message `seq`.
+                unsafe { driver::stream_wait_value64(stream.raw(), word, m.seq + 1) }?;
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// With `Fence::Memory`: queues on `stream` the write of our done word for `m`'s slot
+    /// (`m.seq + 1`), before the release event is recorded.
+    fn write_done(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
+        let Some(words) = self.side.words else { return Ok(()) };
+        let cap = self.inner.capacity() as usize;
+        let word = words + done_word(cap, self.inner.entry(), m.slot);
+        let _bound = self.side.ctx.bind()?;
+        // SAFETY: the word lies in the fence pool we mapped (size checked at join for every
+        // entry and slot), kept mapped while we live; the stream is live.
+        unsafe { driver::stream_write_value64(stream.raw(), word, m.seq + 1) }
+    }
+
+    /// Records the release event of `m`'s slot on `stream` (after the done word, with
+    /// `Fence::Memory`), then releases the slot.
     fn release(&self, m: &Pinned, stream: &Stream) -> Result<(), CudaError> {
-        let recorded = self.side.release[m.slot].record(stream);
+        let recorded =
+            self.write_done(m, stream).and_then(|()| self.side.release[m.slot].record(stream));
         if recorded.is_err() {
             // Without the event the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the

@@ -12,5 +12,24 @@ mod error;
 mod producer;
 
 pub use consumer::{GpuConsumer, GpuReadSlot};
+
+/// How a CUDA ring orders the GPU work of its processes: the producer's writes before a
+/// consumer's reads, and those reads before the producer rewrites the slot. Chosen by the
+/// producer ([`ProducerBuilder::fence`](crate::ProducerBuilder::fence)); consumers follow the
+/// segment. Either way a wait whose work already completed is skipped, and a pending one is
+/// first polled on the CPU for `gpu_poll`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// Interprocess CUDA events: `cuEventRecord`, then `cuStreamWaitEvent` in the other
+    /// process. Works on every CUDA device that supports legacy IPC.
+    #[default]
+    Events,
+    /// Sequence words in a small device allocation shared like the slots:
+    /// `cuStreamWriteValue64` after the work, `cuStreamWaitValue64` (greater or equal) before
+    /// the dependent work. The events are still recorded, after the word, so that the CPU can
+    /// see completion (skipped waits, `gpu_poll`, run-ahead). Needs 64-bit stream memory
+    /// operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`).
+    Memory,
+}
 pub use error::{GpuAcquireError, GpuPublishError, GpuRecvError, RegisterError};
 pub use producer::{GpuProducer, GpuWriteSlot, PoolId, DEFAULT_LINGER, SLOT_ALIGN};

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{GpuAcquireError, GpuPublishError, RegisterError};
+use super::Fence;
 use crate::cuda::driver::{self, CUdeviceptr};
-use crate::cuda::layout::{pool_state, store_uuid, MAX_POOLS};
+use crate::cuda::layout::{
+    done_word, fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS,
+};
 use crate::cuda::{Context, CudaError, DevicePool, IpcEvent, Stream};
 use crate::error::{AcquireTimeoutError, CreateError, PublishError, TryAcquireError};
 use crate::mapped::MappedRing;
@@ -38,14 +41,22 @@ impl ProducerBuilder {
         self
     }
 
+    /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Events`]; see
+    /// [`Fence`] and docs/performance.md for how the two compare.
+    pub fn fence(mut self, fence: Fence) -> Self {
+        self.memory_fence = fence == Fence::Memory;
+        self
+    }
+
     fn create_gpu_inner(self, ordinal: i32) -> Result<GpuProducer, CreateError> {
         let unavailable = |e: CudaError| CreateError::MemoryUnavailable { reason: e.to_string() };
         let ctx = Context::new(ordinal).map_err(unavailable)?;
-        let (unfenced, poll) = (self.unfenced, self.gpu_poll);
+        let (unfenced, poll, memory_fence) = (self.unfenced, self.gpu_poll, self.memory_fence);
         let slot_size = self.slot_size;
         let capacity = self.capacity as usize;
         let (inner, (gpu, stream)) = self.build(MemoryKind::Cuda, |map| {
-            let gpu = GpuSide::build(&ctx, map, slot_size, capacity).map_err(unavailable)?;
+            let gpu = GpuSide::build(&ctx, map, slot_size, capacity, memory_fence)
+                .map_err(unavailable)?;
             let stream = Stream::new(&ctx).map_err(|e| unavailable(e.into()))?;
             Ok((gpu, stream))
         })?;
@@ -117,6 +128,9 @@ struct GpuSide {
     /// Per consumer table entry and slot, the release event we opened (`capacity` per entry).
     readers: Vec<Option<ReaderEvent>>,
     capacity: usize,
+    /// With `Fence::Memory`: the device address of the fence words (in `pools[fence_pool]`,
+    /// zeroed at creation; `cuda::layout::fence_bytes` long).
+    words: Option<CUdeviceptr>,
 }
 
 impl GpuSide {
@@ -127,6 +141,7 @@ impl GpuSide {
         map: &MappedRing,
         slot_size: usize,
         capacity: usize,
+        memory_fence: bool,
     ) -> Result<GpuSide, CudaError> {
         let stride = slot_size.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
         let pool = DevicePool::new(ctx, stride * capacity)?;
@@ -141,11 +156,40 @@ impl GpuSide {
             ready: Vec::with_capacity(capacity),
             readers: (0..map.params().max_consumers as usize * capacity).map(|_| None).collect(),
             capacity,
+            words: None,
         };
-        side.add_pool(map, PoolMemory::Owned(pool)).map_err(|e| match e {
+        let registered = |e| match e {
             RegisterError::Cuda(e) => e,
-            other => CudaError::Unavailable(format!("registering the slot pool: {other}")),
-        })?;
+            other => CudaError::Unavailable(format!("registering a pool: {other}")),
+        };
+        side.add_pool(map, PoolMemory::Owned(pool)).map_err(registered)?;
+        let header = &tables.header;
+        // Relaxed (both): published by the Release store of `magic`.
+        header.fence.store(fence_kind::EVENTS, Ordering::Relaxed);
+        if memory_fence {
+            let dev = driver::device(ctx.ordinal())?;
+            if !driver::can_use_64_bit_stream_mem_ops(dev)? {
+                return Err(CudaError::Unavailable(
+                    "Fence::Memory needs 64-bit stream memory operations, which this device \
+                     does not support"
+                        .into(),
+                ));
+            }
+            let bytes = fence_bytes(capacity, map.params().max_consumers as usize);
+            let words = DevicePool::new(ctx, bytes)?;
+            {
+                let _bound = ctx.bind()?;
+                let setup = Stream::new(ctx)?;
+                // SAFETY: `words` is a live allocation of at least `bytes`; the stream is live
+                // and synchronized before anyone can see the ring.
+                unsafe { driver::memset_async(words.ptr(), 0, bytes, setup.raw()) }?;
+                setup.synchronize()?;
+            }
+            side.words = Some(words.ptr());
+            let id = side.add_pool(map, PoolMemory::Owned(words)).map_err(registered)?;
+            header.fence_pool.store(id.0, Ordering::Relaxed);
+            header.fence.store(fence_kind::MEMORY, Ordering::Relaxed);
+        }
         for line in tables.slots {
             let ev = IpcEvent::new(ctx)?;
             line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
@@ -237,8 +281,25 @@ impl GpuSide {
                 }
                 // A reader whose release already completed needs no wait (see `wait_if_pending`).
                 let event = &cached.as_ref().expect("opened above").event;
-                super::consumer::poll_until_complete(event, poll)?;
-                event.wait_if_pending(stream)?;
+                if super::consumer::poll_until_complete(event, poll)? {
+                    continue;
+                }
+                match self.words {
+                    None => {
+                        event.wait_if_pending(stream)?;
+                    }
+                    // The consumer writes its done word before it records the event, so a
+                    // pending event may still mean a written word: the wait is then free.
+                    Some(words) if !event.is_complete()? => {
+                        let word = words + done_word(self.capacity, e, slot);
+                        let _bound = self.ctx.bind()?;
+                        // SAFETY: `word` lies in our fence words, alive as long as the producer
+                        // (and left to process exit if the producer cannot wait for its work);
+                        // consumer `e` writes prev + 1 there after reading message `prev`.
+                        unsafe { driver::stream_wait_value64(stream.raw(), word, prev + 1) }?;
+                    }
+                    Some(_) => {}
+                }
             }
             Ok(())
         })();
@@ -611,6 +672,15 @@ impl GpuWriteSlot<'_> {
             return Err(GpuPublishError::HeaderTooLong { len: header.len(), max });
         }
         let stream = self.stream.unwrap_or(&p.stream);
+        if let Some(words) = p.gpu.words {
+            let _bound = p.gpu.ctx.bind()?;
+            let seq = p.inner.published();
+            // SAFETY: the slot's ready word lies in our fence words, alive as long as the
+            // producer; the stream is live.
+            unsafe {
+                driver::stream_write_value64(stream.raw(), words + ready_word(self.slot), seq + 1)
+            }?;
+        }
         p.gpu.ready[self.slot].record(stream)?;
         let tables = p.inner.map().gpu();
         // Relaxed: only this producer writes pool entries.

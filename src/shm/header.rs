@@ -13,7 +13,7 @@ use crate::error::{Corruption, OpenError};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 
 /// Bumped on any change to the header or region layout (2: hold records, CUDA tables).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
