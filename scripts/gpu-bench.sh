@@ -4,18 +4,18 @@
 #
 #   scripts/gpu-bench.sh [OUTDIR] [-- extra flags for the gpu bench]
 #
-# The bench binary is target/gpu-bundle/bin/gpu (from ../shared/gpu-bundle) if present, else it
-# is built with `cargo bench --bench gpu --no-run`. MPS is started and stopped here with the
+# The bench binary is target/gpu-bundle/bin/gpu_bench (../shared/gpu-bundle builds it as an
+# example) if present, else it is built here with cargo. MPS is started and stopped here with the
 # commands in docs/performance.md; set NO_MPS=1 to skip the MPS-on run, MPS_ONLY=1 to skip the
 # MPS-off run, NO_TORCH=1 to skip torch.
 set -euo pipefail
 out=${1:-gpu-bench-out}; shift || true
 [ "${1:-}" = "--" ] && shift
 mkdir -p "$out"
-bin=target/gpu-bundle/bin/gpu
+bin=target/gpu-bundle/bin/gpu_bench
 if [ ! -x "$bin" ]; then
-  cargo bench --bench gpu --no-run
-  bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
+  cargo build --release --example gpu_bench
+  bin=target/release/examples/gpu_bench
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 

@@ -1,10 +1,12 @@
-//! GPU bench: gpuring's CUDA ring against floors measured in the same run.
+//! GPU bench: gpuring's CUDA ring against floors measured in the same run. Built as the example
+//! `gpu_bench` (see Cargo.toml for why not a `[[bench]]`).
 //!
 //! Run on a machine with a CUDA GPU (see docs/performance.md for MPS and the full command):
 //!
 //! ```text
-//! cargo bench --bench gpu -- --label mps-off --json gpu.json --md gpu.md
-//! target/gpu-bundle/bin/gpu --label mps-on ...        (a binary built by ../shared/gpu-bundle)
+//! cargo run --release --example gpu_bench -- --label mps-off --json gpu.json --md gpu.md
+//! target/gpu-bundle/bin/gpu_bench --label mps-on ...  (the same bench as an example, shipped by
+//!                                                      ../shared/gpu-bundle)
 //! ```
 //!
 //! It measures, in order:
@@ -131,9 +133,7 @@ fn main() {
         }
         return;
     }
-    // Criterion-style flags that `cargo bench` passes are not ours.
-    let args = std::env::args().filter(|a| a != "--bench");
-    let o = Opts::parse_from(args);
+    let o = Opts::parse();
     std::env::set_var("GPURING_GPU_BENCH_DEVICE", o.device.to_string());
     if let Some(p) = o.gpu_poll {
         std::env::set_var("GPURING_GPU_BENCH_POLL_NS", p.as_nanos().to_string());
