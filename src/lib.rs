@@ -39,6 +39,8 @@ pub mod fuzzing;
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod gpu;
 #[cfg(not(loom))]
+pub mod inspect;
+#[cfg(not(loom))]
 mod mapped;
 #[cfg(not(loom))]
 pub mod pattern;

@@ -1,0 +1,123 @@
+//! `gpuring::inspect` and the `gpuring` command: what they report about a live ring, and that
+//! `rm` refuses a live producer's ring.
+
+mod common;
+
+#[cfg(feature = "cli")]
+use std::path::PathBuf;
+#[cfg(feature = "cli")]
+use std::process::Command;
+
+use common::unique_name;
+use gpuring::inspect::{self, RemoveError};
+use gpuring::{Consumer, MemoryKind, OpenError, Policy, Producer, StartAt};
+
+#[test]
+fn status_reports_the_counters() {
+    let name = unique_name("inspect");
+    let mut tx = Producer::builder(&name).capacity(16).slot_size(256).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    for i in 0..10u8 {
+        tx.send(&[i; 100], b"").unwrap();
+    }
+    let a = rx.recv().unwrap();
+    drop(a);
+    let b = rx.recv().unwrap();
+    drop(b);
+    let held = rx.recv().unwrap();
+
+    let s = inspect::status(&name).unwrap();
+    assert_eq!(s.name, name);
+    assert_eq!(s.memory, MemoryKind::Host);
+    assert_eq!((s.capacity, s.slot_size, s.policy), (16, 256, Policy::Block));
+    assert_eq!(s.producer_pid, std::process::id());
+    assert!(s.producer_alive && !s.closed);
+    assert_eq!(s.published, 10);
+    assert_eq!(s.consumers.len(), 1);
+    let c = &s.consumers[0];
+    assert_eq!((c.pid, c.alive), (std::process::id(), true));
+    assert_eq!(c.holding, 1, "one message is held");
+    assert_eq!(c.lag, 7, "3 of 10 taken");
+    // `received` is flushed by the consumer on release: the two released messages at least.
+    assert!(c.received >= 2, "received {}", c.received);
+    assert!(inspect::ring_names().unwrap().contains(&name));
+    drop(held);
+}
+
+#[test]
+fn remove_refuses_a_live_producer_unless_forced() {
+    let name = unique_name("inspect-rm");
+    let tx = Producer::builder(&name).create().unwrap();
+    match inspect::remove(&name, false) {
+        Err(RemoveError::ProducerAlive { pid }) => assert_eq!(pid, std::process::id()),
+        other => panic!("expected ProducerAlive, got {other:?}"),
+    }
+    inspect::remove(&name, true).unwrap();
+    assert!(matches!(inspect::status(&name), Err(OpenError::NotFound)));
+    assert!(matches!(inspect::remove(&name, false), Err(RemoveError::NotFound)));
+    drop(tx);
+}
+
+/// The `gpuring` binary next to this test: `target/<profile>/gpuring` for cargo, `bin/gpuring`
+/// beside `tests/` in the GPU bundle.
+#[cfg(feature = "cli")]
+fn gpuring_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    [dir.join("../gpuring"), dir.join("../bin/gpuring")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the gpuring binary is built beside the tests")
+}
+
+#[cfg(feature = "cli")]
+fn run_cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(gpuring_bin()).args(args).output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
+}
+
+#[cfg(feature = "cli")]
+#[test]
+fn cli_lists_stats_and_removes() {
+    let name = unique_name("cli");
+    let mut tx = Producer::builder(&name).capacity(8).slot_size(1 << 20).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    tx.send(b"frame", b"").unwrap();
+    drop(rx.recv().unwrap());
+
+    let (code, out, err) = run_cli(&["list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let me = list.as_array().unwrap().iter().find(|r| r["name"] == name.as_str()).unwrap();
+    assert_eq!(me["memory"], "host");
+    assert_eq!(me["capacity"], 8);
+    assert_eq!(me["slot_size"], 1 << 20);
+    assert_eq!(me["policy"], "block");
+    assert_eq!(me["producer_alive"], true);
+    assert_eq!(me["consumers"].as_array().unwrap().len(), 1);
+
+    let (code, out, err) = run_cli(&["stat", &name, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let stat: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stat["published"], 1);
+    assert!(stat["rate"].is_number() && stat["blocked_share"].is_number());
+    assert_eq!(stat["consumers"][0]["received"], 1);
+
+    let (code, out, _) = run_cli(&["stat", &name]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&format!("ring {name}: host memory, 8 slots of 1.0 MiB, block")), "{out}");
+
+    let (code, _, err) = run_cli(&["rm", &name]);
+    assert_eq!(code, 1);
+    assert!(err.starts_with("gpuring: ") && err.contains("is alive"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let (code, out, err) = run_cli(&["rm", &name, "--force", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["removed"], name.as_str());
+
+    let (code, _, err) = run_cli(&["stat", &name]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no ring with this name"), "{err}");
+    drop(tx);
+}
