@@ -121,3 +121,18 @@ fn cli_lists_stats_and_removes() {
     assert!(err.contains("no ring with this name"), "{err}");
     drop(tx);
 }
+
+#[cfg(feature = "cli")]
+#[test]
+fn cli_bench_host_checks_every_byte() {
+    let args = ["bench", "--memory", "host", "--consumers", "2", "--seconds", "0.3", "--json"];
+    let (code, out, err) = run_cli(&args);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["memory"], "host");
+    assert_eq!(r["bad_bytes"], 0);
+    let fps = r["consumer_fps"].as_array().unwrap();
+    assert_eq!(fps.len(), 2);
+    assert!(fps.iter().all(|f| f.as_f64().unwrap() > 0.0), "{out}");
+    assert!(r["p50_ns"].as_array().unwrap().iter().all(|p| p.as_u64().unwrap() > 0), "{out}");
+}

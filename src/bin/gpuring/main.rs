@@ -4,9 +4,12 @@
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
+//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S] [--json]
 //! ```
 //!
 //! Errors are one line on stderr and exit status 1.
+
+mod bench;
 
 use std::process::ExitCode;
 use std::thread;
@@ -55,6 +58,41 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// A quick self-contained 1 -> N run (consumers are child processes): frames/s and
+    /// publish -> recv latency per consumer; every byte is checked.
+    Bench {
+        /// Where the slots live: host, cuda, or auto (cuda if a GPU is usable).
+        #[arg(long, default_value = "auto")]
+        memory: String,
+        /// Consumer processes.
+        #[arg(long, default_value_t = 2)]
+        consumers: usize,
+        /// Frame size in bytes (K and M suffixes: KiB, MiB).
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        size: usize,
+        /// Measured seconds (after 0.2 s of warm-up).
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A consumer process of `bench` (started by it).
+    #[command(hide = true)]
+    BenchConsumer {
+        name: String,
+        #[arg(long)]
+        memory: String,
+    },
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
 }
 
 /// What `list` and `stat` print as JSON.
@@ -291,6 +329,10 @@ fn main() -> ExitCode {
         Cmd::List { json } => list(json),
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),
         Cmd::Rm { name, force, json } => rm(&name, force, json),
+        Cmd::Bench { memory, consumers, size, seconds, json } => {
+            bench::run(&bench::Options { memory, consumers, size, seconds, json })
+        }
+        Cmd::BenchConsumer { name, memory } => bench::consumer(&name, &memory),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
