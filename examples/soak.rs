@@ -62,6 +62,12 @@ const SLOT: usize = 64 << 10;
 const LIVENESS: Duration = Duration::from_millis(20);
 
 fn main() -> ExitCode {
+    // The library's lifecycle events (joins, leaves, dead peers, reclaims) on stderr, filtered
+    // by RUST_LOG (for example RUST_LOG=gpuring=info).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     match args.role.as_deref() {
         Some("producer") => producer(&args),

@@ -126,6 +126,7 @@ impl ConsumerBuilder {
         let ring = map.ring();
         let joining = ConsumerCore::claim(&ring, me.pid, me.start_time)
             .map_err(|JoinError::Full| OpenError::TooManyConsumers { max: params.max_consumers })?;
+        let joining_index = joining.index();
         let extra = match setup(&map, joining.index()) {
             Ok(extra) => extra,
             Err(e) => {
@@ -134,6 +135,10 @@ impl ConsumerBuilder {
             }
         };
         let core = joining.activate(&ring, self.start);
+        tracing::info!(
+            ring = %self.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
+            "consumer joined"
+        );
         if core.join_wake() {
             wait::wake_all(ring.producer_wake);
         }
@@ -232,6 +237,7 @@ impl Consumer {
     /// under the same name (a new instance, see [`epoch`](Self::epoch)) and opens it with the
     /// same settings. `Disconnected` if none came.
     pub fn reconnect(&self, timeout: Duration) -> Result<Consumer, OpenError> {
+        tracing::info!(ring = %self.name(), old_epoch = self.epoch(), "reconnecting");
         self.builder.clone().open_when_ready(Some(self.epoch()), timeout)
     }
 
@@ -306,8 +312,8 @@ impl Consumer {
         if self.map.segment().truncated() {
             self.deferred.set(Some(Corruption::Truncated));
         }
-        if !self.producer.is_alive() {
-            self.producer_dead.set(true);
+        if !self.producer.is_alive() && !self.producer_dead.replace(true) {
+            tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
         }
     }
 
@@ -397,6 +403,7 @@ impl Consumer {
         if self.core.leave(&ring) {
             wait::wake_all(ring.producer_wake);
         }
+        tracing::info!(ring = %self.name(), "consumer left");
     }
 }
 

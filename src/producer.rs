@@ -178,6 +178,10 @@ impl ProducerBuilder {
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
         producer.map.header().magic.store(MAGIC, Ordering::Release);
+        tracing::info!(
+            ring = %self.name, ?memory, capacity = params.capacity, slot_size = params.slot_size,
+            policy = ?producer.map.policy(), epoch = params.epoch, "ring created"
+        );
         Ok((producer, extra))
     }
 }
@@ -229,6 +233,7 @@ fn remove_if_stale(name: &ShmName) -> Result<(), CreateError> {
     if owner.pid == 0 && seg.age_secs().unwrap_or(0) < 2 {
         return Err(CreateError::AlreadyExists { pid: 0 });
     }
+    tracing::info!(ring = %name.ring(), dead_pid = owner.pid, "removing a dead producer's ring");
     seg.unlink();
     Ok(())
 }
@@ -285,7 +290,8 @@ fn reap(
         if state != entry_state::RECLAIMING && owner.is_alive() {
             continue;
         }
-        if let Reclaim::Done { .. } = reclaim(ring, index)? {
+        if let Reclaim::Done { slots } = reclaim(ring, index)? {
+            tracing::info!(entry = index, pid = owner.pid, slots, "dead consumer reclaimed");
             if let Some(freed) = freed {
                 freed.push(index);
             }
@@ -561,6 +567,7 @@ impl Producer {
         if std::mem::replace(&mut self.closed, true) {
             return;
         }
+        tracing::info!(ring = %self.name(), published = self.published(), "ring closed");
         let ring = self.map.ring();
         // Release: consumers that see `closed` (Acquire) see every publish before it.
         self.map.header().closed.store(1, Ordering::Release);

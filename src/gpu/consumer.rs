@@ -362,6 +362,7 @@ impl GpuConsumer {
     /// (see [`Consumer::reconnect`]). Its pools and events are mapped afresh: nothing cached
     /// for this instance is used again.
     pub fn reconnect(&self, timeout: Duration) -> Result<GpuConsumer, OpenError> {
+        tracing::info!(ring = %self.name(), old_epoch = self.epoch(), "reconnecting");
         self.inner.settings().open_gpu_when_ready(Some(self.epoch()), timeout)
     }
 

@@ -581,6 +581,10 @@ impl Drop for GpuProducer {
             std::thread::sleep(Duration::from_micros(200));
         };
         if !all_left || !written {
+            tracing::warn!(
+                ring = %self.name(), all_left, written,
+                "consumers still map the ring's device memory: leaving it to process exit"
+            );
             // Someone may still map the memory or wait on our events, or our GPU work may still
             // write it: freeing it now could corrupt a reader. Leave it to process exit.
             std::mem::forget(std::mem::take(&mut self.gpu.pools));
