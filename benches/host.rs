@@ -12,7 +12,9 @@ mod handoff;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use handoff::{Case, FloorRoundTrip, RingRoundTrip, RingThroughput, FANOUTS, SIZES};
+use handoff::{
+    Case, FloorRoundTrip, RingRoundTrip, RingSameThread, RingThroughput, FANOUTS, SIZES,
+};
 
 fn main() {
     if let Some(args) = handoff::child_args() {
@@ -23,6 +25,14 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
+    {
+        let mut g = c.benchmark_group("same_thread");
+        g.throughput(Throughput::Elements(1));
+        for size in SIZES {
+            bench(&mut g, "gpuring", &handoff::size_label(size), RingSameThread::new(size));
+        }
+        g.finish();
+    }
     for n in FANOUTS {
         let mut g = c.benchmark_group(format!("roundtrip_1to{n}"));
         g.throughput(Throughput::Elements(1));
@@ -53,6 +63,13 @@ fn bench<M: criterion::measurement::Measurement<Value = Duration>>(
 }
 
 fn report() {
+    println!("\n== gpuring send + recv in one thread (the protocol's CPU cost per message) ==");
+    for size in SIZES {
+        let l = handoff::size_label(size);
+        if let Some(ns) = handoff::median_ns(&format!("same_thread/gpuring/{l}")) {
+            println!("{l:>5}: {ns:.0} ns per message");
+        }
+    }
     println!(
         "\n== host round trip, gpuring vs the raw spin floor (criterion medians, same run) =="
     );

@@ -387,6 +387,36 @@ impl Drop for RingThroughput {
     }
 }
 
+/// gpuring's own CPU cost: a producer and a consumer in one thread, `send` then `recv` of one
+/// message. Nothing crosses a core, so this is the protocol's work per message with warm caches;
+/// a cross-process round trip is two messages plus the cache-line transfers between cores.
+pub struct RingSameThread {
+    tx: Producer,
+    rx: Consumer,
+    payload: Vec<u8>,
+}
+
+impl RingSameThread {
+    pub fn new(size: usize) -> RingSameThread {
+        let name = unique(&format!("same-{size}"));
+        let tx = Producer::builder(&name).slot_size(size).capacity(4).create().unwrap();
+        let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+        RingSameThread { tx, rx, payload: vec![7u8; size] }
+    }
+}
+
+impl Case for RingSameThread {
+    fn run(&mut self, iters: u64) -> Duration {
+        let t = Instant::now();
+        for _ in 0..iters {
+            self.tx.send(&self.payload, b"").unwrap();
+            let m = self.rx.recv().unwrap();
+            std::hint::black_box(m[0]);
+        }
+        t.elapsed()
+    }
+}
+
 // ---- Reading criterion's results -------------------------------------------------------------
 
 /// Criterion's point estimate of the median, in ns, for benchmark `id` (its folder path under
