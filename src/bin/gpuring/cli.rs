@@ -1,0 +1,344 @@
+//! The commands: list, inspect and remove rings, and a quick bench.
+//!
+//! ```text
+//! gpuring list [--json]
+//! gpuring stat NAME [--watch] [--json]
+//! gpuring rm NAME [--force] [--json]
+//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S] [--json]
+//! ```
+//!
+//! Errors are one line on stderr and exit status 1.
+
+use std::process::ExitCode;
+
+use crate::bench;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use gpuring::inspect::{self, RingStatus};
+use gpuring::{MemoryKind, Policy};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(name = "gpuring", version, about = "List, inspect and remove gpuring rings")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every ring in /dev/shm: memory, capacity, slot size, policy, producer, consumers.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One ring's counters: published messages and rate, producer blocked time, and per
+    /// consumer its pid, liveness, lag, received, lost and held slots.
+    Stat {
+        /// The ring's name (as given to `Producer::builder`).
+        name: String,
+        /// Refresh in place once a second until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON instead of text (with --watch: one object per line).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a ring's name from /dev/shm. Refused while its producer is alive.
+    Rm {
+        /// The ring's name.
+        name: String,
+        /// Remove it even though its producer is alive (or its segment unreadable).
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A quick self-contained 1 -> N run (consumers are child processes): frames/s and
+    /// publish -> recv latency per consumer; every byte is checked.
+    Bench {
+        /// Where the slots live: host, cuda, or auto (cuda if a GPU is usable).
+        #[arg(long, default_value = "auto")]
+        memory: String,
+        /// Consumer processes.
+        #[arg(long, default_value_t = 2)]
+        consumers: usize,
+        /// Frame size in bytes (K and M suffixes: KiB, MiB).
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        size: usize,
+        /// Measured seconds (after 0.2 s of warm-up).
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A consumer process of `bench` (started by it).
+    #[command(hide = true)]
+    BenchConsumer {
+        name: String,
+        #[arg(long)]
+        memory: String,
+    },
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
+}
+
+/// What `list` and `stat` print as JSON.
+#[derive(Serialize)]
+struct RingJson {
+    name: String,
+    memory: &'static str,
+    capacity: u32,
+    slot_size: u64,
+    user_header_size: u32,
+    max_consumers: u32,
+    policy: &'static str,
+    producer_pid: u32,
+    producer_alive: bool,
+    closed: bool,
+    epoch: u64,
+    published: u64,
+    /// Messages per second over the sampling interval (`stat` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<f64>,
+    blocked_ns: u64,
+    /// Share of the sampling interval the producer spent blocked (`stat` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocked_share: Option<f64>,
+    consumers: Vec<ConsumerJson>,
+}
+
+#[derive(Serialize)]
+struct ConsumerJson {
+    index: usize,
+    pid: u32,
+    alive: bool,
+    lag: u64,
+    received: u64,
+    lost: u64,
+    holding: u64,
+}
+
+fn memory_name(m: MemoryKind) -> &'static str {
+    match m {
+        MemoryKind::Host => "host",
+        MemoryKind::Cuda => "cuda",
+    }
+}
+
+fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::Block => "block",
+        Policy::Overwrite => "overwrite",
+    }
+}
+
+fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> RingJson {
+    RingJson {
+        name: s.name.clone(),
+        memory: memory_name(s.memory),
+        capacity: s.capacity,
+        slot_size: s.slot_size,
+        user_header_size: s.user_header_size,
+        max_consumers: s.max_consumers,
+        policy: policy_name(s.policy),
+        producer_pid: s.producer_pid,
+        producer_alive: s.producer_alive,
+        closed: s.closed,
+        epoch: s.epoch,
+        published: s.published,
+        rate,
+        blocked_ns: s.blocked_ns,
+        blocked_share,
+        consumers: s
+            .consumers
+            .iter()
+            .map(|c| ConsumerJson {
+                index: c.index,
+                pid: c.pid,
+                alive: c.alive,
+                lag: c.lag,
+                received: c.received,
+                lost: c.lost,
+                holding: c.holding,
+            })
+            .collect(),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+fn producer_state(s: &RingStatus) -> &'static str {
+    match (s.closed, s.producer_alive) {
+        (true, _) => "closed",
+        (false, true) => "alive",
+        (false, false) => "dead",
+    }
+}
+
+fn list(json: bool) -> Result<(), String> {
+    let names = inspect::ring_names().map_err(|e| format!("reading /dev/shm: {e}"))?;
+    let mut rings = Vec::new();
+    let mut unreadable = Vec::new();
+    for name in names {
+        match inspect::status(&name) {
+            Ok(s) => rings.push(s),
+            Err(e) => unreadable.push((name, e.to_string())),
+        }
+    }
+    if json {
+        let out: Vec<RingJson> = rings.iter().map(|s| to_json(s, None, None)).collect();
+        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "{:<24} {:<6} {:>8} {:>11} {:<10} {:>8} {:<7} {:>9}",
+            "NAME", "MEMORY", "CAPACITY", "SLOT", "POLICY", "PRODUCER", "STATE", "CONSUMERS"
+        );
+        for s in &rings {
+            println!(
+                "{:<24} {:<6} {:>8} {:>11} {:<10} {:>8} {:<7} {:>9}",
+                s.name,
+                memory_name(s.memory),
+                s.capacity,
+                bytes(s.slot_size),
+                policy_name(s.policy),
+                s.producer_pid,
+                producer_state(s),
+                s.consumers.len()
+            );
+        }
+    }
+    for (name, why) in unreadable {
+        eprintln!("gpuring: {name}: {why}");
+    }
+    Ok(())
+}
+
+/// Prints one `stat` frame: `now` against `before` (taken `dt` earlier) for rates.
+fn print_stat(
+    now: &RingStatus,
+    before: &RingStatus,
+    dt: Duration,
+    json: bool,
+) -> Result<(), String> {
+    let secs = dt.as_secs_f64().max(1e-9);
+    let rate = now.published.saturating_sub(before.published) as f64 / secs;
+    let blocked = now.blocked_ns.saturating_sub(before.blocked_ns) as f64 / 1e9 / secs;
+    if json {
+        let j = to_json(now, Some(rate), Some(blocked.min(1.0)));
+        println!("{}", serde_json::to_string(&j).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!(
+        "ring {}: {} memory, {} slots of {}, {}, producer pid {} ({}), epoch {:#x}",
+        now.name,
+        memory_name(now.memory),
+        now.capacity,
+        bytes(now.slot_size),
+        policy_name(now.policy),
+        now.producer_pid,
+        producer_state(now),
+        now.epoch
+    );
+    println!(
+        "published {} ({:.0}/s), producer blocked {:.1} % of the time ({:.3} s in all)",
+        now.published,
+        rate,
+        100.0 * blocked.min(1.0),
+        now.blocked_ns as f64 / 1e9
+    );
+    println!(
+        "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5}",
+        "ENTRY", "PID", "ALIVE", "LAG", "RECEIVED", "RATE/S", "LOST", "HELD"
+    );
+    for c in &now.consumers {
+        let prev = before.consumers.iter().find(|p| p.index == c.index && p.pid == c.pid);
+        let rate_c = prev.map_or(0.0, |p| c.received.saturating_sub(p.received) as f64 / secs);
+        println!(
+            "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9.0} {:>10} {:>5}",
+            c.index,
+            c.pid,
+            if c.alive { "yes" } else { "no" },
+            c.lag,
+            c.received,
+            rate_c,
+            c.lost,
+            c.holding
+        );
+    }
+    if now.consumers.is_empty() {
+        println!("(no consumers)");
+    }
+    Ok(())
+}
+
+fn stat(name: &str, watch: bool, json: bool) -> Result<(), String> {
+    let read = || inspect::status(name).map_err(|e| format!("{name}: {e}"));
+    let mut before = read()?;
+    let mut t = Instant::now();
+    let interval = if watch { Duration::from_secs(1) } else { Duration::from_millis(250) };
+    loop {
+        thread::sleep(interval);
+        let now = read()?;
+        let dt = t.elapsed();
+        t = Instant::now();
+        if watch && !json {
+            // Home the cursor and clear the screen: the frame is redrawn in place.
+            print!("\x1b[H\x1b[2J");
+        }
+        print_stat(&now, &before, dt, json)?;
+        if !watch {
+            return Ok(());
+        }
+        before = now;
+    }
+}
+
+fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
+    inspect::remove(name, force).map_err(|e| format!("{name}: {e}"))?;
+    if json {
+        println!("{}", serde_json::json!({ "removed": name }));
+    } else {
+        println!("removed {name}");
+    }
+    Ok(())
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::List { json } => list(json),
+        Cmd::Stat { name, watch, json } => stat(&name, watch, json),
+        Cmd::Rm { name, force, json } => rm(&name, force, json),
+        Cmd::Bench { memory, consumers, size, seconds, json } => {
+            bench::run(&bench::Options { memory, consumers, size, seconds, json })
+        }
+        Cmd::BenchConsumer { name, memory } => bench::consumer(&name, &memory),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuring: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
