@@ -9,11 +9,9 @@
 #[path = "handoff/mod.rs"]
 mod handoff;
 
-use std::time::Duration;
-
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::Throughput;
 use handoff::{
-    Case, FloorRoundTrip, RingRoundTrip, RingSameThread, RingThroughput, FANOUTS, SIZES,
+    bench, FloorRoundTrip, RingRoundTrip, RingSameThread, RingThroughput, FANOUTS, SIZES,
 };
 
 fn main() {
@@ -21,10 +19,7 @@ fn main() {
         assert!(handoff::run_child(&args), "unknown bench role {}", args.role);
         return;
     }
-    let mut c = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-        .configure_from_args();
+    let mut c = handoff::criterion();
     {
         let mut g = c.benchmark_group("same_thread");
         g.throughput(Throughput::Elements(1));
@@ -51,15 +46,6 @@ fn main() {
     }
     c.final_summary();
     report();
-}
-
-fn bench<M: criterion::measurement::Measurement<Value = Duration>>(
-    g: &mut criterion::BenchmarkGroup<'_, M>,
-    name: &str,
-    label: &str,
-    mut case: impl Case,
-) {
-    g.bench_function(BenchmarkId::new(name, label), |b| b.iter_custom(|iters| case.run(iters)));
 }
 
 fn report() {

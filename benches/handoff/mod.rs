@@ -417,6 +417,27 @@ impl Case for RingSameThread {
     }
 }
 
+// ---- Criterion ------------------------------------------------------------------------------
+
+/// The criterion settings every host handoff bench uses (command-line flags still apply).
+pub fn criterion() -> criterion::Criterion {
+    criterion::Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args()
+}
+
+/// Benchmarks `case` as `name/label` in group `g`.
+pub fn bench<M: criterion::measurement::Measurement<Value = Duration>>(
+    g: &mut criterion::BenchmarkGroup<'_, M>,
+    name: &str,
+    label: &str,
+    mut case: impl Case,
+) {
+    let id = criterion::BenchmarkId::new(name, label);
+    g.bench_function(id, |b| b.iter_custom(|iters| case.run(iters)));
+}
+
 // ---- Reading criterion's results -------------------------------------------------------------
 
 /// Criterion's point estimate of the median, in ns, for benchmark `id` (its folder path under

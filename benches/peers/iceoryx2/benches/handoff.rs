@@ -15,8 +15,8 @@ use std::process::Child;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput};
-use handoff::{Case, FloorRoundTrip, RingRoundTrip, RingThroughput, FANOUTS, SIZES};
+use criterion::Throughput;
+use handoff::{bench, Case, FloorRoundTrip, RingRoundTrip, RingThroughput, FANOUTS, SIZES};
 use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::subscriber::Subscriber;
 use iceoryx2::port::update_connections::UpdateConnections;
@@ -35,10 +35,7 @@ fn main() {
     let _domain = IoxDomain;
     // Criterion writes `target/criterion` under the working directory, which `cargo bench` sets
     // to this crate's root; `median_ns` reads it back from there (or from CARGO_TARGET_DIR).
-    let mut c = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-        .configure_from_args();
+    let mut c = handoff::criterion();
     for n in FANOUTS {
         let mut g = c.benchmark_group(format!("roundtrip_1to{n}"));
         g.throughput(Throughput::Elements(1));
@@ -60,15 +57,6 @@ fn main() {
     }
     c.final_summary();
     report();
-}
-
-fn bench<M: criterion::measurement::Measurement<Value = Duration>>(
-    g: &mut criterion::BenchmarkGroup<'_, M>,
-    name: &str,
-    label: &str,
-    mut case: impl Case,
-) {
-    g.bench_function(BenchmarkId::new(name, label), |b| b.iter_custom(|iters| case.run(iters)));
 }
 
 fn report() {
