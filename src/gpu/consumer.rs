@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::GpuRecvError;
+use super::fence::order_after;
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::layout::{
     check_descriptor, done_word, fence_bytes, fence_kind, load_uuid, pool_state, ready_word,
@@ -86,24 +87,6 @@ impl ConsumerBuilder {
     pub fn gpu_poll(mut self, window: Duration) -> Self {
         self.gpu_poll = window;
         self
-    }
-}
-
-/// Polls `ev` with `cuEventQuery` for up to `window` (nothing when it is zero). Returns
-/// whether it completed.
-pub(crate) fn poll_until_complete(ev: &IpcEvent, window: Duration) -> Result<bool, DriverError> {
-    if window.is_zero() {
-        return Ok(false);
-    }
-    let start = Instant::now();
-    loop {
-        if ev.is_complete()? {
-            return Ok(true);
-        }
-        if start.elapsed() >= window {
-            return Ok(false);
-        }
-        std::hint::spin_loop();
     }
 }
 
@@ -439,26 +422,10 @@ impl GpuConsumer {
     /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
     /// the ready event or, with `Fence::Memory`, on the slot's ready word.
     fn order_after_write(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
-        let ready = &self.side.ready[m.slot];
-        if poll_until_complete(ready, self.poll)? {
-            return Ok(());
-        }
-        match self.side.words {
-            None => {
-                ready.wait_if_pending(stream)?;
-            }
-            // The producer writes the ready word before it records the event, so a complete
-            // event means a written word.
-            Some(words) if !ready.is_complete()? => {
-                let _bound = self.side.ctx.bind()?;
-                let word = words + ready_word(m.slot);
-                // SAFETY: the word lies in the fence pool we mapped (size checked at join), kept
-                // mapped while we live; the producer writes seq + 1 there after message `seq`.
-                unsafe { driver::stream_wait_value64(stream.raw(), word, m.seq + 1) }?;
-            }
-            Some(_) => {}
-        }
-        Ok(())
+        let word = self.side.words.map(|w| (w + ready_word(m.slot), m.seq + 1));
+        // SAFETY: the ready word lies in the fence pool we mapped (size checked at join), kept
+        // mapped while we live; the producer writes seq + 1 there after message `seq`.
+        unsafe { order_after(&self.side.ready[m.slot], word, self.poll, &self.side.ctx, stream) }
     }
 
     /// With `Fence::Memory`: queues on `stream` the write of our done word for `m`'s slot

@@ -9,6 +9,7 @@
 
 mod consumer;
 mod error;
+mod fence;
 mod producer;
 
 pub use consumer::{GpuConsumer, GpuReadSlot};

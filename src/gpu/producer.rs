@@ -281,25 +281,11 @@ impl GpuSide {
                 }
                 // A reader whose release already completed needs no wait (see `wait_if_pending`).
                 let event = &cached.as_ref().expect("opened above").event;
-                if super::consumer::poll_until_complete(event, poll)? {
-                    continue;
-                }
-                match self.words {
-                    None => {
-                        event.wait_if_pending(stream)?;
-                    }
-                    // The consumer writes its done word before it records the event, so a
-                    // pending event may still mean a written word: the wait is then free.
-                    Some(words) if !event.is_complete()? => {
-                        let word = words + done_word(self.capacity, e, slot);
-                        let _bound = self.ctx.bind()?;
-                        // SAFETY: `word` lies in our fence words, alive as long as the producer
-                        // (and left to process exit if the producer cannot wait for its work);
-                        // consumer `e` writes prev + 1 there after reading message `prev`.
-                        unsafe { driver::stream_wait_value64(stream.raw(), word, prev + 1) }?;
-                    }
-                    Some(_) => {}
-                }
+                let word = self.words.map(|w| (w + done_word(self.capacity, e, slot), prev + 1));
+                // SAFETY: the done word lies in our fence words, alive as long as the producer
+                // (and left to process exit if the producer cannot wait for its work); consumer
+                // `e` writes prev + 1 there after reading message `prev`.
+                unsafe { super::fence::order_after(event, word, poll, &self.ctx, stream) }?;
             }
             Ok(())
         })();
