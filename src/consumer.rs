@@ -5,9 +5,10 @@ use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::doorbells::ConsumerBells;
 use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::mapped::MappedRing;
-use crate::ring::{ConsumerCore, JoinError, Pinned, Policy, StartAt};
+use crate::ring::{park, ConsumerCore, JoinError, Pinned, Policy, StartAt};
 use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName};
 use crate::wait::{self, WaitConfig};
@@ -139,9 +140,7 @@ impl ConsumerBuilder {
             ring = %self.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
             "consumer joined"
         );
-        if core.join_wake() {
-            wait::wake_all(ring.producer_wake);
-        }
+        let join_wake = core.join_wake();
         let consumer = Consumer {
             map,
             core,
@@ -152,7 +151,13 @@ impl ConsumerBuilder {
             wait: WaitConfig { spin: self.spin, tick: self.liveness },
             left: false,
             builder,
+            bells: ConsumerBells::default(),
+            #[cfg(feature = "tokio")]
+            bell: Default::default(),
         };
+        if join_wake {
+            consumer.wake_producer();
+        }
         Ok((consumer, extra))
     }
 }
@@ -177,6 +182,11 @@ pub struct Consumer {
     left: bool,
     /// How it was opened, for [`Consumer::reconnect`].
     builder: ConsumerBuilder,
+    /// The socket to knock on the producer's inbox with.
+    bells: ConsumerBells,
+    /// Its own doorbell, made by the first async wait.
+    #[cfg(feature = "tokio")]
+    pub(crate) bell: crate::asynch::BellCell,
 }
 
 impl Consumer {
@@ -252,7 +262,7 @@ impl Consumer {
         if self.last_check.get().elapsed() >= self.wait.tick {
             self.check_producer();
         }
-        match self.poll() {
+        match self.poll_once() {
             Some(Ok(m)) => Ok(m),
             Some(Err(e)) => Err(e),
             None => Err(TryRecvError::Empty),
@@ -292,7 +302,7 @@ impl Consumer {
             self.check_producer();
             None
         };
-        match wait::wait_until(line, self.wait, deadline, || self.poll(), idle) {
+        match wait::wait_until(line, self.wait, deadline, || self.poll_once(), idle) {
             Some(Ok(m)) => Ok(m),
             Some(Err(TryRecvError::Disconnected)) => Err(RecvTimeoutError::Disconnected),
             Some(Err(TryRecvError::Corrupt(c))) => Err(RecvTimeoutError::Corrupt(c)),
@@ -307,7 +317,7 @@ impl Consumer {
         self.producer_dead.get() || self.map.header().closed.load(Ordering::Acquire) != 0
     }
 
-    fn check_producer(&self) {
+    pub(crate) fn check_producer(&self) {
         self.last_check.set(Instant::now());
         if self.map.segment().truncated() {
             self.deferred.set(Some(Corruption::Truncated));
@@ -318,7 +328,7 @@ impl Consumer {
     }
 
     /// One attempt: a message, an error, or `None` (nothing yet).
-    fn poll(&self) -> Option<Result<Pinned, TryRecvError>> {
+    pub(crate) fn poll_once(&self) -> Option<Result<Pinned, TryRecvError>> {
         if let Some(c) = self.deferred.take() {
             return Some(Err(TryRecvError::Corrupt(c)));
         }
@@ -345,7 +355,7 @@ impl Consumer {
         };
         self.core.write_stats(&ring);
         if wake {
-            wait::wake_all(ring.producer_wake);
+            self.wake_producer();
         }
         if m.len > self.map.params().slot_size {
             self.release(m.slot);
@@ -357,16 +367,46 @@ impl Consumer {
         Ok(Some(m))
     }
 
+    /// Wakes the producer, sleeping (futex) or parked (its inbox); `wants_wake` said yes.
+    fn wake_producer(&self) {
+        let ring = self.map.ring();
+        wait::wake_all(ring.producer_wake);
+        if park::has_parked(ring.producer_wake) {
+            if let Some(outbox) = self.bells.outbox(self.name(), self.epoch()) {
+                outbox.knock();
+            }
+        }
+    }
+
     /// Releases pinned slot `slot`.
     pub(crate) fn release(&self, slot: usize) {
         let ring = self.map.ring();
         let released = self.core.release(&ring, slot);
         self.core.write_stats(&ring);
         match released {
-            Ok(true) => wait::wake_all(ring.producer_wake),
+            Ok(true) => self.wake_producer(),
             Ok(false) => {}
             Err(c) => self.deferred.set(Some(c.into())),
         }
+    }
+}
+
+/// Used by the async layer (`src/asynch/`).
+#[cfg(feature = "tokio")]
+impl Consumer {
+    /// How long one wait lasts before checking the producer.
+    pub(crate) fn liveness_tick(&self) -> Duration {
+        self.wait.tick
+    }
+
+    /// Whether the producer's liveness is due for a check.
+    pub(crate) fn liveness_due(&self) -> bool {
+        self.last_check.get().elapsed() >= self.wait.tick
+    }
+
+    /// The socket to the producer's inbox.
+    pub(crate) fn outbox(&self) -> Option<&crate::shm::doorbell::Outbox> {
+        self.bells.outbox(self.name(), self.epoch())
     }
 }
 
@@ -401,7 +441,7 @@ impl Consumer {
         }
         let ring = self.map.ring();
         if self.core.leave(&ring) {
-            wait::wake_all(ring.producer_wake);
+            self.wake_producer();
         }
         tracing::info!(ring = %self.name(), "consumer left");
     }
@@ -422,7 +462,13 @@ pub struct ReadSlot<'a> {
     m: Pinned,
 }
 
-impl ReadSlot<'_> {
+impl<'a> ReadSlot<'a> {
+    /// Wraps message `m`, which `consumer` has just pinned and checked.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn new(consumer: &'a Consumer, m: Pinned) -> ReadSlot<'a> {
+        ReadSlot { consumer, m }
+    }
+
     /// Sequence number: the count of messages the producer published before this one.
     pub fn seq(&self) -> u64 {
         self.m.seq

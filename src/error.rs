@@ -42,6 +42,8 @@ impl fmt::Display for Corruption {
     }
 }
 
+impl std::error::Error for Corruption {}
+
 impl From<RingCorrupt> for Corruption {
     fn from(r: RingCorrupt) -> Self {
         Corruption::Ring(r)

@@ -31,8 +31,12 @@ pub mod error;
 pub mod ring;
 pub mod shm;
 
+#[cfg(all(feature = "tokio", not(loom)))]
+mod asynch;
 #[cfg(not(loom))]
 mod consumer;
+#[cfg(not(loom))]
+mod doorbells;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -51,6 +55,8 @@ mod stats;
 #[cfg(not(loom))]
 mod wait;
 
+#[cfg(all(feature = "tokio", not(loom)))]
+pub use asynch::Messages;
 #[cfg(not(loom))]
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 pub use error::{

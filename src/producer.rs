@@ -4,13 +4,14 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::doorbells::ProducerBells;
 use crate::error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, PublishError, SendError,
     TryAcquireError,
 };
 use crate::mapped::MappedRing;
 use crate::ring::producer::{wants_wake, ClaimError};
-use crate::ring::{stamp, Policy, ProducerCore, RingCorrupt};
+use crate::ring::{park, stamp, Policy, ProducerCore, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName, MAGIC};
 use crate::stats::ConsumerInfo;
@@ -174,6 +175,9 @@ impl ProducerBuilder {
             closed: false,
             joins_seen: 0,
             reaped: (memory == MemoryKind::Cuda).then(Vec::new),
+            bells: ProducerBells::bind(&self.name, params.epoch, params.max_consumers),
+            #[cfg(feature = "tokio")]
+            async_inbox: Default::default(),
         };
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
@@ -265,6 +269,11 @@ pub struct Producer {
     /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`]. `None` for host
     /// rings, which keep nothing per consumer outside the segment.
     reaped: Option<Vec<usize>>,
+    /// The inbox and the bells of consumers that wait asynchronously.
+    bells: ProducerBells,
+    /// The inbox as an async producer's reactor sees it.
+    #[cfg(feature = "tokio")]
+    async_inbox: crate::asynch::InboxCell,
 }
 
 /// Reclaims the entries of `ring` whose process is dead (see [`crate::ring::reclaim`]), adding
@@ -299,6 +308,35 @@ fn reap(
         }
     }
     Ok(n)
+}
+
+/// Adds the time since `started` to the producer's blocked-time statistic.
+fn add_blocked(ring: &crate::ring::Ring<'_>, started: Instant) {
+    let ns = started.elapsed().as_nanos() as u64;
+    // Relaxed: a statistic, written only by the producer.
+    let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
+    ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+}
+
+/// Used by the async layer (`src/asynch/`).
+#[cfg(feature = "tokio")]
+impl Producer {
+    /// The fields an async wait borrows at once.
+    pub(crate) fn async_parts(
+        &mut self,
+    ) -> (&MappedRing, &mut ProducerCore, &mut ProducerBells, &crate::asynch::InboxCell) {
+        (&self.map, &mut self.core, &mut self.bells, &self.async_inbox)
+    }
+
+    /// How long one wait lasts before looking for dead consumers.
+    pub(crate) fn liveness_tick(&self) -> Duration {
+        self.wait.tick
+    }
+
+    /// Adds the time since `started` to the blocked-time statistic.
+    pub(crate) fn add_blocked(&self, started: Instant) {
+        add_blocked(&self.map.ring(), started);
+    }
 }
 
 impl Producer {
@@ -470,10 +508,7 @@ impl Producer {
                     || claim(&mut core.borrow_mut()),
                     idle,
                 );
-                let ns = started.elapsed().as_nanos() as u64;
-                // Relaxed: a statistic, written only by the producer.
-                let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
-                ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+                add_blocked(&ring, started);
                 r.unwrap_or(Err(AcquireTimeoutError::Timeout))
             }
         }
@@ -557,9 +592,18 @@ impl Producer {
         let ring = map.ring();
         let (seq, wake) = self.core.publish(&ring, len, monotonic_ns());
         if wake {
-            wait::wake_all(ring.consumer_wake);
+            self.wake_consumers();
         }
         Ok(seq)
+    }
+
+    /// Wakes the consumers that sleep (futex) or are parked (doorbells); `wants_wake` said yes.
+    fn wake_consumers(&mut self) {
+        let ring = self.map.ring();
+        wait::wake_all(ring.consumer_wake);
+        if park::has_parked(ring.consumer_wake) {
+            self.bells.ring_parked(&ring);
+        }
     }
 
     /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
@@ -572,7 +616,7 @@ impl Producer {
         // Release: consumers that see `closed` (Acquire) see every publish before it.
         self.map.header().closed.store(1, Ordering::Release);
         if wants_wake(ring.consumer_wake) {
-            wait::wake_all(ring.consumer_wake);
+            self.wake_consumers();
         }
         self.map.segment().unlink();
     }
@@ -590,10 +634,17 @@ impl Drop for Producer {
 /// Derefs to the slot's whole payload buffer (`slot_size` bytes).
 pub struct WriteSlot<'a> {
     producer: &'a mut Producer,
+    /// Invariant: claimed by `producer` and not yet published.
     slot: usize,
 }
 
-impl WriteSlot<'_> {
+impl<'a> WriteSlot<'a> {
+    /// Wraps slot `slot`, which `producer` has just claimed.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn new(producer: &'a mut Producer, slot: usize) -> WriteSlot<'a> {
+        WriteSlot { producer, slot }
+    }
+
     /// Sequence number this message will have.
     pub fn seq(&self) -> u64 {
         self.producer.core.next_seq()

@@ -25,6 +25,8 @@ pub struct ConsumerInfo {
     pub lost: u64,
     /// Slots it holds now.
     pub holding: u64,
+    /// Whether it is parked: an async receive waiting on its doorbell.
+    pub parked: bool,
 }
 
 /// Number of active consumers.
@@ -59,6 +61,7 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
                 received: e.received.load(Ordering::Relaxed),
                 lost: e.lost.load(Ordering::Relaxed),
                 holding: e.holding.load(Ordering::Relaxed),
+                parked: e.parked.load(Ordering::Relaxed) != 0,
             }
         })
         .collect()

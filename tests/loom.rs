@@ -230,3 +230,80 @@ fn overwrite_consumer_dies_after_pin_cas() {
 fn block_consumer_dies_after_release_cas() {
     model_dead(Policy::Block, 1, 3, Death::AfterReleaseCas);
 }
+
+/// Parking (`ring::park`), the protocol behind async receive and acquire, with the real wake
+/// checks and nothing else: the doorbells are `Notify`s, which stay rung like an eventfd. Both
+/// sides park on a one-slot Block ring for every message. A lost wake-up leaves a side waiting
+/// on a doorbell nobody rings, which loom reports as a deadlock.
+#[test]
+fn parked_waiters_are_always_rung() {
+    use gpuring::ring::park;
+    const MESSAGES: u64 = 2;
+    builder().check(|| {
+        let shared = Shared::new(1, Policy::Block);
+        let core = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 1, 1).unwrap();
+        let index = core.index();
+        let consumer = {
+            let shared = shared.clone();
+            thread::spawn(move || {
+                let ring = shared.ring.ring();
+                let flag = &ring.consumers[index].parked;
+                let mut next = 0;
+                while next < MESSAGES {
+                    let (m, wake) = match core.try_pin(&ring).unwrap() {
+                        Some(got) => got,
+                        None => {
+                            park::park(ring.consumer_wake, Some(flag));
+                            let again = core.try_pin(&ring).unwrap();
+                            if again.is_none() {
+                                shared.consumer_wait[0].wait();
+                            }
+                            park::unpark(ring.consumer_wake, Some(flag));
+                            match again {
+                                Some(got) => got,
+                                None => continue,
+                            }
+                        }
+                    };
+                    let mut rung = wake && park::has_parked(ring.producer_wake);
+                    assert_eq!(m.seq, next);
+                    next += 1;
+                    rung |= core.release(&ring, m.slot).unwrap()
+                        && park::has_parked(ring.producer_wake);
+                    if rung {
+                        shared.producer_wait.notify();
+                    }
+                }
+                core.leave(&ring);
+            })
+        };
+        let ring = shared.ring.ring();
+        let mut p = ProducerCore::new();
+        for _ in 0..MESSAGES {
+            let slot = loop {
+                match p.try_claim(&ring) {
+                    Ok(slot) => break slot,
+                    Err(ClaimError::Blocked(_)) => {
+                        park::park(ring.producer_wake, None);
+                        let again = p.try_claim(&ring);
+                        if again.is_err() {
+                            shared.producer_wait.wait();
+                        }
+                        park::unpark(ring.producer_wake, None);
+                        if let Ok(slot) = again {
+                            break slot;
+                        }
+                    }
+                    Err(ClaimError::Corrupt(c)) => panic!("{c}"),
+                }
+            };
+            let _ = slot;
+            let (_, wake) = p.publish(&ring, 1, 0);
+            let flag = &ring.consumers[index].parked;
+            if wake && park::has_parked(ring.consumer_wake) && park::is_parked(flag) {
+                shared.consumer_wait[0].notify();
+            }
+        }
+        consumer.join().unwrap();
+    });
+}

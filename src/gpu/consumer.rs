@@ -380,6 +380,27 @@ impl GpuConsumer {
         self.ready(m, &self.side.stream)
     }
 
+    /// Receives the next message, awaiting it without blocking the thread (feature `tokio`; see
+    /// [`Consumer::recv_async`](crate::Consumer::recv_async)); then as [`recv`](Self::recv).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rx = gpuring::GpuConsumer::open("frames")?;
+    /// while let Ok(frame) = rx.recv_async().await {
+    ///     // Launch kernels on frame.stream() that read frame.ptr()..+frame.len().
+    ///     let _ = (frame.ptr(), frame.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn recv_async(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
+        let m = self.inner.pin_async().await.map_err(|e| match e {
+            crate::RecvError::Disconnected => GpuRecvError::Disconnected,
+            crate::RecvError::Corrupt(c) => GpuRecvError::Corrupt(c),
+        })?;
+        self.ready(m, &self.side.stream)
+    }
+
     /// Receives the next message and makes `stream` (yours, of this consumer's device) wait
     /// for it; its release is recorded on `stream` too.
     pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {

@@ -27,8 +27,12 @@ pub struct WakeLine {
     /// returns from `FUTEX_WAIT` at once.
     pub word: AtomicU32,
     /// Sleepers registered on `word`. Incremented before the sleeper's re-check, decremented
-    /// after it wakes; a waker reads it to skip the system call when nobody sleeps.
+    /// after it wakes; a waker reads it to skip the system call when nobody sleeps. Counts the
+    /// `parked` waiters too, so one check tells a waker whether anyone waits at all.
     pub sleepers: AtomicU32,
+    /// Of the sleepers, those waiting on a doorbell (an async task) rather than the futex; see
+    /// [`super::park`]. Never more than `sleepers`.
+    pub parked: AtomicU32,
 }
 
 /// Consumer table entry states.
@@ -54,8 +58,9 @@ pub struct ConsumerEntry {
     pub generation: AtomicU32,
     /// The owner's pid.
     pub pid: AtomicU32,
-    /// Spare, zero.
-    pub _reserved: AtomicU32,
+    /// 1 while the owner waits on its doorbell for a message ([`super::park`]), else 0. The
+    /// producer rings the doorbell of each entry that has it set.
+    pub parked: AtomicU32,
     /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), so that a
     /// reused pid is not taken for the owner.
     pub start_time: AtomicU64,
@@ -102,7 +107,7 @@ impl Default for ProducerLine {
 impl WakeLine {
     /// Initial state: no sleepers.
     pub fn new() -> WakeLine {
-        WakeLine { word: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
+        WakeLine { word: AtomicU32::new(0), sleepers: AtomicU32::new(0), parked: AtomicU32::new(0) }
     }
 }
 
@@ -119,7 +124,7 @@ impl ConsumerEntry {
             state: AtomicU32::new(entry_state::FREE),
             generation: AtomicU32::new(0),
             pid: AtomicU32::new(0),
-            _reserved: AtomicU32::new(0),
+            parked: AtomicU32::new(0),
             start_time: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
             received: AtomicU64::new(0),

@@ -72,10 +72,15 @@
 //! * the producer, for a slot to come free: on [`Ring::producer_wake`]; consumers check it after
 //!   advancing their cursor, after a release and when they leave (so a producer blocked on a
 //!   consumer that leaves wakes up: the iceoryx2 #314 deadlock cannot happen here).
+//!
+//! An async task cannot sleep on a futex. It *parks* instead ([`park`]): the same registration
+//! and fence, plus a mark that tells the waker to ring its doorbell (an eventfd or a socket)
+//! rather than, or as well as, the futex.
 
 pub mod consumer;
 pub mod hold;
 pub mod layout;
+pub mod park;
 pub mod producer;
 pub mod reclaim;
 pub mod stamp;

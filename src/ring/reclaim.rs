@@ -71,6 +71,7 @@ pub fn reclaim(ring: &Ring<'_>, dead: usize) -> Result<Reclaim, RingCorrupt> {
     if incomplete {
         return Ok(Reclaim::Incomplete);
     }
+    super::park::clear_dead(ring.consumer_wake, &entry.parked);
     // Release: our clearing of the records happens before a new owner's writes.
     entry.state.store(entry_state::FREE, Ordering::Release);
     Ok(Reclaim::Done { slots: given_back })

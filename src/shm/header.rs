@@ -12,8 +12,9 @@ use crate::error::{Corruption, OpenError};
 /// `b"GPURING1"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 
-/// Bumped on any change to the header or region layout (2: hold records, CUDA tables).
-pub const LAYOUT_VERSION: u32 = 3;
+/// Bumped on any change to the header or region layout (2: hold records, CUDA tables; 3: memory
+/// fence words; 4: doorbell parking marks in the wake lines and consumer entries).
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

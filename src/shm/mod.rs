@@ -1,6 +1,8 @@
-//! The OS layer: POSIX shared memory segments, their header, names, owner checks and process
-//! identity. Nothing here knows the ring protocol; it places bytes and checks them.
+//! The OS layer: POSIX shared memory segments, their header, names, owner checks, process
+//! identity and the doorbells that wake async waiters. Nothing here knows the ring protocol; it
+//! places bytes and checks them.
 
+pub mod doorbell;
 mod guard;
 mod header;
 mod name;

@@ -129,6 +129,7 @@ struct ConsumerJson {
     received: u64,
     lost: u64,
     holding: u64,
+    parked: bool,
 }
 
 fn memory_name(m: MemoryKind) -> &'static str {
@@ -173,6 +174,7 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
                 received: c.received,
                 lost: c.lost,
                 holding: c.holding,
+                parked: c.parked,
             })
             .collect(),
     }
@@ -267,14 +269,14 @@ fn print_stat(
         now.blocked_ns as f64 / 1e9
     );
     println!(
-        "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5}",
+        "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5}  WAIT",
         "ENTRY", "PID", "ALIVE", "LAG", "RECEIVED", "RATE/S", "LOST", "HELD"
     );
     for c in &now.consumers {
         let prev = before.consumers.iter().find(|p| p.index == c.index && p.pid == c.pid);
         let rate_c = prev.map_or(0.0, |p| c.received.saturating_sub(p.received) as f64 / secs);
         println!(
-            "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9.0} {:>10} {:>5}",
+            "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9.0} {:>10} {:>5}  {}",
             c.index,
             c.pid,
             if c.alive { "yes" } else { "no" },
@@ -282,7 +284,8 @@ fn print_stat(
             c.received,
             rate_c,
             c.lost,
-            c.holding
+            c.holding,
+            if c.parked { "async" } else { "-" }
         );
     }
     if now.consumers.is_empty() {

@@ -1,0 +1,119 @@
+//! The producer's async acquire.
+
+use std::cell::OnceCell;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+use tokio::io::unix::AsyncFd;
+
+use super::{ring_or_nap, watch, Parked};
+use crate::error::{AcquireError, PublishError, SendError, TryAcquireError};
+use crate::ring::producer::ClaimError;
+use crate::shm::doorbell::Inbox;
+use crate::{Producer, WriteSlot};
+
+/// The producer's inbox as the reactor sees it (a duplicate of the inbox socket).
+#[derive(Default)]
+pub(crate) struct InboxCell {
+    fd: OnceCell<Option<AsyncFd<OwnedFd>>>,
+}
+
+impl InboxCell {
+    fn get(&self, inbox: Option<&Inbox>) -> Option<&AsyncFd<OwnedFd>> {
+        self.fd
+            .get_or_init(|| {
+                let dup = std::os::fd::AsFd::as_fd(inbox?).try_clone_to_owned().ok()?;
+                watch(dup)
+            })
+            .as_ref()
+    }
+}
+
+impl Producer {
+    /// A slot for the next message, awaiting one without blocking the thread: under
+    /// [`Policy::Block`](crate::Policy::Block) for the slowest consumer, under both policies
+    /// for consumers that hold the slot. The task parks, and a consumer's release knocks on
+    /// the producer's inbox. Dead consumers are reaped every liveness interval, as `acquire`
+    /// does.
+    ///
+    /// Cancel-safe: dropping the future claims nothing. Needs a tokio runtime with IO and time
+    /// enabled.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = gpuring::Producer::builder("frames").create()?;
+    /// let mut slot = tx.acquire_async().await?;
+    /// slot[..5].copy_from_slice(b"hello");
+    /// slot.publish(5, b"")?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_async(&mut self) -> Result<WriteSlot<'_>, AcquireError> {
+        let slot = self.claim_async().await?;
+        Ok(WriteSlot::new(self, slot))
+    }
+
+    /// [`send`](Self::send), awaiting a slot as [`acquire_async`](Self::acquire_async) does.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = gpuring::Producer::builder("events").create()?;
+    /// tx.send_async(b"{\"kind\":\"start\"}", b"json").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_async(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
+        if data.len() > self.slot_size() {
+            let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
+            return Err(SendError::Publish(e));
+        }
+        let mut slot =
+            self.acquire_async().await.map_err(|AcquireError::Corrupt(c)| SendError::Corrupt(c))?;
+        slot[..data.len()].copy_from_slice(data);
+        slot.publish(data.len(), header).map_err(SendError::Publish)
+    }
+
+    /// Claims the next slot, awaiting it. Returns its index.
+    pub(crate) async fn claim_async(&mut self) -> Result<usize, AcquireError> {
+        let mut started = None;
+        let mut last_reap = Instant::now();
+        loop {
+            match self.try_claim() {
+                Ok(slot) => {
+                    if let Some(t) = started {
+                        self.add_blocked(t);
+                    }
+                    return Ok(slot);
+                }
+                Err(TryAcquireError::Full) => {}
+                Err(TryAcquireError::Corrupt(c)) => return Err(AcquireError::Corrupt(c)),
+            }
+            started.get_or_insert_with(Instant::now);
+            let tick = self.liveness_tick();
+            let claimed = {
+                let (map, core, bells, inbox) = self.async_parts();
+                let ring = map.ring();
+                let _parked = Parked::new(ring.producer_wake, None);
+                match core.try_claim(&ring) {
+                    Ok(slot) => Some(Ok(slot)),
+                    Err(ClaimError::Corrupt(c)) => Some(Err(AcquireError::Corrupt(c.into()))),
+                    Err(ClaimError::Blocked(_)) => {
+                        if ring_or_nap(inbox.get(bells.inbox()), tick, |_| {}).await {
+                            // Knocks, and registrations that came meanwhile.
+                            bells.read_inbox(&ring);
+                        }
+                        None
+                    }
+                }
+            };
+            if let Some(r) = claimed {
+                if let (Ok(_), Some(t)) = (&r, started) {
+                    self.add_blocked(t);
+                }
+                return r;
+            }
+            if last_reap.elapsed() >= tick {
+                last_reap = Instant::now();
+                self.reap().map_err(AcquireError::Corrupt)?;
+            }
+        }
+    }
+}

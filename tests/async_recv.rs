@@ -1,0 +1,234 @@
+//! Async receive and acquire (feature `tokio`): doorbells, parking, cancellation, streams, the
+//! lost-wakeup race, and async consumers in other processes.
+//!
+//! Every waiter here has a liveness interval of a minute, and every wait a deadline of 20 s:
+//! a wait that finishes in time was woken by its doorbell, not by its timer.
+#![cfg(feature = "tokio")]
+
+mod common;
+
+use std::future::Future;
+use std::time::Duration;
+
+use common::{expect_success, role, spawn, unique_name};
+use futures_util::StreamExt;
+use gpuring::{Consumer, Policy, Producer, RecvError, StartAt};
+
+const LONG: Duration = Duration::from_secs(60);
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Awaits `f`, failing the test if it takes longer than [`DEADLINE`].
+async fn in_time<T>(what: &str, f: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(DEADLINE, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: not woken within {DEADLINE:?} (a lost wake-up)"),
+    }
+}
+
+fn consumer(name: &str) -> Consumer {
+    Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LONG).open().unwrap()
+}
+
+#[test]
+fn recv_async_is_woken_by_the_producers_publish() {
+    let name = unique_name("async-bell");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        tx.send(b"ding", b"hdr").unwrap();
+        tx
+    });
+    runtime().block_on(async {
+        let msg = in_time("recv_async", rx.recv_async()).await.unwrap();
+        assert_eq!(&*msg, b"ding");
+        assert_eq!(&msg.header()[..3], b"hdr");
+    });
+    drop(sender.join().unwrap());
+    let end = runtime().block_on(in_time("disconnect", rx.recv_async()));
+    assert!(matches!(end, Err(RecvError::Disconnected)));
+}
+
+#[test]
+fn a_waiting_receive_is_parked_and_a_cancelled_one_is_not() {
+    let name = unique_name("async-cancel");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    runtime().block_on(async {
+        let wait = rx.recv_async();
+        tokio::pin!(wait);
+        let pending = tokio::time::timeout(Duration::from_millis(50), &mut wait).await;
+        assert!(pending.is_err(), "nothing was sent");
+        assert!(tx.consumers()[0].parked, "a pending recv_async parks");
+    });
+    // The future was dropped mid-wait: the consumer must be unparked again.
+    assert!(!tx.consumers()[0].parked);
+    tx.send(b"after", b"").unwrap();
+    let got = runtime().block_on(in_time("recv_async", rx.recv_async())).unwrap();
+    assert_eq!(&*got, b"after");
+}
+
+#[test]
+fn the_stream_yields_every_message_then_ends() {
+    let name = unique_name("async-stream");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    let sender = std::thread::spawn(move || {
+        for i in 0..100u32 {
+            tx.send(&i.to_le_bytes(), b"").unwrap();
+            if i % 10 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
+    let seen = runtime().block_on(async {
+        let mut seen = Vec::new();
+        let mut messages = rx.stream();
+        while let Some(msg) = in_time("stream", messages.next()).await {
+            let msg = msg.unwrap();
+            seen.push(u32::from_le_bytes(msg[..4].try_into().unwrap()));
+        }
+        seen
+    });
+    sender.join().unwrap();
+    assert_eq!(seen, (0..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn acquire_async_is_woken_by_a_release() {
+    let name = unique_name("async-acquire");
+    let mut tx = Producer::builder(&name)
+        .capacity(1)
+        .slot_size(64)
+        .policy(Policy::Block)
+        .liveness_interval(LONG)
+        .create()
+        .unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let reader = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let rx = consumer(&name);
+            held_tx.send(()).unwrap();
+            let m = rx.recv().unwrap();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(m);
+            assert!(rx.recv().is_ok());
+        })
+    };
+    held_rx.recv().unwrap();
+    tx.send(b"one", b"").unwrap();
+    held_rx.recv().unwrap();
+    runtime().block_on(async {
+        // The only slot is held: this parks until the reader's release knocks.
+        let mut slot = in_time("acquire_async", tx.acquire_async()).await.unwrap();
+        slot[..3].copy_from_slice(b"two");
+        slot.publish(3, b"").unwrap();
+    });
+    reader.join().unwrap();
+    // The wait counts as blocked time, as a blocking acquire's does.
+    let blocked = gpuring::inspect::status(&name).unwrap().blocked_ns;
+    assert!(blocked > 50_000_000, "blocked {blocked} ns");
+}
+
+/// Both sides async on their own threads, a one-slot ring, and a producer that pauses at random:
+/// each side parks thousands of times, in every order against the other's changes. A lost
+/// wake-up stalls a side for the minute-long liveness interval and fails its deadline.
+#[test]
+fn no_wake_up_is_lost_when_both_sides_park_and_race() {
+    const N: u32 = 20_000;
+    let name = unique_name("async-race");
+    let mut tx = Producer::builder(&name)
+        .capacity(1)
+        .slot_size(64)
+        .policy(Policy::Block)
+        .liveness_interval(LONG)
+        .create()
+        .unwrap();
+    let rx = consumer(&name);
+    let producer = std::thread::spawn(move || {
+        runtime().block_on(async {
+            let mut x = 0x9e37_79b9_u32;
+            for i in 0..N {
+                in_time("send_async", tx.send_async(&i.to_le_bytes(), b"")).await.unwrap();
+                // xorshift: pause now and then, so the consumer runs dry and parks.
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match x % 8 {
+                    0 => tokio::task::yield_now().await,
+                    1 => std::thread::sleep(Duration::from_micros(u64::from(x % 50))),
+                    _ => {}
+                }
+            }
+        });
+    });
+    runtime().block_on(async {
+        for i in 0..N {
+            let msg = in_time("recv_async", rx.recv_async()).await.unwrap();
+            assert_eq!(u32::from_le_bytes(msg[..4].try_into().unwrap()), i);
+            if i % 7 == 0 {
+                // A slow reader now and then, so the producer finds the ring full and parks.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    });
+    producer.join().unwrap();
+}
+
+/// Two async consumers in other processes receive every message from an async producer here.
+#[test]
+fn async_consumers_in_other_processes_receive_everything() {
+    const N: u32 = 5_000;
+    if role().as_deref() == Some("async-consumer") {
+        let name: String = common::env("RING");
+        let rx = Consumer::builder(&name)
+            .start_at(StartAt::Oldest)
+            .liveness_interval(LONG)
+            .open_when_ready(None, DEADLINE)
+            .unwrap();
+        runtime().block_on(async {
+            for i in 0..N {
+                let msg = in_time("recv_async", rx.recv_async()).await.unwrap();
+                assert_eq!(msg.seq(), u64::from(i));
+                assert!(msg.iter().all(|&b| b == i as u8), "message {i} damaged");
+            }
+            let end = in_time("disconnect", rx.recv_async()).await;
+            assert!(matches!(end, Err(RecvError::Disconnected)));
+        });
+        return;
+    }
+    let name = unique_name("async-procs");
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(4096)
+        .policy(Policy::Block)
+        .liveness_interval(LONG)
+        .create()
+        .unwrap();
+    let test = "async_consumers_in_other_processes_receive_everything";
+    let children: Vec<_> =
+        (0..2).map(|_| spawn(test, "async-consumer", &[("RING", name.clone())])).collect();
+    let start = std::time::Instant::now();
+    while tx.consumer_count() < 2 {
+        assert!(start.elapsed() < DEADLINE, "consumers did not join");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    runtime().block_on(async {
+        for i in 0..N {
+            let mut slot = in_time("acquire_async", tx.acquire_async()).await.unwrap();
+            let len = 64 + (i as usize * 31) % 4000;
+            slot[..len].fill(i as u8);
+            slot.publish(len, b"").unwrap();
+        }
+    });
+    drop(tx);
+    for child in children {
+        expect_success(child, "async consumer");
+    }
+}
