@@ -23,7 +23,7 @@
 //! no OS calls), `wait` (futex sleeping), `cuda` (driver wrappers and kernels), then the API:
 //! [`Producer`] and [`Consumer`], and `gpu` ([`GpuProducer`], [`GpuConsumer`]).
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod cuda;
