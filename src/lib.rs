@@ -28,7 +28,11 @@
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod cuda;
 pub mod error;
+// The protocol and OS layers are public for the loom model, the fuzzer, the benches and the
+// tests, not as API: docs/protocol.md documents them. What users need is re-exported here.
+#[doc(hidden)]
 pub mod ring;
+#[doc(hidden)]
 pub mod shm;
 
 #[cfg(all(feature = "tokio", not(loom)))]

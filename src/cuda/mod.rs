@@ -6,9 +6,14 @@
 //! without CUDA; [`driver::available`] says whether it can be used, and no CUDA call is made
 //! before it said yes.
 
+// Raw driver wrappers, the segment's CUDA tables and the test and bench kernels: public for the
+// tests and benches (and documented in docs/gpu.md), not as API.
+#[doc(hidden)]
 pub mod driver;
 mod ipc;
+#[doc(hidden)]
 pub mod kernels;
+#[doc(hidden)]
 pub mod layout;
 mod pool;
 mod stream;
@@ -16,7 +21,9 @@ mod stream;
 use std::fmt;
 use std::sync::Arc;
 
-pub use driver::{DriverError, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+pub use driver::{available, DriverError, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+// The IPC owners serve the ring's own CUDA layer; the bench and tests use them directly.
+#[doc(hidden)]
 pub use ipc::{IpcEvent, IpcMapping};
 pub use pool::{DevicePool, POOL_ALIGN};
 pub use stream::Stream;

@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Lists public items of the documented API whose doc comment has no code example.
+
+The documented API is every `pub` item outside the modules that lib.rs and cuda/mod.rs mark
+`#[doc(hidden)]` (ring/, shm/, cuda/driver, cuda/kernels, cuda/layout, cuda/ipc, fuzzing) and
+the private modules. An item counts
+as covered when its own doc comment holds a ``` block. Fields and enum variants are not items
+here; a trait impl's methods are documented by the trait. Exit status 1 if any item lacks one.
+
+    scripts/doc-examples.py [--list]
+"""
+import pathlib, re, sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "src"
+# Hidden modules, and private ones (their `pub` items are crate-internal).
+HIDDEN = ("ring/", "shm/", "cuda/driver.rs", "cuda/kernels.rs", "cuda/layout.rs", "cuda/ipc.rs",
+          "fuzzing.rs", "bin/", "mapped.rs", "doorbells.rs", "wait.rs")
+ITEM = re.compile(r"^\s*pub (?:async )?(?:unsafe )?(fn|struct|enum|const|trait|type|static) (\w+)")
+
+missing = []
+for path in sorted(ROOT.rglob("*.rs")):
+    rel = path.relative_to(ROOT).as_posix()
+    if rel.startswith(HIDDEN) or rel in ("cuda/kernels.rs",):
+        continue
+    lines = path.read_text().splitlines()
+    in_tests = False
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*mod tests", line):
+            in_tests = True
+        m = ITEM.match(line)
+        if not m or in_tests:
+            continue
+        # Walk up over attributes to the doc comment.
+        j, doc = i - 1, []
+        while j >= 0 and (lines[j].strip().startswith("#[") or lines[j].strip().startswith("///")):
+            if lines[j].strip().startswith("///"):
+                doc.append(lines[j])
+            j -= 1
+        if not any("```" in d for d in doc):
+            missing.append(f"{rel}:{i + 1}: {m.group(1)} {m.group(2)}")
+
+for m in missing:
+    print(m)
+print(f"{len(missing)} public items without an example", file=sys.stderr)
+sys.exit(1 if missing else 0)
