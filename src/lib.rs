@@ -76,12 +76,17 @@ pub use shm::{Layout, MemoryKind, MAX_NAME_LEN};
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;
 
-/// The README's examples, compiled as doctests so they stay true.
 /// Default for `gpu_poll` on both builders (CUDA rings): how long the CPU polls a pending
 /// event (`cuEventQuery`, ~50 ns) before it hands the wait to the GPU (`cuStreamWaitEvent`).
 /// See docs/performance.md for the measurements behind the value.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(gpuring::DEFAULT_GPU_POLL, Duration::from_micros(30));
+/// ```
 pub const DEFAULT_GPU_POLL: std::time::Duration = std::time::Duration::from_micros(30);
 
+/// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
