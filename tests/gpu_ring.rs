@@ -342,3 +342,57 @@ fn consumers_join_and_leave_mid_stream() {
         }
     }
 }
+
+/// `GpuConsumer::recv_async` (feature `tokio`): two consumer processes receive on a
+/// current-thread runtime, each checking every byte with a kernel, while the producer writes
+/// as fast as a 2-slot Block ring allows. Their waits park on their doorbells: a lost wake-up
+/// would stall a consumer for its minute-long liveness interval and fail the deadline.
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn async_gpu_consumers_read_every_byte() {
+    const FRAMES: u64 = 2_000;
+    const LEN: u64 = 1 << 20;
+    let test = "async_gpu_consumers_read_every_byte";
+    if role().is_some() {
+        let rx = Consumer::builder(&env::<String>("RING"))
+            .start_at(gpuring::StartAt::Next)
+            .liveness_interval(Duration::from_secs(60))
+            .open_gpu()
+            .unwrap();
+        let k = PatternKernels::get(rx.context()).unwrap();
+        let bad = counter(&rx);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let n = rt.block_on(async {
+            let mut n = 0;
+            loop {
+                let wait = tokio::time::timeout(Duration::from_secs(20), rx.recv_async());
+                let m = match wait.await.expect("not woken within 20 s") {
+                    Ok(m) => m,
+                    Err(GpuRecvError::Disconnected) => break n,
+                    Err(e) => panic!("recv_async: {e}"),
+                };
+                // SAFETY: the message's bytes stay readable on its stream until its release,
+                // which dropping `m` records after this kernel.
+                unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }
+                    .unwrap();
+                n += 1;
+            }
+        });
+        let bad = read_counter(rx.stream(), &bad);
+        eprintln!("async gpu consumer: {n} frames, {bad} mismatching bytes");
+        assert_eq!((n, bad), (FRAMES, 0));
+        return;
+    }
+    let name = unique_name("gpu-async");
+    let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
+    let mut tx = b.create_gpu(0).unwrap();
+    let children: Vec<_> =
+        (0..2).map(|_| spawn(test, "consumer", &[("RING", name.clone())])).collect();
+    wait_for_consumers(&tx, 2);
+    produce(&mut tx, FRAMES, LEN);
+    drop(tx);
+    for child in children {
+        expect_success(child, "async GPU consumer");
+    }
+}
