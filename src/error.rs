@@ -6,6 +6,18 @@ use std::io;
 use crate::ring::RingCorrupt;
 
 /// A value in a segment that a correct peer cannot have written.
+///
+/// The `Corrupt` variant of each operation's error carries one:
+///
+/// ```
+/// # let _tx = gpuring::Producer::builder("doc-error-corruption").create()?;
+/// let rx = gpuring::Consumer::open("doc-error-corruption")?;
+/// match rx.try_recv() {
+///     Err(gpuring::TryRecvError::Corrupt(c)) => eprintln!("ring damaged, stop reading: {c}"),
+///     other => assert!(matches!(other, Err(gpuring::TryRecvError::Empty))),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Corruption {
     /// A header field is out of range or inconsistent.
@@ -51,6 +63,13 @@ impl From<RingCorrupt> for Corruption {
 }
 
 /// A ring name that cannot be used.
+///
+/// ```
+/// use gpuring::{CreateError, NameError, Producer};
+///
+/// let err = Producer::builder("cams/0").create().err();
+/// assert!(matches!(err, Some(CreateError::InvalidName(NameError::Slash))));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NameError {
     /// The name is empty.
@@ -85,6 +104,17 @@ impl fmt::Display for NameError {
 impl std::error::Error for NameError {}
 
 /// Why [`crate::ProducerBuilder::create`] failed.
+///
+/// A ring name can have only one live producer:
+///
+/// ```
+/// use gpuring::{CreateError, Producer};
+///
+/// let _tx = Producer::builder("doc-error-create-error").create()?;
+/// let err = Producer::builder("doc-error-create-error").create().err();
+/// assert!(matches!(err, Some(CreateError::AlreadyExists { pid }) if pid == std::process::id()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum CreateError {
     /// The name is not valid.
@@ -140,6 +170,15 @@ impl std::error::Error for CreateError {
 }
 
 /// Why [`crate::Consumer::open`] failed.
+///
+/// ```
+/// use gpuring::{Consumer, OpenError};
+///
+/// match Consumer::open("doc-error-open-error-no-such-ring") {
+///     Err(OpenError::NotFound) => println!("no ring yet: start the producer first"),
+///     other => panic!("expected NotFound, got {:?}", other.err()),
+/// }
+/// ```
 #[derive(Debug)]
 pub enum OpenError {
     /// The name is not valid.
@@ -248,6 +287,20 @@ impl std::error::Error for OpenError {
 }
 
 /// Why [`crate::Consumer::try_recv`] returned no message.
+///
+/// ```
+/// use gpuring::{Consumer, TryRecvError};
+/// # let _tx = gpuring::Producer::builder("doc-error-try-recv-error").create()?;
+///
+/// let rx = Consumer::open("doc-error-try-recv-error")?;
+/// match rx.try_recv() {
+///     Ok(msg) => println!("{} bytes", msg.len()),
+///     Err(TryRecvError::Empty) => println!("nothing yet: do other work"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TryRecvError {
     /// No message is waiting.
@@ -259,6 +312,21 @@ pub enum TryRecvError {
 }
 
 /// Why [`crate::Consumer::recv`] returned no message.
+///
+/// Once the producer is gone, a consumer still receives what was published, then
+/// `Disconnected`:
+///
+/// ```
+/// use gpuring::{Consumer, Producer, RecvError};
+///
+/// let mut tx = Producer::builder("doc-error-recv-error").create()?;
+/// let rx = Consumer::open("doc-error-recv-error")?;
+/// tx.send(b"last", b"")?;
+/// drop(tx); // closes the ring
+/// assert_eq!(&*rx.recv()?, b"last");
+/// assert_eq!(rx.recv().err(), Some(RecvError::Disconnected));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecvError {
     /// The producer closed or died and every message was received.
@@ -268,6 +336,17 @@ pub enum RecvError {
 }
 
 /// Why [`crate::Consumer::recv_timeout`] returned no message.
+///
+/// ```
+/// use gpuring::{Consumer, RecvTimeoutError};
+/// use std::time::Duration;
+/// # let _tx = gpuring::Producer::builder("doc-error-recv-timeout-error").create()?;
+///
+/// let rx = Consumer::open("doc-error-recv-timeout-error")?; // nothing was sent
+/// let r = rx.recv_timeout(Duration::from_millis(10));
+/// assert_eq!(r.err(), Some(RecvTimeoutError::Timeout));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecvTimeoutError {
     /// No message came in time.
@@ -279,6 +358,16 @@ pub enum RecvTimeoutError {
 }
 
 /// Why [`crate::Producer::try_acquire`] returned no slot.
+///
+/// ```
+/// use gpuring::{Consumer, Producer, TryAcquireError};
+///
+/// let mut tx = Producer::builder("doc-error-try-acquire-error").capacity(1).create()?;
+/// let _rx = Consumer::open("doc-error-try-acquire-error")?; // joins, but reads nothing
+/// tx.send(b"one", b"")?; // fills the only slot
+/// assert_eq!(tx.try_acquire().err(), Some(TryAcquireError::Full));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TryAcquireError {
     /// The next slot is not free: a `Block` consumer is a full ring behind, or a consumer holds
@@ -289,6 +378,17 @@ pub enum TryAcquireError {
 }
 
 /// Why [`crate::Producer::acquire`] returned no slot.
+///
+/// ```
+/// use gpuring::{AcquireError, Producer};
+///
+/// let mut tx = Producer::builder("doc-error-acquire-error").create()?;
+/// match tx.acquire() {
+///     Ok(slot) => println!("writing message {}", slot.seq()),
+///     Err(AcquireError::Corrupt(c)) => eprintln!("ring damaged: {c}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireError {
     /// The segment is damaged.
@@ -296,6 +396,18 @@ pub enum AcquireError {
 }
 
 /// Why [`crate::Producer::acquire_timeout`] returned no slot.
+///
+/// ```
+/// use gpuring::{AcquireTimeoutError, Consumer, Producer};
+/// use std::time::Duration;
+///
+/// let mut tx = Producer::builder("doc-error-acquire-timeout-error").capacity(1).create()?;
+/// let _rx = Consumer::open("doc-error-acquire-timeout-error")?; // joins, but reads nothing
+/// tx.send(b"one", b"")?; // fills the only slot
+/// let r = tx.acquire_timeout(Duration::from_millis(10));
+/// assert_eq!(r.err(), Some(AcquireTimeoutError::Timeout));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireTimeoutError {
     /// No slot came free in time.
@@ -305,6 +417,16 @@ pub enum AcquireTimeoutError {
 }
 
 /// Why [`crate::WriteSlot::publish`] refused a message.
+///
+/// ```
+/// use gpuring::{Producer, PublishError};
+///
+/// let mut tx = Producer::builder("doc-error-publish-error").slot_size(16).create()?;
+/// let slot = tx.acquire()?;
+/// let err = slot.publish(17, b"").unwrap_err();
+/// assert_eq!(err, PublishError::TooLong { len: 17, slot_size: 16 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PublishError {
     /// The length exceeds the slot size.
@@ -324,6 +446,15 @@ pub enum PublishError {
 }
 
 /// Why [`crate::Producer::send`] failed.
+///
+/// ```
+/// use gpuring::{Producer, PublishError, SendError};
+///
+/// let mut tx = Producer::builder("doc-error-send-error").user_header_size(8).create()?;
+/// let err = tx.send(b"frame", &[0; 9]).unwrap_err();
+/// assert_eq!(err, SendError::Publish(PublishError::HeaderTooLong { len: 9, max: 8 }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SendError {
     /// The message or header does not fit.

@@ -16,6 +16,14 @@ use crate::shm::{OpenOptions, Segment, ShmName, SHM_PREFIX};
 use crate::stats::{self, ConsumerInfo};
 
 /// A ring's configuration and counters at one moment.
+///
+/// ```
+/// # let _tx = gpuring::Producer::builder("doc-inspect-ring-status").capacity(4).create()?;
+/// let s = gpuring::inspect::status("doc-inspect-ring-status")?;
+/// assert_eq!((s.capacity, s.published), (4, 0));
+/// println!("{}: {} consumers, producer pid {}", s.name, s.consumers.len(), s.producer_pid);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct RingStatus {
     /// The ring's name.
@@ -49,6 +57,13 @@ pub struct RingStatus {
 }
 
 /// The names of the rings in `/dev/shm` (files named `gpuring.NAME`), sorted.
+///
+/// ```
+/// # let _tx = gpuring::Producer::builder("doc-inspect-ring-names").create()?;
+/// let names = gpuring::inspect::ring_names()?;
+/// assert!(names.iter().any(|n| n == "doc-inspect-ring-names"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn ring_names() -> io::Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir("/dev/shm")?
         .filter_map(|e| e.ok())
@@ -62,6 +77,16 @@ pub fn ring_names() -> io::Result<Vec<String>> {
 /// Reads ring `name`'s header and counters. The segment is checked like a consumer checks it
 /// (`OpenError` says what is wrong); another user's ring is read as well, since only counters
 /// are read.
+///
+/// ```
+/// use gpuring::{inspect, MemoryKind, Producer};
+///
+/// let _tx = Producer::builder("doc-inspect-status").create()?;
+/// let s = inspect::status("doc-inspect-status")?;
+/// assert!(s.producer_alive && !s.closed);
+/// assert_eq!(s.memory, MemoryKind::Host);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn status(name: &str) -> Result<RingStatus, OpenError> {
     let shm = ShmName::new(name).map_err(OpenError::InvalidName)?;
     let seg = Segment::open(&shm, OpenOptions { allow_foreign_owner: true })?;
@@ -89,6 +114,15 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
 }
 
 /// Why [`remove`] did not remove a ring.
+///
+/// ```
+/// use gpuring::inspect::{remove, RemoveError};
+///
+/// let _tx = gpuring::Producer::builder("doc-inspect-remove-error").create()?;
+/// let err = remove("doc-inspect-remove-error", false).unwrap_err();
+/// assert!(matches!(err, RemoveError::ProducerAlive { pid } if pid == std::process::id()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum RemoveError {
     /// No ring of that name.
@@ -122,6 +156,16 @@ impl std::error::Error for RemoveError {}
 
 /// Removes ring `name` from `/dev/shm`: refused while its producer is alive unless `force`. A
 /// segment too damaged to read is removed only with `force`.
+///
+/// ```
+/// use gpuring::{inspect, OpenError};
+///
+/// let _tx = gpuring::Producer::builder("doc-inspect-remove").create()?;
+/// inspect::remove("doc-inspect-remove", true)?; // `force`: its producer still runs
+/// let r = gpuring::Consumer::open("doc-inspect-remove");
+/// assert!(matches!(r.err(), Some(OpenError::NotFound)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn remove(name: &str, force: bool) -> Result<(), RemoveError> {
     let shm = ShmName::new(name).map_err(|e| RemoveError::Open(OpenError::InvalidName(e)))?;
     match status(name) {

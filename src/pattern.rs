@@ -12,6 +12,12 @@ fn word(seq: u64, j: u64) -> u64 {
 }
 
 /// Fills `buf` with message `seq`'s pattern.
+///
+/// ```
+/// let mut buf = vec![0u8; 100];
+/// gpuring::pattern::fill(&mut buf, 7);
+/// assert_eq!(gpuring::pattern::mismatches(&buf, 7), 0);
+/// ```
 pub fn fill(buf: &mut [u8], seq: u64) {
     let j = (buf.len() / 8) as u64;
     let mut chunks = buf.chunks_exact_mut(8);
@@ -24,6 +30,16 @@ pub fn fill(buf: &mut [u8], seq: u64) {
 }
 
 /// Counts the bytes of `buf` that differ from message `seq`'s pattern.
+///
+/// ```
+/// use gpuring::pattern::{fill, mismatches};
+///
+/// let mut buf = vec![0u8; 64];
+/// fill(&mut buf, 7);
+/// buf[10] ^= 1; // damage one byte
+/// assert_eq!(mismatches(&buf, 7), 1);
+/// assert!(mismatches(&buf, 8) > 0); // another message's pattern
+/// ```
 pub fn mismatches(buf: &[u8], seq: u64) -> u64 {
     let mut bad = 0u64;
     let mut chunks = buf.chunks_exact(8);
@@ -41,6 +57,13 @@ pub fn mismatches(buf: &[u8], seq: u64) -> u64 {
 
 /// A message length between `min` and `max` (inclusive) derived from `seq`, for tests that
 /// vary lengths.
+///
+/// ```
+/// for seq in 0..100 {
+///     let len = gpuring::pattern::len_for(seq, 16, 64);
+///     assert!((16..=64).contains(&len));
+/// }
+/// ```
 pub fn len_for(seq: u64, min: usize, max: usize) -> usize {
     let span = (max - min + 1) as u64;
     min + (seq.wrapping_mul(MUL) >> 33) as usize % span as usize

@@ -7,6 +7,17 @@ use crate::ring::Ring;
 use crate::shm::process::ProcessId;
 
 /// One joined consumer, as its table entry says now.
+///
+/// [`Producer::consumers`](crate::Producer::consumers) lists them:
+///
+/// ```
+/// # let mut tx = gpuring::Producer::builder("doc-stats-consumer-info").create()?;
+/// let _rx = gpuring::Consumer::open("doc-stats-consumer-info")?;
+/// tx.send(b"hello", b"")?;
+/// let info = tx.consumers()[0];
+/// assert_eq!((info.pid, info.lag, info.received), (std::process::id(), 1, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConsumerInfo {
     /// Consumer table index.

@@ -124,6 +124,24 @@ fn recv_error(e: TryRecvError) -> RecvError {
 type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, RecvError>> + 'a>>;
 
 /// The stream of a consumer's messages; see [`Consumer::stream`].
+///
+/// ```
+/// use futures_util::StreamExt;
+/// # let mut tx = gpuring::Producer::builder("doc-asynch-messages").create()?;
+/// # let rx = gpuring::Consumer::open("doc-asynch-messages")?;
+/// # tx.send(b"hello", b"")?;
+/// # drop(tx); // the producer closes the ring, so the stream ends
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+/// # rt.block_on(async {
+/// let mut messages = rx.stream();
+/// while let Some(msg) = messages.next().await {
+///     let msg = msg?;
+///     println!("message {}: {} bytes", msg.seq(), msg.len());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Messages<'a> {
     consumer: &'a Consumer,
     /// The receive in progress.

@@ -29,6 +29,17 @@ pub use pool::{DevicePool, POOL_ALIGN};
 pub use stream::Stream;
 
 /// Why a CUDA operation failed.
+///
+/// ```no_run
+/// use gpuring::cuda::{Context, CudaError};
+///
+/// match Context::new(0) {
+///     Ok(ctx) => println!("using GPU {}", ctx.ordinal()),
+///     Err(CudaError::Unavailable(why)) => println!("no GPU, using host memory: {why}"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CudaError {
     /// No usable driver or device on this machine.
@@ -69,6 +80,13 @@ impl From<DriverError> for CudaError {
 
 /// A device's primary context, retained for as long as this lives.
 ///
+/// ```no_run
+/// let ctx = gpuring::cuda::Context::new(0)?;
+/// let (major, minor) = ctx.compute_capability()?;
+/// println!("GPU {} has compute capability {major}.{minor}", ctx.ordinal());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// Invariant: `ctx` is `dev`'s primary context, retained once by this value.
 pub struct Context {
     dev: driver::CUdevice,
@@ -83,6 +101,12 @@ unsafe impl Sync for Context {}
 
 impl Context {
     /// Retains device `ordinal`'s primary context and makes it current on this thread.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?; // GPU 0
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(ordinal: i32) -> Result<Arc<Context>, CudaError> {
         driver::available().map_err(CudaError::Unavailable)?;
         let dev = driver::device(ordinal)?;
@@ -93,6 +117,16 @@ impl Context {
     }
 
     /// Makes this context current on the calling thread, and leaves it so.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// std::thread::spawn(move || {
+    ///     ctx.make_current()?; // a new thread has no current context
+    ///     // ... CUDA calls from other libraries now run on GPU 0 ...
+    ///     Ok::<(), gpuring::cuda::DriverError>(())
+    /// }).join().unwrap()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn make_current(&self) -> Result<(), DriverError> {
         // SAFETY: `ctx` is retained by self, so it is live.
         unsafe { driver::ctx_set_current(self.ctx) }
@@ -102,6 +136,15 @@ impl Context {
     /// restores the thread's previous context. Every RAII type here calls it around its driver
     /// calls, so they work from any thread and leave the caller's own context (another device's,
     /// PyTorch's...) as it was. Free when this context is already current.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// {
+    ///     let _bound = ctx.bind()?;
+    ///     // ... CUDA calls here run in `ctx` ...
+    /// } // the thread's previous context is current again
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind(&self) -> Result<Bound, DriverError> {
         let previous = driver::ctx_get_current()?;
         if previous == self.ctx {
@@ -112,22 +155,49 @@ impl Context {
     }
 
     /// The device ordinal.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// assert_eq!(ctx.ordinal(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
 
     /// The device's UUID.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// let hex: String = ctx.uuid()?.iter().map(|b| format!("{b:02x}")).collect();
+    /// println!("GPU 0 is GPU-{hex}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn uuid(&self) -> Result<[u8; 16], DriverError> {
         driver::device_uuid(self.dev)
     }
 
     /// The device's compute capability.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// let (major, minor) = ctx.compute_capability()?;
+    /// println!("sm_{major}{minor}"); // sm_90 on an H100
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
         driver::compute_capability(self.dev)
     }
 }
 
 /// Restores the thread's previous context when dropped. See [`Context::bind`].
+///
+/// ```no_run
+/// let ctx = gpuring::cuda::Context::new(0)?;
+/// let bound: gpuring::cuda::Bound = ctx.bind()?; // `ctx` is current now
+/// drop(bound); // and the previous context again
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// Invariant: `previous`, if set, was current on this thread when the guard was made, and is
 /// live or null (a context the caller keeps alive while it is current).

@@ -8,10 +8,26 @@ use super::Context;
 /// Pools are rounded up to this (2 MiB). Legacy IPC maps the whole underlying allocation, so
 /// gpuring shares only allocations it made for the purpose, sized so that nothing else can
 /// share their pages.
+///
+/// ```
+/// use gpuring::cuda::POOL_ALIGN;
+///
+/// let bytes: usize = 3 << 20; // what a pool of 3 MiB really takes
+/// assert_eq!(bytes.div_ceil(POOL_ALIGN) * POOL_ALIGN, 4 << 20);
+/// ```
 pub const POOL_ALIGN: usize = 2 << 20;
 
 /// A dedicated `cuMemAlloc_v2` allocation, freed on drop. Never memory from a stream-ordered
 /// pool: `cuIpcGetMemHandle` refuses that (cudarc's safe `alloc` uses one).
+///
+/// A producer can publish regions of its own pools; see `GpuProducer::register`:
+///
+/// ```no_run
+/// let mut tx = gpuring::Producer::builder("doc-cuda-pool").create_gpu(0)?;
+/// let pool = gpuring::cuda::DevicePool::new(tx.context(), 64 << 20)?;
+/// let id = tx.register(pool)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// Invariant: `ptr` is a live allocation of `size` bytes (a multiple of [`POOL_ALIGN`]) in `ctx`.
 pub struct DevicePool {
@@ -27,6 +43,14 @@ unsafe impl Sync for DevicePool {}
 
 impl DevicePool {
     /// Allocates at least `bytes` (rounded up to 2 MiB) in `ctx`.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::{Context, DevicePool};
+    ///
+    /// let pool = DevicePool::new(&Context::new(0)?, 1000)?;
+    /// assert_eq!(pool.size(), 2 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(ctx: &Arc<Context>, bytes: usize) -> Result<DevicePool, DriverError> {
         let size = bytes.max(1).div_ceil(POOL_ALIGN) * POOL_ALIGN;
         let _bound = ctx.bind()?;
@@ -36,17 +60,39 @@ impl DevicePool {
     }
 
     /// Device address of the first byte.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let pool = gpuring::cuda::DevicePool::new(&ctx, 8 << 20)?;
+    /// let (start, end) = (pool.ptr(), pool.ptr() + pool.size() as u64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ptr(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// Size in bytes.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let pool = gpuring::cuda::DevicePool::new(&ctx, 5 << 20)?;
+    /// assert_eq!(pool.size(), 6 << 20); // rounded up to POOL_ALIGN
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// The legacy IPC handle of this allocation: 64 bytes that let any process that can reach
     /// the GPU map it.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let pool = gpuring::cuda::DevicePool::new(&ctx, 8 << 20)?;
+    /// let handle = pool.ipc_handle()?;
+    /// let bytes = handle.reserved; // send these 64 bytes to the other process
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ipc_handle(&self) -> Result<CUipcMemHandle, DriverError> {
         let _bound = self.ctx.bind()?;
         // SAFETY: `ptr` is the base of a live allocation in the now-current context.

@@ -7,6 +7,15 @@ use super::Context;
 
 /// A non-blocking stream of a context, destroyed on drop.
 ///
+/// ```no_run
+/// use gpuring::cuda::{Context, Stream};
+///
+/// let stream = Stream::new(&Context::new(0)?)?;
+/// // ... enqueue work on stream.raw() ...
+/// stream.synchronize()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// Invariant: `raw` is a live stream of `ctx`.
 pub struct Stream {
     ctx: Arc<Context>,
@@ -20,6 +29,12 @@ unsafe impl Send for Stream {}
 
 impl Stream {
     /// Creates a stream in `ctx`.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(ctx: &Arc<Context>) -> Result<Stream, DriverError> {
         let _bound = ctx.bind()?;
         // SAFETY: `ctx` is current.
@@ -30,6 +45,17 @@ impl Stream {
     /// Wraps a stream created elsewhere (by cudarc, PyTorch, a decoder library) so it can be
     /// passed to `acquire_on` / `recv_on`. Dropping the wrapper does not destroy the stream.
     ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # let theirs = Stream::new(rx.context())?;
+    /// let raw = theirs.raw(); // a stream of another library, on the ring's GPU
+    /// // SAFETY: `raw` is a live stream of that GPU's primary context and outlives `stream`.
+    /// let stream = unsafe { Stream::from_raw(rx.context(), raw) };
+    /// let msg = rx.recv_on(&stream)?; // `stream` waits for the frame on the GPU
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Safety
     /// 1. `raw` must be a live stream of `ctx`'s device's primary context (the one the CUDA
     ///    runtime uses), and stay live while the wrapper and anything enqueued through it are.
@@ -38,17 +64,40 @@ impl Stream {
     }
 
     /// The raw handle, for passing to other CUDA code. It stays valid while `self` lives.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// let raw = stream.raw(); // a `CUstream`, for kernel launches and other libraries
+    /// assert!(!raw.is_null());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn raw(&self) -> CUstream {
         self.raw
     }
 
     /// The context.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// assert_eq!(stream.context().ordinal(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
 
     /// Blocks the calling thread until the stream's work is done. For setup, teardown and tests:
     /// gpuring's steady-state path never calls it.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// // ... enqueue work on stream.raw() ...
+    /// stream.synchronize()?; // the work is done now
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn synchronize(&self) -> Result<(), DriverError> {
         let _bound = self.ctx.bind()?;
         // SAFETY: `raw` is live by the invariant.
@@ -70,6 +119,16 @@ impl Stream {
     /// Enqueues `f`: a driver thread runs it once the work queued before it has finished.
     /// Useful for timestamps ("when did my stream get the frame?") without making this thread
     /// wait.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// # let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// // SAFETY: the closure makes no CUDA call, and a channel sender is all it owns.
+    /// unsafe { stream.on_complete(move || tx.send(gpuring::monotonic_ns()).unwrap())? };
+    /// println!("work done at {} ns", rx.recv()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Safety
     /// 1. `f` must make no CUDA call, and neither may dropping what it captures (so it must not

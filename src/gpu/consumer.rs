@@ -54,6 +54,14 @@ impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
     /// Maps the producer's pools and opens the slots' ready events once, here.
+    ///
+    /// ```no_run
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let rx = gpuring::Consumer::builder("cam0").open_gpu()?;
+    /// let frame = rx.recv()?; // frame.stream() already waits for the producer's writes
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open_gpu(self) -> Result<GpuConsumer, OpenError> {
         let (device, poll) = (self.device, self.gpu_poll);
         let (inner, side) = self.open_kind(MemoryKind::Cuda, |map, entry| {
@@ -67,6 +75,15 @@ impl ConsumerBuilder {
 
     /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
     /// `not_epoch`, then `open_gpu`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // The producer may start after us: wait up to 10 s for it to create the ring.
+    /// let builder = gpuring::Consumer::builder("cam0");
+    /// let rx = builder.open_gpu_when_ready(None, Duration::from_secs(10))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open_gpu_when_ready(
         self,
         not_epoch: Option<u64>,
@@ -76,6 +93,12 @@ impl ConsumerBuilder {
     }
 
     /// The device to read on (CUDA rings). Default: the producer's device, found by UUID.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::Consumer::builder("cam0").device(0).open_gpu()?;
+    /// assert_eq!(rx.context().ordinal(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn device(mut self, ordinal: i32) -> Self {
         self.device = Some(ordinal);
         self
@@ -84,6 +107,14 @@ impl ConsumerBuilder {
     /// CUDA rings: how long `recv` polls a frame's ready event on the CPU (`cuEventQuery`)
     /// before it makes the stream wait for it on the GPU instead. A frame that completes within
     /// the window is read with no GPU-side wait at all. Default [`crate::DEFAULT_GPU_POLL`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // Hand every pending wait to the GPU at once: lowest latency for a mostly idle ring.
+    /// let rx = gpuring::Consumer::builder("cam0").gpu_poll(Duration::ZERO).open_gpu()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn gpu_poll(mut self, window: Duration) -> Self {
         self.gpu_poll = window;
         self
@@ -298,6 +329,15 @@ impl GpuSide {
 /// producer's writes; launch your kernels on [`GpuReadSlot::stream`]. Dropping the slot records
 /// this consumer's release event on that stream, so the producer's next write to the slot waits
 /// for your kernels, not for the CPU.
+///
+/// ```no_run
+/// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+/// let rx = gpuring::GpuConsumer::open("cam0")?;
+/// while let Ok(frame) = rx.recv() {
+///     infer(frame.ptr(), frame.len(), frame.stream()); // your kernels, on the frame's stream
+/// } // each `frame` drops here: released once those kernels are done
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct GpuConsumer {
     inner: Consumer,
     side: GpuSide,
@@ -307,36 +347,86 @@ pub struct GpuConsumer {
 
 impl GpuConsumer {
     /// Opens CUDA ring `name` with default settings.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// println!("{} slots of {} bytes", rx.capacity(), rx.slot_size());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(name: &str) -> Result<GpuConsumer, OpenError> {
         Consumer::builder(name).open_gpu()
     }
 
     /// The ring's name.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// assert_eq!(rx.name(), "cam0");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &str {
         self.inner.name()
     }
 
     /// Number of slots.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// println!("the ring has {} slots", rx.capacity());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u32 {
         self.inner.capacity()
     }
 
     /// Largest message.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = 1920 * 1080 * 4;
+    /// assert!(rx.slot_size() >= frame, "the ring's slots are too small for a 1080p frame");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot_size(&self) -> usize {
         self.inner.slot_size()
     }
 
     /// User header bytes per message.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// // This pipeline puts a u64 frame id in each message's user header.
+    /// assert!(rx.user_header_size() >= 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn user_header_size(&self) -> usize {
         self.inner.user_header_size()
     }
 
     /// The producer's policy.
+    ///
+    /// ```no_run
+    /// use gpuring::Policy;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// if rx.policy() == Policy::Overwrite {
+    ///     println!("a slow reader loses frames: watch frame.lag()");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> crate::Policy {
         self.inner.policy()
     }
 
     /// The ring instance's epoch.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let old = rx.epoch();
+    /// let rx = rx.reconnect(Duration::from_secs(30))?; // a new instance of the ring
+    /// assert_ne!(rx.epoch(), old);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn epoch(&self) -> u64 {
         self.inner.epoch()
     }
@@ -344,22 +434,65 @@ impl GpuConsumer {
     /// After `Disconnected`: waits up to `timeout` for a new instance of the ring and opens it
     /// (see [`Consumer::reconnect`]). Its pools and events are mapped afresh: nothing cached
     /// for this instance is used again.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let mut rx = gpuring::GpuConsumer::open("cam0")?;
+    /// loop {
+    ///     while let Ok(frame) = rx.recv() {
+    ///         infer(frame.ptr(), frame.len(), frame.stream());
+    ///     }
+    ///     // The producer is gone (or the ring is damaged): wait up to 30 s for a new one.
+    ///     rx = rx.reconnect(Duration::from_secs(30))?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reconnect(&self, timeout: Duration) -> Result<GpuConsumer, OpenError> {
         tracing::info!(ring = %self.name(), old_epoch = self.epoch(), "reconnecting");
         self.inner.settings().open_gpu_when_ready(Some(self.epoch()), timeout)
     }
 
     /// The device context this consumer reads in.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// // A stream of your own on the ring's device, for `recv_on`.
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// let frame = rx.recv_on(&infer_stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn context(&self) -> &Arc<Context> {
         &self.side.ctx
     }
 
     /// The consumer's own stream, the one [`recv`](Self::recv) makes wait.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn my_model<S>(_stream: S) {}
+    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
+    /// my_model(rx.stream().raw());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stream(&self) -> &Stream {
         &self.side.stream
     }
 
     /// Receives the next message if one is waiting.
+    ///
+    /// ```no_run
+    /// use gpuring::gpu::GpuRecvError;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// match rx.try_recv() {
+    ///     Ok(frame) => infer(frame.ptr(), frame.len(), frame.stream()),
+    ///     Err(GpuRecvError::Empty) => {} // nothing new: do other work
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_recv(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
         let m = self.inner.try_pin().map_err(|e| match e {
             TryRecvError::Empty => GpuRecvError::Empty,
@@ -370,11 +503,33 @@ impl GpuConsumer {
     }
 
     /// Receives the next message, waiting as long as it takes; its stream is the consumer's.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let frame = rx.recv()?;
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// drop(frame); // records the release on frame.stream(), after infer's kernels
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
         self.recv_on(&self.side.stream)
     }
 
     /// Receives the next message, waiting at most `timeout`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use gpuring::gpu::GpuRecvError;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// match rx.recv_timeout(Duration::from_millis(100)) {
+    ///     Ok(frame) => infer(frame.ptr(), frame.len(), frame.stream()),
+    ///     Err(GpuRecvError::Timeout) => eprintln!("no frame for 100 ms"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<GpuReadSlot<'_>, GpuRecvError> {
         let m = self.pin(Some(Instant::now() + timeout))?;
         self.ready(m, &self.side.stream)
@@ -403,6 +558,17 @@ impl GpuConsumer {
 
     /// Receives the next message and makes `stream` (yours, of this consumer's device) wait
     /// for it; its release is recorded on `stream` too.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// let frame = rx.recv_on(&infer_stream)?; // `infer_stream` waits for the producer's writes
+    /// infer(frame.ptr(), frame.len(), &infer_stream);
+    /// drop(frame); // the release is recorded on `infer_stream`, after infer's kernels
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
         let (theirs, ours) = (stream.context().ordinal(), self.side.ctx.ordinal());
         if theirs != ours {
@@ -505,6 +671,26 @@ impl Drop for GpuConsumer {
 
 /// A received device message. The producer cannot overwrite it until it is released (dropped
 /// or [`release`](Self::release)d), and then only after the work queued on its stream so far.
+///
+/// ```no_run
+/// # let rx = gpuring::GpuConsumer::open("cam0")?;
+/// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+/// let frame = rx.recv()?;
+/// println!("message {}: {} bytes", frame.seq(), frame.len());
+/// infer(frame.ptr(), frame.len(), frame.stream());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A message borrows its consumer: it cannot outlive it.
+///
+/// ```compile_fail,E0597
+/// let frame = {
+///     let rx = gpuring::GpuConsumer::open("cam0")?;
+///     rx.recv()?
+/// }; // error: `rx` is dropped here while `frame` still borrows it
+/// println!("{} bytes", frame.len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct GpuReadSlot<'a> {
     consumer: &'a GpuConsumer,
     /// Invariant: pinned by `consumer`; `ptr..ptr + len` lies in a pool it mapped.
@@ -515,46 +701,128 @@ pub struct GpuReadSlot<'a> {
 
 impl GpuReadSlot<'_> {
     /// Device address of the message, valid on [`stream`](Self::stream) until released.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let frame = rx.recv()?;
+    /// // Launch your kernel on the frame's stream, reading the frame's device memory.
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ptr(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// Length in bytes.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let frame = rx.recv()?;
+    /// infer(frame.ptr(), frame.len(), frame.stream()); // read only the bytes published
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.m.len as usize
     }
 
     /// Whether the message is empty.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// while let Ok(frame) = rx.recv() {
+    ///     if frame.is_empty() {
+    ///         continue; // a keep-alive with no payload
+    ///     }
+    ///     infer(frame.ptr(), frame.len(), frame.stream());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.m.len == 0
     }
 
     /// The stream that waits for the message: launch kernels that read it here.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn my_model<S>(_src: u64, _len: usize, _stream: S) {}
+    /// let frame = rx.recv()?;
+    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
+    /// my_model(frame.ptr(), frame.len(), frame.stream().raw());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stream(&self) -> &Stream {
         self.stream
     }
 
     /// Sequence number.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let mut next = 0;
+    /// while let Ok(frame) = rx.recv() {
+    ///     assert!(frame.seq() >= next); // gaps only where messages were lost (see `lag`)
+    ///     next = frame.seq() + 1;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seq(&self) -> u64 {
         self.m.seq
     }
 
     /// CLOCK_MONOTONIC nanoseconds when the producer published it.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = rx.recv()?;
+    /// let age_us = (gpuring::monotonic_ns() - frame.timestamp_ns()) / 1000;
+    /// println!("frame {} was published {age_us} µs ago", frame.seq());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn timestamp_ns(&self) -> u64 {
         self.m.timestamp_ns
     }
 
     /// Messages lost (overwritten unread) just before this one.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = rx.recv()?;
+    /// if frame.lag() > 0 {
+    ///     eprintln!("too slow: {} frames were overwritten before we read them", frame.lag());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn lag(&self) -> u64 {
         self.m.lag
     }
 
     /// Slot index (for diagnostics).
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = rx.recv()?;
+    /// eprintln!("message {} is in slot {}", frame.seq(), frame.slot());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot(&self) -> usize {
         self.m.slot
     }
 
     /// The user header, `user_header_size` bytes.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = rx.recv()?;
+    /// // The producer published with `slot.publish(len, b"rgba")`; the rest is zero.
+    /// if frame.header().starts_with(b"rgba") {
+    ///     println!("an RGBA frame of {} bytes", frame.len());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn header(&self) -> &[u8] {
         let map = self.consumer.inner.map();
         // SAFETY: the slot is pinned, so no correct producer writes its user header until we
@@ -564,6 +832,15 @@ impl GpuReadSlot<'_> {
 
     /// Releases the message after the work queued on its stream so far, reporting a failure
     /// to record the release event (dropping does the same and ignores it).
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let frame = rx.recv()?;
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// frame.release()?; // like drop(frame), but reports a failed event record
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn release(self) -> Result<(), CudaError> {
         let this = std::mem::ManuallyDrop::new(self);
         this.consumer.release(&this.m, this.stream)

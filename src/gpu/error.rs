@@ -7,6 +7,19 @@ use crate::error::Corruption;
 
 /// Why [`GpuProducer`](super::GpuProducer)'s `try_acquire`, `acquire`, `acquire_on` or
 /// `acquire_timeout` returned no slot.
+///
+/// ```no_run
+/// use gpuring::gpu::GpuAcquireError;
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+/// match tx.try_acquire() {
+///     Ok(slot) => { render(slot.ptr(), 4096, slot.stream()); slot.publish(4096, b"")?; }
+///     Err(GpuAcquireError::Full) => {} // the consumers are behind: skip this frame
+///     Err(GpuAcquireError::Cuda(e)) => eprintln!("GPU error: {e}"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum GpuAcquireError {
     /// `try_acquire` only: no slot is free now.
@@ -21,6 +34,18 @@ pub enum GpuAcquireError {
 
 /// Why [`GpuWriteSlot::publish`](super::GpuWriteSlot::publish) (or `publish_region`) failed.
 /// The slot stays claimed; acquire it again.
+///
+/// ```no_run
+/// use gpuring::gpu::GpuPublishError;
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let slot = tx.acquire()?;
+/// match slot.publish(4096, b"rgba") {
+///     Ok(seq) => println!("published message {seq}"),
+///     Err(GpuPublishError::TooLong { len, slot_size }) => eprintln!("{len} > {slot_size} bytes"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum GpuPublishError {
     /// The message is longer than the ring's slot size.
@@ -54,6 +79,20 @@ pub enum GpuPublishError {
 
 /// Why [`GpuConsumer`](super::GpuConsumer)'s `try_recv`, `recv`, `recv_on` or `recv_timeout`
 /// returned no message.
+///
+/// ```no_run
+/// use gpuring::gpu::GpuRecvError;
+/// # let rx = gpuring::GpuConsumer::open("cam0")?;
+/// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+/// loop {
+///     match rx.recv() {
+///         Ok(frame) => infer(frame.ptr(), frame.len(), frame.stream()),
+///         Err(GpuRecvError::Disconnected) => break, // the producer is gone, the ring drained
+///         Err(e) => return Err(e.into()),
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum GpuRecvError {
     /// `try_recv` only: nothing is waiting.
@@ -69,6 +108,19 @@ pub enum GpuRecvError {
 }
 
 /// Why [`GpuProducer::register`](super::GpuProducer::register) refused an allocation.
+///
+/// ```no_run
+/// use gpuring::cuda::DevicePool;
+/// use gpuring::gpu::RegisterError;
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let surfaces = DevicePool::new(tx.context(), 64 << 20)?;
+/// match tx.register(surfaces) {
+///     Ok(id) => println!("registered as {id:?}"),
+///     Err(RegisterError::TableFull) => eprintln!("too many pools: reuse a registered one"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum RegisterError {
     /// All pool table entries are used.

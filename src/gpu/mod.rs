@@ -19,6 +19,14 @@ pub use consumer::{GpuConsumer, GpuReadSlot};
 /// producer ([`ProducerBuilder::fence`](crate::ProducerBuilder::fence)); consumers follow the
 /// segment. Either way a wait whose work already completed is skipped, and a pending one is
 /// first polled on the CPU for `gpu_poll`.
+///
+/// ```no_run
+/// use gpuring::{Fence, Producer};
+///
+/// assert_eq!(Fence::default(), Fence::Events);
+/// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fence {
     /// Interprocess CUDA events: `cuEventRecord`, then `cuStreamWaitEvent` in the other

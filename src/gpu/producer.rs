@@ -19,16 +19,42 @@ use crate::shm::MemoryKind;
 use crate::{wait, Policy, Producer, ProducerBuilder};
 
 /// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
+///
+/// ```no_run
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let slot = tx.acquire()?;
+/// assert_eq!(slot.ptr() % gpuring::gpu::SLOT_ALIGN as u64, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const SLOT_ALIGN: usize = 256;
 
 /// How long a dropped producer waits, by default, for its consumers to leave before it frees
 /// the device memory they map.
+///
+/// ```no_run
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// // Give slow consumers twice the default time to leave when `tx` drops.
+/// tx.set_linger(gpuring::gpu::DEFAULT_LINGER * 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 
 impl ProducerBuilder {
     /// Creates a CUDA-memory ring on device `ordinal`: one dedicated device allocation holds
     /// every slot, and each slot has an interprocess ready event. Fails with
     /// [`CreateError::MemoryUnavailable`] where there is no usable CUDA driver or device.
+    ///
+    /// ```no_run
+    /// use gpuring::{CreateError, Producer};
+    ///
+    /// let frame = 1920 * 1080 * 4; // one 1080p RGBA frame per slot
+    /// match Producer::builder("cam0").capacity(8).slot_size(frame).create_gpu(0) {
+    ///     Ok(tx) => println!("ring {} is on GPU 0", tx.name()),
+    ///     Err(CreateError::MemoryUnavailable { reason }) => eprintln!("no GPU: {reason}"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn create_gpu(self, ordinal: i32) -> Result<GpuProducer, CreateError> {
         self.create_gpu_inner(ordinal)
     }
@@ -36,6 +62,14 @@ impl ProducerBuilder {
     /// CUDA rings: how long `acquire` polls a pending release event of a slot's previous
     /// readers on the CPU (`cuEventQuery`) before it makes the stream wait for it on the GPU
     /// instead. Default [`crate::DEFAULT_GPU_POLL`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // Hand every pending wait to the GPU at once: lowest latency for a mostly idle ring.
+    /// let tx = gpuring::Producer::builder("cam0").gpu_poll(Duration::ZERO).create_gpu(0)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn gpu_poll(mut self, window: Duration) -> Self {
         self.gpu_poll = window;
         self
@@ -43,6 +77,13 @@ impl ProducerBuilder {
 
     /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Events`]; see
     /// [`Fence`] and docs/performance.md for how the two compare.
+    ///
+    /// ```no_run
+    /// use gpuring::{Fence, Producer};
+    ///
+    /// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fence(mut self, fence: Fence) -> Self {
         self.memory_fence = fence == Fence::Memory;
         self
@@ -77,6 +118,16 @@ enum Patience {
 
 /// A pool table entry of a [`GpuProducer`]: the slots' own allocation (0) or one registered
 /// with [`GpuProducer::register`].
+///
+/// ```no_run
+/// use gpuring::cuda::DevicePool;
+/// use gpuring::gpu::PoolId;
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let pool = DevicePool::new(tx.context(), 64 << 20)?;
+/// let id: PoolId = tx.register(pool)?;
+/// let (base, size) = tx.pool(id).expect("registered above");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolId(pub(crate) u32);
 
@@ -309,6 +360,20 @@ impl GpuSide {
 /// allocated until the process exits rather than free it under a reader. Work you queued on
 /// your own streams into a slot you never published is not waited for: synchronize those
 /// streams first.
+///
+/// ```no_run
+/// use gpuring::Producer;
+/// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+///
+/// let frame = 1920 * 1080 * 4;
+/// let mut tx = Producer::builder("cam0").slot_size(frame).create_gpu(0)?;
+/// for _ in 0..100 {
+///     let slot = tx.acquire()?;
+///     render(slot.ptr(), frame, slot.stream()); // your kernel, on the slot's stream
+///     slot.publish(frame, b"rgba")?;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct GpuProducer {
     inner: Producer,
     gpu: GpuSide,
@@ -322,74 +387,181 @@ pub struct GpuProducer {
 
 impl GpuProducer {
     /// The ring's name.
+    ///
+    /// ```no_run
+    /// let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// assert_eq!(tx.name(), "cam0");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &str {
         self.inner.name()
     }
 
     /// Number of slots.
+    ///
+    /// ```no_run
+    /// let tx = gpuring::Producer::builder("cam0").capacity(8).create_gpu(0)?;
+    /// assert_eq!(tx.capacity(), 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u32 {
         self.inner.capacity()
     }
 
     /// Largest message.
+    ///
+    /// ```no_run
+    /// let tx = gpuring::Producer::builder("cam0").slot_size(1 << 20).create_gpu(0)?;
+    /// assert_eq!(tx.slot_size(), 1 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot_size(&self) -> usize {
         self.inner.slot_size()
     }
 
     /// The policy.
+    ///
+    /// ```no_run
+    /// use gpuring::{Policy, Producer};
+    ///
+    /// let tx = Producer::builder("cam0").policy(Policy::Overwrite).create_gpu(0)?;
+    /// assert_eq!(tx.policy(), Policy::Overwrite);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> Policy {
         self.inner.policy()
     }
 
     /// Messages published so far.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let seq = tx.acquire()?.publish(0, b"")?;
+    /// assert_eq!(tx.published(), seq + 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn published(&self) -> u64 {
         self.inner.published()
     }
 
     /// Consumers currently joined.
+    ///
+    /// ```no_run
+    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// // Wait for a first consumer before streaming.
+    /// while tx.consumer_count() == 0 {
+    ///     std::thread::sleep(std::time::Duration::from_millis(10));
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn consumer_count(&self) -> usize {
         self.inner.consumer_count()
     }
 
     /// A snapshot of every joined consumer's counters.
+    ///
+    /// ```no_run
+    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// for c in tx.consumers() {
+    ///     println!("consumer {} (pid {}): {} behind", c.index, c.pid, c.lag);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn consumers(&self) -> Vec<crate::ConsumerInfo> {
         self.inner.consumers()
     }
 
     /// Slots some consumer holds now (see [`Producer::held_slots`]).
+    ///
+    /// ```no_run
+    /// let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// println!("{} of {} slots held by consumers", tx.held_slots(), tx.capacity());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn held_slots(&self) -> usize {
         self.inner.held_slots()
     }
 
     /// Reclaims consumers whose process died (see [`Producer::reap`]); acquire does it by
     /// itself. Our imports of their release events are dropped at the next acquire.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let dead = tx.reap()?;
+    /// if dead > 0 {
+    ///     eprintln!("reclaimed the slots of {dead} dead consumers");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reap(&mut self) -> Result<usize, crate::Corruption> {
         self.inner.reap()
     }
 
     /// The ring instance's epoch.
+    ///
+    /// ```no_run
+    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// // Consumers of this instance see the same value in `GpuConsumer::epoch`.
+    /// println!("ring {}, instance {:#x}", tx.name(), tx.epoch());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn epoch(&self) -> u64 {
         self.inner.epoch()
     }
 
     /// The device's context.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// // A stream of your own on the ring's device, for `acquire_on`.
+    /// let decoder_stream = Stream::new(tx.context())?;
+    /// let slot = tx.acquire_on(&decoder_stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn context(&self) -> &Arc<Context> {
         &self.gpu.ctx
     }
 
     /// The producer's own stream (the one [`acquire`](Self::acquire) uses).
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// tx.acquire()?.publish(0, b"")?;
+    /// // Block until the GPU has run everything queued on the producer's stream.
+    /// tx.stream().synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
     /// How long dropping the producer waits for consumers to leave before freeing the memory
     /// they may still map.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// // Consumers are batch jobs that may take a minute to finish their last frames.
+    /// tx.set_linger(Duration::from_secs(60));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_linger(&mut self, linger: Duration) {
         self.linger = linger;
     }
 
     /// Adds `pool` to the ring's pool table, so that messages can be published from it with
     /// [`GpuWriteSlot::publish_region`]. The producer keeps it until it drops.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::DevicePool;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// // 64 MiB of decoder output surfaces, shared with every consumer once, here.
+    /// let surfaces = DevicePool::new(tx.context(), 64 << 20)?;
+    /// let id = tx.register(surfaces)?;
+    /// // Later: slot.publish_region(id, offset, len, header) sends one surface.
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn register(&mut self, pool: DevicePool) -> Result<PoolId, RegisterError> {
         self.gpu.add_pool(self.inner.map(), PoolMemory::Owned(pool))
     }
@@ -401,6 +573,22 @@ impl GpuProducer {
     ///    bytes on this producer's device, never one from a stream-ordered or caching pool
     ///    (legacy IPC shares the whole underlying block; see `docs/gpu.md`).
     /// 2. It must stay allocated until this producer has dropped.
+    ///
+    /// ```no_run
+    /// # struct Decoder;
+    /// # impl Decoder {
+    /// #     fn new() -> Decoder { Decoder }
+    /// #     fn surfaces(&self) -> (u64, usize) { (0, 0) }
+    /// # }
+    /// let decoder = Decoder::new(); // declared before `tx`, so it is dropped after it
+    /// let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let (ptr, size) = decoder.surfaces(); // one dedicated `cuMemAlloc` on GPU 0
+    /// // SAFETY: `ptr` is the base of a plain `cuMemAlloc` of `size` bytes on the ring's
+    /// // device (not from a stream-ordered pool), and `decoder` frees it only when dropped,
+    /// // which is after `tx`.
+    /// let id = unsafe { tx.register_raw(ptr, size) }?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub unsafe fn register_raw(
         &mut self,
         ptr: CUdeviceptr,
@@ -410,6 +598,15 @@ impl GpuProducer {
     }
 
     /// Device address and size of a registered pool (`None` for an id of another producer).
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::DevicePool;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let id = tx.register(DevicePool::new(tx.context(), 8 << 20)?)?;
+    /// let (base, size) = tx.pool(id).expect("registered by this producer");
+    /// assert!(size >= 8 << 20); // rounded up to `POOL_ALIGN`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn pool(&self, id: PoolId) -> Option<(CUdeviceptr, usize)> {
         let p = self.gpu.pools.get(id.0 as usize)?;
         Some((p.ptr(), p.size()))
@@ -417,17 +614,61 @@ impl GpuProducer {
 
     /// The next slot if one is free now, its stream waiting for the slot's last readers.
     /// `Full` leaves nothing claimed.
+    ///
+    /// ```no_run
+    /// use gpuring::gpu::GpuAcquireError;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// match tx.try_acquire() {
+    ///     Ok(slot) => { render(slot.ptr(), 4096, slot.stream()); slot.publish(4096, b"")?; }
+    ///     Err(GpuAcquireError::Full) => {} // every slot is busy: skip this frame
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
         self.acquire_with(None, Patience::Now)
     }
 
     /// The next slot, waiting as long as it takes; the producer's stream waits for the slot's
     /// last readers.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let slot = tx.acquire()?;
+    /// render(slot.ptr(), 4096, slot.stream()); // already waits for the slot's last readers
+    /// slot.publish(4096, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// A producer hands out one slot at a time: publish (or drop) it before you acquire the next.
+    ///
+    /// ```compile_fail,E0499
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let a = tx.acquire()?;
+    /// let b = tx.acquire()?; // error: `a` still borrows `tx` mutably
+    /// a.publish(0, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
         self.acquire_with(None, Patience::Forever)
     }
 
     /// The next slot, waiting at most `timeout`. `Timeout` leaves nothing claimed.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use gpuring::gpu::GpuAcquireError;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// match tx.acquire_timeout(Duration::from_millis(100)) {
+    ///     Ok(slot) => { render(slot.ptr(), 4096, slot.stream()); slot.publish(4096, b"")?; }
+    ///     Err(GpuAcquireError::Timeout) => eprintln!("consumers are stalled: frame dropped"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire_timeout(
         &mut self,
         timeout: Duration,
@@ -438,6 +679,17 @@ impl GpuProducer {
     /// Like [`acquire`](Self::acquire), but the wait for the slot's readers goes on `stream`
     /// (your decoder's or kernel's stream, of this producer's device), and `publish` records
     /// the ready event there.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let decoder_stream = Stream::new(tx.context())?;
+    /// let slot = tx.acquire_on(&decoder_stream)?; // `decoder_stream` waits for the old readers
+    /// render(slot.ptr(), 4096, &decoder_stream);
+    /// slot.publish(4096, b"")?; // the ready event is recorded on `decoder_stream`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire_on<'a>(
         &'a mut self,
         stream: &'a Stream,
@@ -582,6 +834,16 @@ impl Drop for GpuProducer {
 /// A claimed device slot: write `len` bytes at [`ptr`](Self::ptr) on [`stream`](Self::stream),
 /// then [`publish`](Self::publish). Dropping it unpublished keeps it claimed; the next acquire
 /// returns it again.
+///
+/// ```no_run
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+/// let slot = tx.acquire()?;
+/// let len = slot.capacity();
+/// render(slot.ptr(), len, slot.stream());
+/// slot.publish(len, b"rgba")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct GpuWriteSlot<'a> {
     producer: &'a mut GpuProducer,
     slot: usize,
@@ -591,26 +853,71 @@ pub struct GpuWriteSlot<'a> {
 
 impl GpuWriteSlot<'_> {
     /// Device address of the slot (aligned to [`SLOT_ALIGN`]).
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let slot = tx.acquire()?;
+    /// // Launch your kernel on the slot's stream, writing to the slot's device memory.
+    /// render(slot.ptr(), 4096, slot.stream());
+    /// slot.publish(4096, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ptr(&self) -> CUdeviceptr {
         self.producer.gpu.pools[0].ptr() + (self.slot * self.producer.gpu.stride) as u64
     }
 
     /// Bytes the slot holds (the ring's slot size).
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let slot = tx.acquire()?;
+    /// let len = 1000.min(slot.capacity());
+    /// render(slot.ptr(), len, slot.stream());
+    /// slot.publish(len, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> usize {
         self.producer.slot_size()
     }
 
     /// The stream to write on: it already waits for the slot's previous readers.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn my_kernel<S>(_dst: u64, _stream: S) {}
+    /// let slot = tx.acquire()?;
+    /// // Hand the raw stream to other CUDA code (cudarc, a decoder library...).
+    /// my_kernel(slot.ptr(), slot.stream().raw());
+    /// slot.publish(4096, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stream(&self) -> &Stream {
         self.stream.unwrap_or(&self.producer.stream)
     }
 
     /// Sequence number this message will have.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let slot = tx.acquire()?;
+    /// let seq = slot.seq();
+    /// assert_eq!(slot.publish(0, b"")?, seq);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seq(&self) -> u64 {
         self.producer.published()
     }
 
     /// Slot index (for diagnostics).
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let slot = tx.acquire()?;
+    /// eprintln!("writing message {} into slot {}", slot.seq(), slot.slot());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot(&self) -> usize {
         self.slot
     }
@@ -618,6 +925,25 @@ impl GpuWriteSlot<'_> {
     /// Publishes the first `len` bytes of the slot with user header `header`: records the
     /// slot's ready event on the stream, then makes the message visible. Returns its sequence
     /// number.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let slot = tx.acquire()?;
+    /// render(slot.ptr(), 4096, slot.stream());
+    /// let seq = slot.publish(4096, b"rgba")?; // `b"rgba"` is the user header
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// `publish` takes the slot: it cannot be written or published again afterwards.
+    ///
+    /// ```compile_fail,E0382
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let slot = tx.acquire()?;
+    /// slot.publish(4096, b"")?;
+    /// let ptr = slot.ptr(); // error: `slot` was moved by `publish`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, GpuPublishError> {
         let offset = (self.slot * self.producer.gpu.stride) as u64;
         self.publish_at(0, offset, len as u64, header)
@@ -628,6 +954,18 @@ impl GpuWriteSlot<'_> {
     /// the consumers' reads are fenced by the same ready event. Do not rewrite the region
     /// until this slot comes round again: its next acquire is where the producer's stream
     /// waits for the region's readers.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::DevicePool;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let id = tx.register(DevicePool::new(tx.context(), 64 << 20)?)?;
+    /// let (base, _) = tx.pool(id).expect("registered above");
+    /// let slot = tx.acquire()?;
+    /// render(base + 8192, 4096, slot.stream()); // write the region on the slot's stream
+    /// slot.publish_region(id, 8192, 4096, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish_region(
         self,
         pool: PoolId,
