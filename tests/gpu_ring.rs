@@ -343,10 +343,11 @@ fn consumers_join_and_leave_mid_stream() {
     }
 }
 
-/// `GpuConsumer::recv_async` (feature `tokio`): two consumer processes receive on a
-/// current-thread runtime, each checking every byte with a kernel, while the producer writes
-/// as fast as a 2-slot Block ring allows. Their waits park on their doorbells: a lost wake-up
-/// would stall a consumer for its minute-long liveness interval and fail the deadline.
+/// `GpuConsumer::recv_async` and `GpuProducer::acquire_async` (feature `tokio`): two consumer
+/// processes receive on a current-thread runtime, each checking every byte with a kernel,
+/// while the producer writes as fast as a 2-slot Block ring allows. Both sides' waits park on
+/// doorbells: a lost wake-up would stall a side for its minute-long liveness interval and fail
+/// the deadline.
 #[cfg(feature = "tokio")]
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -386,11 +387,21 @@ fn async_gpu_consumers_read_every_byte() {
     }
     let name = unique_name("gpu-async");
     let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
-    let mut tx = b.create_gpu(0).unwrap();
+    let mut tx = b.liveness_interval(Duration::from_secs(60)).create_gpu(0).unwrap();
     let children: Vec<_> =
         (0..2).map(|_| spawn(test, "consumer", &[("RING", name.clone())])).collect();
     wait_for_consumers(&tx, 2);
-    produce(&mut tx, FRAMES, LEN);
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        for seq in 0..FRAMES {
+            let wait = tokio::time::timeout(Duration::from_secs(20), tx.acquire_async());
+            let slot = wait.await.expect("not woken within 20 s").unwrap();
+            // SAFETY: the slot holds slot_size >= LEN bytes and is ours until publish.
+            unsafe { k.fill(slot.stream(), slot.ptr(), LEN, seq).unwrap() };
+            slot.publish(LEN as usize, &[]).unwrap();
+        }
+    });
     drop(tx);
     for child in children {
         expect_success(child, "async GPU consumer");

@@ -727,6 +727,18 @@ impl GpuProducer {
             Patience::Forever => self.claim(None)?,
         };
         debug_assert_eq!(slot, next_slot);
+        self.finish_acquire(seq, slot, stream)
+    }
+
+    /// After claiming `slot` for message `seq`: forgets the events of reaped consumers, makes
+    /// the stream wait for the readers of the slot's previous message, and hands the slot out.
+    fn finish_acquire<'a>(
+        &'a mut self,
+        seq: u64,
+        slot: usize,
+        stream: Option<&'a Stream>,
+    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        let cap = self.inner.capacity() as u64;
         for entry in self.inner.take_reaped() {
             // A dead consumer's events: never waited on again (its entry is no longer ACTIVE);
             // drop our imports of them.
@@ -770,6 +782,44 @@ impl GpuProducer {
             }
         }
         Ok(())
+    }
+
+    /// [`acquire`](Self::acquire), awaiting the slot without blocking the thread (feature
+    /// `tokio`): the wait for consumers parks the task like
+    /// [`Producer::acquire_async`](crate::Producer::acquire_async). The wait for the GPU to
+    /// finish writing the slot's previous message (run-ahead) yields to the runtime while it
+    /// polls, then sleeps 100 µs at a time (tokio's timer rounds that up to a millisecond).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = gpuring::Producer::builder("cam0").slot_size(1 << 20).create_gpu(0)?;
+    /// let slot = tx.acquire_async().await?;
+    /// // ... write the frame at slot.ptr() on slot.stream() ...
+    /// slot.publish(1 << 20, b"")?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_async(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
+        let seq = self.inner.published();
+        let cap = self.inner.capacity() as u64;
+        if seq >= cap {
+            let ev = &self.gpu.ready[(seq % cap) as usize];
+            let start = Instant::now();
+            let spin = self.inner.wait_config().spin;
+            while !ev.is_complete()? {
+                if start.elapsed() < spin * 4 {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                }
+            }
+        }
+        let slot = self
+            .inner
+            .claim_async()
+            .await
+            .map_err(|crate::AcquireError::Corrupt(c)| GpuAcquireError::Corrupt(c))?;
+        self.finish_acquire(seq, slot, None)
     }
 
     fn claim(&mut self, deadline: Option<Instant>) -> Result<usize, GpuAcquireError> {
