@@ -14,6 +14,15 @@ use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName};
 use crate::wait::{self, WaitConfig};
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
+///
+/// ```
+/// use gpuring::{Consumer, Producer, StartAt};
+///
+/// # let tx = Producer::builder("doc-consumer-builder").create()?;
+/// let rx = Consumer::builder("doc-consumer-builder").start_at(StartAt::Oldest).open()?;
+/// assert_eq!(rx.name(), "doc-consumer-builder");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct ConsumerBuilder {
     name: String,
@@ -31,24 +40,60 @@ pub struct ConsumerBuilder {
 
 impl ConsumerBuilder {
     /// Where to start reading. Default [`StartAt::Newest`].
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, StartAt};
+    /// let mut tx = Producer::builder("doc-consumer-start-at").create()?;
+    /// tx.send(b"one", b"")?;
+    /// tx.send(b"two", b"")?;
+    /// let rx = Consumer::builder("doc-consumer-start-at").start_at(StartAt::Oldest).open()?;
+    /// assert_eq!(&*rx.recv()?, b"one"); // `StartAt::Newest` would give "two"
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_at(mut self, start: StartAt) -> Self {
         self.start = start;
         self
     }
 
     /// Accept a ring created by another user. Off by default.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-consumer-foreign-owner").create()?;
+    /// let rx = Consumer::builder("doc-consumer-foreign-owner").allow_foreign_owner(true).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn allow_foreign_owner(mut self, allow: bool) -> Self {
         self.allow_foreign_owner = allow;
         self
     }
 
     /// How long a receive spins and yields before sleeping. Default 50 µs.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-spin").create()?;
+    /// // Sleep at once when no message is waiting, without spinning first.
+    /// let rx = Consumer::builder("doc-consumer-spin").spin(Duration::ZERO).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
         self
     }
 
     /// How often a waiting receive checks that the producer is alive. Default 100 ms.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-liveness").create()?;
+    /// let rx = Consumer::builder("doc-consumer-liveness")
+    ///     .liveness_interval(Duration::from_millis(20))
+    ///     .open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn liveness_interval(mut self, every: Duration) -> Self {
         self.liveness = every;
         self
@@ -57,6 +102,18 @@ impl ConsumerBuilder {
     /// Waits up to `timeout` for ring `name` to exist with a live producer whose instance is not
     /// `not_epoch` (pass the epoch of a ring whose producer died to wait for its successor),
     /// then opens it with `open`. Errors other than "not there yet" are returned at once.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-open-when-ready").create()?;
+    /// let ready = Consumer::builder("doc-consumer-open-when-ready");
+    /// let rx = ready.open_when_ready(None, Duration::from_secs(5))?; // the ring exists: no wait
+    /// let absent = Consumer::builder("doc-consumer-never-created");
+    /// let r = absent.open_when_ready(None, Duration::from_millis(20));
+    /// assert!(matches!(r, Err(OpenError::Disconnected)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open_when_ready(
         self,
         not_epoch: Option<u64>,
@@ -97,6 +154,15 @@ impl ConsumerBuilder {
 
     /// Opens a host-memory ring and joins it. A CUDA ring is refused with
     /// [`OpenError::WrongMemory`]; open it with `open_gpu`.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # let tx = Producer::builder("doc-consumer-builder-open").create()?;
+    /// let rx = Consumer::builder("doc-consumer-builder-open").open()?;
+    /// let absent = Consumer::builder("doc-consumer-not-created").open();
+    /// assert!(matches!(absent, Err(OpenError::NotFound)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(self) -> Result<Consumer, OpenError> {
         Ok(self.open_kind(MemoryKind::Host, |_, _| Ok(()))?.0)
     }
@@ -167,6 +233,42 @@ impl ConsumerBuilder {
 ///
 /// `recv` takes `&self`, so one consumer may hold several messages at once. A consumer is
 /// `Send` but not `Sync`: use one per thread.
+///
+/// ```
+/// use gpuring::{Consumer, Producer};
+///
+/// let mut tx = Producer::builder("doc-consumer-type").create()?;
+/// let rx = Consumer::open("doc-consumer-type")?;
+/// tx.send(b"a", b"")?;
+/// tx.send(b"b", b"")?;
+/// let (a, b) = (rx.recv()?, rx.recv()?); // two messages held at once
+/// assert_eq!((&*a, &*b), (&b"a"[..], &b"b"[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// It can move to another thread:
+///
+/// ```
+/// # use gpuring::{Consumer, Producer};
+/// # let tx = Producer::builder("doc-consumer-send").create()?;
+/// let rx = Consumer::open("doc-consumer-send")?;
+/// std::thread::scope(|s| {
+///     s.spawn(move || rx.try_recv().is_ok());
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Threads cannot share one, because `Consumer` is not `Sync`:
+///
+/// ```compile_fail,E0277
+/// # use gpuring::{Consumer, Producer};
+/// # let tx = Producer::builder("doc-consumer-not-sync").create()?;
+/// let rx = Consumer::open("doc-consumer-not-sync")?;
+/// std::thread::scope(|s| {
+///     s.spawn(|| rx.try_recv().is_ok()); // error: `Consumer` cannot be shared between threads
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Consumer {
     map: MappedRing,
     core: ConsumerCore,
@@ -191,11 +293,26 @@ pub struct Consumer {
 
 impl Consumer {
     /// Opens ring `name` with default settings (start at the newest message).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-consumer-open").create()?;
+    /// let rx = Consumer::open("doc-consumer-open")?;
+    /// assert_eq!(rx.name(), "doc-consumer-open");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(name: &str) -> Result<Consumer, OpenError> {
         Consumer::builder(name).open()
     }
 
     /// Starts configuring a consumer of ring `name`.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, StartAt};
+    /// # let tx = Producer::builder("doc-consumer-builder-fn").create()?;
+    /// let rx = Consumer::builder("doc-consumer-builder-fn").start_at(StartAt::Next).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder(name: &str) -> ConsumerBuilder {
         ConsumerBuilder {
             name: name.to_owned(),
@@ -209,36 +326,92 @@ impl Consumer {
     }
 
     /// The ring's name.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-consumer-name").create()?;
+    /// let rx = Consumer::open("doc-consumer-name")?;
+    /// assert_eq!(rx.name(), "doc-consumer-name");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &str {
         self.map.segment().name().ring()
     }
 
     /// Number of slots.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-capacity").capacity(4).create()?;
+    /// let rx = Consumer::open("doc-consumer-capacity")?;
+    /// assert_eq!(rx.capacity(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u32 {
         self.map.params().capacity
     }
 
     /// Largest message.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-slot-size").slot_size(4096).create()?;
+    /// let rx = Consumer::open("doc-consumer-slot-size")?;
+    /// assert_eq!(rx.slot_size(), 4096);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot_size(&self) -> usize {
         self.map.slot_size()
     }
 
     /// User header bytes per message.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-header-size").user_header_size(16).create()?;
+    /// let rx = Consumer::open("doc-consumer-header-size")?;
+    /// assert_eq!(rx.user_header_size(), 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn user_header_size(&self) -> usize {
         self.map.user_header_size()
     }
 
     /// The producer's policy.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Policy, Producer};
+    /// let tx = Producer::builder("doc-consumer-policy").policy(Policy::Overwrite).create()?;
+    /// let rx = Consumer::open("doc-consumer-policy")?;
+    /// assert_eq!(rx.policy(), Policy::Overwrite);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> Policy {
         self.map.policy()
     }
 
     /// The producer's process id.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-consumer-producer-pid").create()?;
+    /// let rx = Consumer::open("doc-consumer-producer-pid")?;
+    /// assert_eq!(rx.producer_pid(), std::process::id()); // the producer is this process here
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn producer_pid(&self) -> u32 {
         self.producer.pid
     }
 
     /// The ring instance's epoch: differs between a ring and a later one with the same name.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-epoch").create()?;
+    /// let rx = Consumer::open("doc-consumer-epoch")?;
+    /// assert_eq!(rx.epoch(), tx.epoch());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn epoch(&self) -> u64 {
         self.map.params().epoch
     }
@@ -246,12 +419,34 @@ impl Consumer {
     /// After `Disconnected`: waits up to `timeout` for a new producer to create the ring again
     /// under the same name (a new instance, see [`epoch`](Self::epoch)) and opens it with the
     /// same settings. `Disconnected` if none came.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, RecvError};
+    /// # use std::time::Duration;
+    /// let tx = Producer::builder("doc-consumer-reconnect").create()?;
+    /// let rx = Consumer::open("doc-consumer-reconnect")?;
+    /// drop(tx); // the producer goes away...
+    /// assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    /// let tx = Producer::builder("doc-consumer-reconnect").create()?; // ...and a new one starts
+    /// let rx = rx.reconnect(Duration::from_secs(5))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reconnect(&self, timeout: Duration) -> Result<Consumer, OpenError> {
         tracing::info!(ring = %self.name(), old_epoch = self.epoch(), "reconnecting");
         self.builder.clone().open_when_ready(Some(self.epoch()), timeout)
     }
 
     /// Receives the next message if one is waiting.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, TryRecvError};
+    /// # let mut tx = Producer::builder("doc-consumer-try-recv").create()?;
+    /// # let rx = Consumer::open("doc-consumer-try-recv")?;
+    /// assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    /// tx.send(b"hi", b"")?;
+    /// assert_eq!(&*rx.try_recv()?, b"hi");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_recv(&self) -> Result<ReadSlot<'_>, TryRecvError> {
         let m = self.try_pin()?;
         Ok(ReadSlot { consumer: self, m })
@@ -271,6 +466,16 @@ impl Consumer {
 
     /// Receives the next message, waiting as long as it takes. Returns `Disconnected` once the
     /// producer has closed (or died) and every message it published was received.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-recv").create()?;
+    /// # let rx = Consumer::open("doc-consumer-recv")?;
+    /// tx.send(b"hi", b"")?;
+    /// let msg = rx.recv()?;
+    /// assert_eq!(&*msg, b"hi");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv(&self) -> Result<ReadSlot<'_>, RecvError> {
         match self.recv_until(None) {
             Ok(slot) => Ok(slot),
@@ -281,11 +486,33 @@ impl Consumer {
     }
 
     /// Receives the next message, waiting at most `timeout`.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, RecvTimeoutError};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-recv-timeout").create()?;
+    /// # let rx = Consumer::open("doc-consumer-recv-timeout")?;
+    /// let r = rx.recv_timeout(Duration::from_millis(10)); // nothing was sent
+    /// assert!(matches!(r, Err(RecvTimeoutError::Timeout)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<ReadSlot<'_>, RecvTimeoutError> {
         self.recv_until(Some(Instant::now() + timeout))
     }
 
     /// An iterator that receives until the producer disconnects (or the segment is damaged).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-iter").create()?;
+    /// # let rx = Consumer::open("doc-consumer-iter")?;
+    /// tx.send(b"a", b"")?;
+    /// tx.send(b"b", b"")?;
+    /// drop(tx);
+    /// let all: Vec<Vec<u8>> = rx.iter().map(|msg| msg.to_vec()).collect();
+    /// assert_eq!(all, [b"a", b"b"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn iter(&self) -> Iter<'_> {
         Iter { consumer: self }
     }
@@ -456,6 +683,31 @@ impl Drop for Consumer {
 /// A received message. It stays valid (the producer cannot overwrite it) until dropped.
 ///
 /// Derefs to the message bytes.
+///
+/// ```
+/// use gpuring::{Consumer, Producer};
+///
+/// # let mut tx = Producer::builder("doc-consumer-read-slot").create()?;
+/// # let rx = Consumer::open("doc-consumer-read-slot")?;
+/// tx.send(b"frame", b"")?;
+/// let msg = rx.recv()?; // the slot is held from here...
+/// assert_eq!(&*msg, b"frame");
+/// drop(msg); // ...to here; then the producer may reuse it
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A message borrows its consumer, so it cannot outlive it:
+///
+/// ```compile_fail,E0505
+/// # use gpuring::{Consumer, Producer};
+/// # let mut tx = Producer::builder("doc-consumer-read-slot-outlive").create()?;
+/// # let rx = Consumer::open("doc-consumer-read-slot-outlive")?;
+/// # tx.send(b"frame", b"")?;
+/// let msg = rx.recv()?;
+/// drop(rx); // error: `rx` is still borrowed by `msg`
+/// drop(msg);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ReadSlot<'a> {
     consumer: &'a Consumer,
     /// Invariant: pinned by `consumer`, `len <= slot_size`.
@@ -470,21 +722,64 @@ impl<'a> ReadSlot<'a> {
     }
 
     /// Sequence number: the count of messages the producer published before this one.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-seq").create()?;
+    /// # let rx = Consumer::open("doc-consumer-seq")?;
+    /// tx.send(b"a", b"")?;
+    /// tx.send(b"b", b"")?;
+    /// assert_eq!(rx.recv()?.seq(), 0);
+    /// assert_eq!(rx.recv()?.seq(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seq(&self) -> u64 {
         self.m.seq
     }
 
     /// CLOCK_MONOTONIC nanoseconds when the producer published it.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-timestamp").create()?;
+    /// # let rx = Consumer::open("doc-consumer-timestamp")?;
+    /// tx.send(b"frame", b"")?;
+    /// let msg = rx.recv()?;
+    /// let age_ns = gpuring::monotonic_ns() - msg.timestamp_ns();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn timestamp_ns(&self) -> u64 {
         self.m.timestamp_ns
     }
 
     /// Messages this consumer lost (overwritten unread) just before this one.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Policy, Producer};
+    /// # let mut tx =
+    /// #     Producer::builder("doc-consumer-lag").capacity(2).policy(Policy::Overwrite).create()?;
+    /// let rx = Consumer::open("doc-consumer-lag")?;
+    /// for i in 0..5u8 {
+    ///     tx.send(&[i], b"")?;
+    /// }
+    /// let msg = rx.recv()?;
+    /// assert_eq!((msg.seq(), msg.lag()), (3, 3)); // messages 0, 1 and 2 were overwritten
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn lag(&self) -> u64 {
         self.m.lag
     }
 
     /// The user header, `user_header_size` bytes (zero-padded past what the producer wrote).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let mut tx = Producer::builder("doc-consumer-header").user_header_size(8).create()?;
+    /// let rx = Consumer::open("doc-consumer-header")?;
+    /// tx.send(b"frame", b"rgba")?;
+    /// assert_eq!(rx.recv()?.header(), b"rgba\0\0\0\0");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn header(&self) -> &[u8] {
         let map = &self.consumer.map;
         // SAFETY: the slot is pinned, so no correct producer writes its user header until we
@@ -493,6 +788,16 @@ impl<'a> ReadSlot<'a> {
     }
 
     /// Slot index (for diagnostics).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-slot").create()?;
+    /// # let rx = Consumer::open("doc-consumer-slot")?;
+    /// tx.send(b"frame", b"")?;
+    /// let msg = rx.recv()?;
+    /// assert!(msg.slot() < rx.capacity() as usize);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot(&self) -> usize {
         self.m.slot
     }
@@ -515,6 +820,18 @@ impl Drop for ReadSlot<'_> {
 }
 
 /// Receives until the producer disconnects. See [`Consumer::iter`].
+///
+/// ```
+/// # use gpuring::{Consumer, Producer};
+/// # let mut tx = Producer::builder("doc-consumer-iter-type").create()?;
+/// # let rx = Consumer::open("doc-consumer-iter-type")?;
+/// tx.send(b"frame", b"")?;
+/// drop(tx); // the loop ends once the producer is gone and every message was received
+/// for msg in &rx {
+///     assert_eq!(&*msg, b"frame");
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Iter<'a> {
     consumer: &'a Consumer,
 }

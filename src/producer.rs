@@ -19,6 +19,17 @@ use crate::wait::{self, WaitConfig};
 use crate::Layout;
 
 /// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
+///
+/// ```
+/// use gpuring::{Policy, Producer};
+///
+/// let tx = Producer::builder("doc-producer-builder")
+///     .capacity(4)
+///     .policy(Policy::Overwrite)
+///     .create()?;
+/// assert_eq!(tx.capacity(), 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct ProducerBuilder {
     name: String,
@@ -42,30 +53,67 @@ pub struct ProducerBuilder {
 
 impl ProducerBuilder {
     /// Number of slots (messages in flight). Default 8.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-capacity").capacity(4).create()?;
+    /// assert_eq!(tx.capacity(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(mut self, capacity: u32) -> Self {
         self.capacity = capacity;
         self
     }
 
     /// Largest message, in bytes. Default 64 KiB.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-slot-size").slot_size(4096).create()?;
+    /// assert_eq!(tx.slot_size(), 4096);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot_size(mut self, bytes: usize) -> Self {
         self.slot_size = bytes;
         self
     }
 
     /// Bytes of user header carried with each message (frame shape, format...). Default 64.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-header").user_header_size(16).create()?;
+    /// assert_eq!(tx.user_header_size(), 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn user_header_size(mut self, bytes: u32) -> Self {
         self.user_header_size = bytes;
         self
     }
 
     /// Size of the consumer table. Default 64.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// let tx = Producer::builder("doc-producer-max-consumers").max_consumers(1).create()?;
+    /// let first = Consumer::open("doc-producer-max-consumers")?;
+    /// let second = Consumer::open("doc-producer-max-consumers");
+    /// assert!(matches!(second, Err(OpenError::TooManyConsumers { max: 1 })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn max_consumers(mut self, n: u32) -> Self {
         self.max_consumers = n;
         self
     }
 
     /// What to do when the slowest consumer is a full ring behind. Default [`Policy::Block`].
+    ///
+    /// ```
+    /// # use gpuring::{Policy, Producer};
+    /// let tx = Producer::builder("doc-producer-policy-set").policy(Policy::Overwrite).create()?;
+    /// assert_eq!(tx.policy(), Policy::Overwrite);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
@@ -73,18 +121,45 @@ impl ProducerBuilder {
 
     /// Permission bits of the segment, applied exactly (no umask). Default `0o600`: only this
     /// user can open the ring.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::os::unix::fs::PermissionsExt;
+    /// // Let this user's group open the ring too.
+    /// let tx = Producer::builder("doc-producer-mode").mode(0o660).create()?;
+    /// let file = std::fs::metadata("/dev/shm/gpuring.doc-producer-mode")?;
+    /// assert_eq!(file.permissions().mode() & 0o777, 0o660);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn mode(mut self, mode: u32) -> Self {
         self.mode = mode;
         self
     }
 
     /// How long a blocked `acquire` spins and yields before sleeping. Default 50 µs.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::time::Duration;
+    /// // Sleep at once when the ring is full, without spinning first.
+    /// let tx = Producer::builder("doc-producer-spin").spin(Duration::ZERO).create()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
         self
     }
 
     /// How long a waiting `acquire` goes between checks for dead consumers. Default 100 ms.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::time::Duration;
+    /// let tx = Producer::builder("doc-producer-liveness")
+    ///     .liveness_interval(Duration::from_millis(20))
+    ///     .create()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn liveness_interval(mut self, every: Duration) -> Self {
         self.liveness = every;
         self
@@ -92,6 +167,13 @@ impl ProducerBuilder {
 
     /// Test-only: a CUDA producer that does not wait for consumers' release events before
     /// reusing a slot, to show that the fence test catches torn frames. Never use it.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// // `false` is the default.
+    /// let builder = Producer::builder("doc-producer-unfenced").unfenced_for_tests(false);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(hidden)]
     pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
         self.unfenced = unfenced;
@@ -136,6 +218,16 @@ impl ProducerBuilder {
 
     /// Creates a host-memory ring (payload in the segment). If a ring with this name exists but
     /// its producer is dead, the stale segment is removed first.
+    ///
+    /// ```
+    /// # use gpuring::{CreateError, MemoryKind, Producer};
+    /// let tx = Producer::builder("doc-producer-create").create()?;
+    /// assert_eq!(tx.memory(), MemoryKind::Host);
+    /// // The name is taken while `tx` lives.
+    /// let again = Producer::builder("doc-producer-create").create();
+    /// assert!(matches!(again, Err(CreateError::AlreadyExists { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn create(self) -> Result<Producer, CreateError> {
         Ok(self.build(MemoryKind::Host, |_| Ok(()))?.0)
     }
@@ -258,6 +350,18 @@ fn open_to_create(e: crate::error::OpenError) -> CreateError {
 /// Dropping it closes the ring: consumers receive what was published, then
 /// [`RecvError::Disconnected`](crate::RecvError::Disconnected). The segment's name is removed at
 /// once; consumers keep their mappings until they drop.
+///
+/// ```
+/// use gpuring::{Consumer, Producer, RecvError};
+///
+/// let mut tx = Producer::builder("doc-producer-type").create()?;
+/// let rx = Consumer::open("doc-producer-type")?;
+/// tx.send(b"hello", b"")?;
+/// drop(tx);
+/// assert_eq!(&*rx.recv()?, b"hello");
+/// assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Producer {
     map: MappedRing,
     core: ProducerCore,
@@ -341,6 +445,13 @@ impl Producer {
 
 impl Producer {
     /// Starts configuring a ring named `name`.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-new").capacity(16).slot_size(4096).create()?;
+    /// assert_eq!((tx.capacity(), tx.slot_size()), (16, 4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder(name: &str) -> ProducerBuilder {
         ProducerBuilder {
             name: name.to_owned(),
@@ -359,62 +470,162 @@ impl Producer {
     }
 
     /// The ring's name.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-name").create()?;
+    /// assert_eq!(tx.name(), "doc-producer-name");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &str {
         self.map.segment().name().ring()
     }
 
     /// Number of slots.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-capacity").create()?;
+    /// assert_eq!(tx.capacity(), 8); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u32 {
         self.map.params().capacity
     }
 
     /// Largest message.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-slot-size").create()?;
+    /// assert_eq!(tx.slot_size(), 64 * 1024); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn slot_size(&self) -> usize {
         self.map.slot_size()
     }
 
     /// User header bytes per message.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-user-header-size").create()?;
+    /// assert_eq!(tx.user_header_size(), 64); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn user_header_size(&self) -> usize {
         self.map.user_header_size()
     }
 
     /// The policy.
+    ///
+    /// ```
+    /// # use gpuring::{Policy, Producer};
+    /// let tx = Producer::builder("doc-producer-policy").create()?;
+    /// assert_eq!(tx.policy(), Policy::Block); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> Policy {
         self.map.policy()
     }
 
     /// Messages published so far.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-published").create()?;
+    /// tx.send(b"a", b"")?;
+    /// tx.send(b"b", b"")?;
+    /// assert_eq!(tx.published(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn published(&self) -> u64 {
         self.core.next_seq()
     }
 
     /// Consumers currently joined.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-producer-consumer-count").create()?;
+    /// assert_eq!(tx.consumer_count(), 0);
+    /// let rx = Consumer::open("doc-producer-consumer-count")?;
+    /// assert_eq!(tx.consumer_count(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn consumer_count(&self) -> usize {
         crate::stats::consumer_count(&self.map.ring())
     }
 
     /// A snapshot of every joined consumer's counters.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-producer-consumers").create()?;
+    /// let rx = Consumer::open("doc-producer-consumers")?;
+    /// let info = tx.consumers();
+    /// assert_eq!(info.len(), 1);
+    /// assert_eq!(info[0].pid, std::process::id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn consumers(&self) -> Vec<ConsumerInfo> {
         crate::stats::consumers(&self.map.ring())
     }
 
     /// Slots that some consumer holds now. Once every consumer has released what it received
     /// (or died and was reaped), this is 0: a slot still counted then has leaked.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-producer-held-slots").create()?;
+    /// # let rx = Consumer::open("doc-producer-held-slots")?;
+    /// tx.send(b"frame", b"")?;
+    /// let msg = rx.recv()?;
+    /// assert_eq!(tx.held_slots(), 1);
+    /// drop(msg);
+    /// assert_eq!(tx.held_slots(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn held_slots(&self) -> usize {
         crate::stats::held_slots(&self.map.ring())
     }
 
     /// The ring instance's epoch (see `Consumer::epoch`).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-producer-epoch").create()?;
+    /// let rx = Consumer::open("doc-producer-epoch")?;
+    /// assert_eq!(rx.epoch(), tx.epoch());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn epoch(&self) -> u64 {
         self.map.params().epoch
     }
 
     /// The memory kind (host for rings made by [`ProducerBuilder::create`]).
+    ///
+    /// ```
+    /// # use gpuring::{MemoryKind, Producer};
+    /// let tx = Producer::builder("doc-producer-memory").create()?;
+    /// assert_eq!(tx.memory(), MemoryKind::Host);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn memory(&self) -> MemoryKind {
         self.map.params().memory_kind
     }
 
     /// A slot for the next message, if one is free now.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, TryAcquireError};
+    /// let mut tx = Producer::builder("doc-producer-try-acquire").capacity(1).create()?;
+    /// let rx = Consumer::open("doc-producer-try-acquire")?;
+    /// tx.try_acquire()?.publish(0, b"")?;
+    /// // `rx` has not read message 0 yet, so the only slot is not free.
+    /// assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Full)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_acquire(&mut self) -> Result<WriteSlot<'_>, TryAcquireError> {
         let slot = self.try_claim()?;
         Ok(WriteSlot { producer: self, slot })
@@ -435,6 +646,15 @@ impl Producer {
 
     /// A slot for the next message, waiting as long as it takes (under `Block`, for the slowest
     /// consumer; under both policies, for consumers that hold the slot).
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-acquire").create()?;
+    /// let mut slot = tx.acquire()?;
+    /// slot[..5].copy_from_slice(b"hello");
+    /// assert_eq!(slot.publish(5, b"")?, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire(&mut self) -> Result<WriteSlot<'_>, AcquireError> {
         match self.acquire_until(None) {
             Ok(slot) => Ok(slot),
@@ -444,6 +664,17 @@ impl Producer {
     }
 
     /// A slot for the next message, waiting at most `timeout`.
+    ///
+    /// ```
+    /// # use gpuring::{AcquireTimeoutError, Consumer, Producer};
+    /// # use std::time::Duration;
+    /// let mut tx = Producer::builder("doc-producer-acquire-timeout").capacity(1).create()?;
+    /// let rx = Consumer::open("doc-producer-acquire-timeout")?;
+    /// tx.send(b"unread", b"")?;
+    /// let r = tx.acquire_timeout(Duration::from_millis(10));
+    /// assert!(matches!(r, Err(AcquireTimeoutError::Timeout)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire_timeout(
         &mut self,
         timeout: Duration,
@@ -517,6 +748,14 @@ impl Producer {
     /// Reclaims every consumer whose process died: its held slots come back, it stops gating
     /// the producer and its table entry is freed. Returns how many were freed. `acquire` does
     /// this by itself when a consumer joins and every liveness interval it spends waiting.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let mut tx = Producer::builder("doc-producer-reap").create()?;
+    /// let rx = Consumer::open("doc-producer-reap")?;
+    /// assert_eq!(tx.reap()?, 0); // `rx` is alive
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reap(&mut self) -> Result<usize, Corruption> {
         let n = reap(&self.map.ring(), &mut self.reaped)?;
         if n > 0 {
@@ -545,6 +784,15 @@ impl Producer {
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as
     /// [`acquire`](Self::acquire) does. Returns the message's sequence number.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-producer-send").create()?;
+    /// # let rx = Consumer::open("doc-producer-send")?;
+    /// assert_eq!(tx.send(b"hello", b"text")?, 0);
+    /// assert_eq!(&*rx.recv()?, b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
         if data.len() > self.slot_size() {
             let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
@@ -632,6 +880,40 @@ impl Drop for Producer {
 /// it claimed; the next acquire returns the same slot.
 ///
 /// Derefs to the slot's whole payload buffer (`slot_size` bytes).
+///
+/// ```
+/// use gpuring::Producer;
+///
+/// let mut tx = Producer::builder("doc-producer-write-slot").create()?;
+/// let mut slot = tx.acquire()?;
+/// slot[0] = 1;
+/// slot.publish(1, b"")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A slot cannot be used after `publish`, which takes it by value:
+///
+/// ```compile_fail,E0382
+/// # use gpuring::Producer;
+/// # let mut tx = Producer::builder("doc-producer-write-slot-moved").create()?;
+/// let mut slot = tx.acquire()?;
+/// slot.publish(1, b"")?;
+/// slot[0] = 1; // error: `slot` was moved by `publish`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A producer hands out one slot at a time: `acquire` borrows it until the slot is published or
+/// dropped:
+///
+/// ```compile_fail,E0499
+/// # use gpuring::Producer;
+/// # let mut tx = Producer::builder("doc-producer-write-slot-two").create()?;
+/// let first = tx.acquire()?;
+/// let second = tx.acquire()?; // error: `tx` is still borrowed by `first`
+/// first.publish(0, b"")?;
+/// second.publish(0, b"")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct WriteSlot<'a> {
     producer: &'a mut Producer,
     /// Invariant: claimed by `producer` and not yet published.
@@ -646,12 +928,31 @@ impl<'a> WriteSlot<'a> {
     }
 
     /// Sequence number this message will have.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-write-slot-seq").create()?;
+    /// tx.send(b"first", b"")?;
+    /// let slot = tx.acquire()?;
+    /// assert_eq!(slot.seq(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seq(&self) -> u64 {
         self.producer.core.next_seq()
     }
 
     /// Publishes the first `len` bytes of the slot with user header `header` (shorter than the
     /// ring's user-header size is fine; the rest is zeroed). Returns the sequence number.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # let mut tx = Producer::builder("doc-producer-publish").create()?;
+    /// let mut slot = tx.acquire()?;
+    /// slot[..2].copy_from_slice(b"hi");
+    /// let seq = slot.publish(2, b"text")?; // consumers see 2 bytes and the header
+    /// assert_eq!(seq, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, PublishError> {
         let slot_size = self.producer.map.slot_size();
         if len > slot_size {
@@ -679,6 +980,16 @@ impl DerefMut for WriteSlot<'_> {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of message timestamps.
+///
+/// ```
+/// # use gpuring::{Consumer, Producer};
+/// # let mut tx = Producer::builder("doc-producer-monotonic-ns").create()?;
+/// # let rx = Consumer::open("doc-producer-monotonic-ns")?;
+/// tx.send(b"frame", b"")?;
+/// let msg = rx.recv()?;
+/// let age_ns = gpuring::monotonic_ns() - msg.timestamp_ns();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn monotonic_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
