@@ -2,7 +2,7 @@
 //!
 //! A POSIX shared-memory segment holds a lock-free ring of slots. The producer fills a slot and
 //! publishes it; every consumer receives it, in its own process, without a copy. With CUDA
-//! memory ([`GpuProducer`], [`GpuConsumer`]; feature `cuda`, on by default) the slots live in
+//! memory (`GpuProducer`, `GpuConsumer`; feature `cuda`, on by default) the slots live in
 //! device memory and the hand-off is fenced on the GPU with interprocess events; with host
 //! memory ([`Producer`], [`Consumer`]) the payload lives in the segment itself.
 //!
@@ -19,9 +19,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Layers, each depending only on those before it: [`shm`] (segments), [`ring`] (the protocol,
-//! no OS calls), `wait` (futex sleeping), `cuda` (driver wrappers and kernels), then the API:
-//! [`Producer`] and [`Consumer`], and `gpu` ([`GpuProducer`], [`GpuConsumer`]).
+//! Where to start:
+//! * [`Producer::builder`] and [`Consumer::builder`]: every setting, with its default.
+//! * `create_gpu` / `open_gpu` on the same builders for CUDA rings (module `gpu`).
+//! * Feature `tokio`: `Consumer::recv_async`, `Consumer::stream`, `Producer::acquire_async`
+//!   wait without holding a thread.
+//! * [`inspect`]: what the `gpuring` command shows (`list`, `stat`, `rm`), as a library.
+//! * The guide, the protocol and the GPU notes are in the repository's `docs/`.
+//!
+//! Layers, each depending only on those before it: `shm` (segments, doorbells), `ring` (the
+//! protocol, no OS calls), `wait` (futex sleeping), `cuda` (driver wrappers and kernels), then
+//! the API: [`Producer`] and [`Consumer`], `gpu` (`GpuProducer`, `GpuConsumer`), `asynch`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
