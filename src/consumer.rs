@@ -284,7 +284,7 @@ pub struct Consumer {
     left: bool,
     /// How it was opened, for [`Consumer::reconnect`].
     builder: ConsumerBuilder,
-    /// The socket to knock on the producer's inbox with.
+    /// For ringing the producer's doorbell.
     bells: ConsumerBells,
     /// Its own doorbell, made by the first async wait.
     #[cfg(feature = "tokio")]
@@ -594,14 +594,12 @@ impl Consumer {
         Ok(Some(m))
     }
 
-    /// Wakes the producer, sleeping (futex) or parked (its inbox); `wants_wake` said yes.
+    /// Wakes the producer, sleeping (futex) or parked (its doorbell); `wants_wake` said yes.
     fn wake_producer(&self) {
         let ring = self.map.ring();
         wait::wake_all(ring.producer_wake);
         if park::has_parked(ring.producer_wake) {
-            if let Some(outbox) = self.bells.outbox(self.name(), self.epoch()) {
-                outbox.knock();
-            }
+            self.bells.knock_producer(self.name(), self.epoch());
         }
     }
 
@@ -629,11 +627,6 @@ impl Consumer {
     /// Whether the producer's liveness is due for a check.
     pub(crate) fn liveness_due(&self) -> bool {
         self.last_check.get().elapsed() >= self.wait.tick
-    }
-
-    /// The socket to the producer's inbox.
-    pub(crate) fn outbox(&self) -> Option<&crate::shm::doorbell::Outbox> {
-        self.bells.outbox(self.name(), self.epoch())
     }
 }
 

@@ -268,8 +268,6 @@ impl ProducerBuilder {
             joins_seen: 0,
             reaped: (memory == MemoryKind::Cuda).then(Vec::new),
             bells: ProducerBells::bind(&self.name, params.epoch, params.max_consumers),
-            #[cfg(feature = "tokio")]
-            async_inbox: Default::default(),
         };
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
@@ -373,11 +371,8 @@ pub struct Producer {
     /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`]. `None` for host
     /// rings, which keep nothing per consumer outside the segment.
     reaped: Option<Vec<usize>>,
-    /// The inbox and the bells of consumers that wait asynchronously.
+    /// Its doorbell, and the addresses of parked consumers' doorbells.
     bells: ProducerBells,
-    /// The inbox as an async producer's reactor sees it.
-    #[cfg(feature = "tokio")]
-    async_inbox: crate::asynch::InboxCell,
 }
 
 /// Reclaims the entries of `ring` whose process is dead (see [`crate::ring::reclaim`]), adding
@@ -426,10 +421,8 @@ fn add_blocked(ring: &crate::ring::Ring<'_>, started: Instant) {
 #[cfg(feature = "tokio")]
 impl Producer {
     /// The fields an async wait borrows at once.
-    pub(crate) fn async_parts(
-        &mut self,
-    ) -> (&MappedRing, &mut ProducerCore, &mut ProducerBells, &crate::asynch::InboxCell) {
-        (&self.map, &mut self.core, &mut self.bells, &self.async_inbox)
+    pub(crate) fn async_parts(&mut self) -> (&MappedRing, &mut ProducerCore, &ProducerBells) {
+        (&self.map, &mut self.core, &self.bells)
     }
 
     /// How long one wait lasts before looking for dead consumers.

@@ -72,6 +72,57 @@ fn a_waiting_receive_is_parked_and_a_cancelled_one_is_not() {
     assert_eq!(&*got, b"after");
 }
 
+/// Two waits on one consumer at once (a stream and a `recv_async` in one task); the second is
+/// cancelled. The first must still be rung: parking counts waits, it does not just flag them.
+#[test]
+fn a_cancelled_wait_does_not_unpark_another_wait_on_the_same_consumer() {
+    let name = unique_name("async-two-waits");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        tx.send(b"late", b"").unwrap();
+        tx
+    });
+    runtime().block_on(async {
+        let mut messages = rx.stream();
+        let first = in_time("stream", messages.next());
+        let second = async {
+            let r = tokio::time::timeout(Duration::from_millis(50), rx.recv_async()).await;
+            assert!(r.is_err(), "nothing was sent yet");
+        };
+        let (got, ()) = tokio::join!(first, second);
+        assert_eq!(&*got.unwrap().unwrap(), b"late");
+    });
+    drop(sender.join().unwrap());
+}
+
+/// A consumer used on one runtime, which is then dropped, waits on a second runtime: its
+/// doorbell is registered with the reactor of whichever runtime polls the wait.
+#[test]
+fn a_consumer_moves_between_runtimes() {
+    let name = unique_name("async-runtimes");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    tx.send(b"one", b"").unwrap();
+    let first = runtime();
+    first.block_on(async {
+        let wait = tokio::time::timeout(Duration::from_millis(20), rx.recv_async());
+        assert_eq!(&*wait.await.unwrap().unwrap(), b"one");
+        // A real wait on this runtime, cancelled: the doorbell is registered here once.
+        assert!(tokio::time::timeout(Duration::from_millis(20), rx.recv_async()).await.is_err());
+    });
+    drop(first);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        tx.send(b"two", b"").unwrap();
+        tx
+    });
+    let got = runtime().block_on(in_time("recv_async on a second runtime", rx.recv_async()));
+    assert_eq!(&*got.unwrap(), b"two");
+    drop(sender.join().unwrap());
+}
+
 #[test]
 fn the_stream_yields_every_message_then_ends() {
     let name = unique_name("async-stream");

@@ -1,49 +1,48 @@
 //! The consumer's async receive.
 
-use std::cell::{Cell, OnceCell};
+use std::cell::OnceCell;
 use std::future::Future;
-use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
-use tokio::io::unix::AsyncFd;
 
-use super::{ring_or_nap, watch, Parked};
+use super::{ring_or_nap, Parked};
 use crate::error::{Corruption, RecvError, TryRecvError};
 use crate::ring::Pinned;
-use crate::shm::doorbell::Bell;
+use crate::shm::doorbell::{consumer_address, new_token, Doorbell};
 use crate::{Consumer, ReadSlot};
 
 /// A consumer's doorbell, made by its first async wait.
 #[derive(Default)]
 pub(crate) struct BellCell {
-    /// `None` if no eventfd or reactor registration could be had.
-    bell: OnceCell<Option<AsyncFd<Bell>>>,
-    /// Whether the producer's inbox took the bell. Until it has, waits fall back to the timer.
-    registered: Cell<bool>,
+    /// `None` if no doorbell could be bound: waits then fall back to the timer.
+    bell: OnceCell<Option<Doorbell>>,
 }
 
 impl BellCell {
-    /// The bell, registered with the producer if possible; `None` to fall back to a timer.
-    fn get(&self, consumer: &Consumer) -> Option<&AsyncFd<Bell>> {
-        let bell = self.bell.get_or_init(|| Bell::new().ok().and_then(watch)).as_ref()?;
-        if !self.registered.get() {
-            let ring = consumer.map().ring();
-            let entry = consumer.entry();
-            // Relaxed: our own entry; we wrote its generation when we claimed it.
-            let generation = ring.consumers[entry].generation.load(Ordering::Relaxed);
-            let outbox = consumer.outbox()?;
-            match outbox.register(entry as u32, generation, bell.get_ref().as_fd()) {
-                Ok(()) => self.registered.set(true),
-                Err(e) => {
-                    tracing::debug!(ring = %consumer.name(), error = %e, "doorbell not registered yet");
-                    return None;
-                }
-            }
-        }
-        Some(bell)
+    /// The doorbell, bound on first use at the address named by a fresh token, which is then
+    /// published in the consumer's entry for the producer to find.
+    fn get(&self, consumer: &Consumer) -> Option<&Doorbell> {
+        self.bell
+            .get_or_init(|| {
+                let token = new_token().ok()?;
+                let at = consumer_address(consumer.name(), consumer.epoch(), token).ok()?;
+                let bell = match Doorbell::bind(&at) {
+                    Ok(bell) => bell,
+                    Err(e) => {
+                        tracing::warn!(ring = %consumer.name(), error = %e, "no doorbell: async receive polls on a timer");
+                        return None;
+                    }
+                };
+                let ring = consumer.map().ring();
+                // Relaxed: the producer reads it only after seeing us parked, and `park`'s
+                // SeqCst fence comes after this store.
+                ring.consumers[consumer.entry()].bell.store(token, Ordering::Relaxed);
+                Some(bell)
+            })
+            .as_ref()
     }
 }
 
@@ -101,10 +100,7 @@ impl Consumer {
                 if let Some(r) = self.poll_once() {
                     return r.map_err(recv_error);
                 }
-                ring_or_nap(bell, self.liveness_tick(), |b| {
-                    b.take();
-                })
-                .await;
+                ring_or_nap(bell, self.liveness_tick()).await;
             }
             if self.liveness_due() {
                 self.check_producer();

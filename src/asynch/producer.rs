@@ -1,39 +1,17 @@
 //! The producer's async acquire.
 
-use std::cell::OnceCell;
-use std::os::fd::OwnedFd;
 use std::time::Instant;
 
-use tokio::io::unix::AsyncFd;
-
-use super::{ring_or_nap, watch, Parked};
+use super::{ring_or_nap, Parked};
 use crate::error::{AcquireError, PublishError, SendError, TryAcquireError};
 use crate::ring::producer::ClaimError;
-use crate::shm::doorbell::Inbox;
 use crate::{Producer, WriteSlot};
-
-/// The producer's inbox as the reactor sees it (a duplicate of the inbox socket).
-#[derive(Default)]
-pub(crate) struct InboxCell {
-    fd: OnceCell<Option<AsyncFd<OwnedFd>>>,
-}
-
-impl InboxCell {
-    fn get(&self, inbox: Option<&Inbox>) -> Option<&AsyncFd<OwnedFd>> {
-        self.fd
-            .get_or_init(|| {
-                let dup = std::os::fd::AsFd::as_fd(inbox?).try_clone_to_owned().ok()?;
-                watch(dup)
-            })
-            .as_ref()
-    }
-}
 
 impl Producer {
     /// A slot for the next message, awaiting one without blocking the thread: under
     /// [`Policy::Block`](crate::Policy::Block) for the slowest consumer, under both policies
     /// for consumers that hold the slot. The task parks, and a consumer's release knocks on
-    /// the producer's inbox. Dead consumers are reaped every liveness interval, as `acquire`
+    /// the producer's doorbell. Dead consumers are reaped every liveness interval, as `acquire`
     /// does.
     ///
     /// Cancel-safe: dropping the future claims nothing. Needs a tokio runtime with IO and time
@@ -89,17 +67,14 @@ impl Producer {
             started.get_or_insert_with(Instant::now);
             let tick = self.liveness_tick();
             let claimed = {
-                let (map, core, bells, inbox) = self.async_parts();
+                let (map, core, bells) = self.async_parts();
                 let ring = map.ring();
                 let _parked = Parked::new(ring.producer_wake, None);
                 match core.try_claim(&ring) {
                     Ok(slot) => Some(Ok(slot)),
                     Err(ClaimError::Corrupt(c)) => Some(Err(AcquireError::Corrupt(c.into()))),
                     Err(ClaimError::Blocked(_)) => {
-                        if ring_or_nap(inbox.get(bells.inbox()), tick, |_| {}).await {
-                            // Knocks, and registrations that came meanwhile.
-                            bells.read_inbox(&ring);
-                        }
+                        ring_or_nap(bells.own(), tick).await;
                         None
                     }
                 }

@@ -171,6 +171,10 @@ impl ConsumerCore {
             entry.received.store(0, Ordering::Relaxed);
             entry.lost.store(0, Ordering::Relaxed);
             entry.holding.store(0, Ordering::Relaxed);
+            // A previous occupant's doorbell is not ours (its parked count was cleared when it
+            // unparked, or by the reclaimer).
+            entry.parked.store(0, Ordering::Relaxed);
+            entry.bell.store(0, Ordering::Relaxed);
             for slot in 0..ring.slots.len() {
                 // Relaxed: published by the Release store of ACTIVE; normally already 0.
                 ring.hold(index, slot).store(0, Ordering::Relaxed);

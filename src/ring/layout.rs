@@ -58,8 +58,9 @@ pub struct ConsumerEntry {
     pub generation: AtomicU32,
     /// The owner's pid.
     pub pid: AtomicU32,
-    /// 1 while the owner waits on its doorbell for a message ([`super::park`]), else 0. The
-    /// producer rings the doorbell of each entry that has it set.
+    /// How many of the owner's waits are parked on its doorbell ([`super::park`]); usually 0
+    /// or 1, more when one consumer is awaited from several tasks. The producer rings the
+    /// doorbell of each entry where it is non-zero.
     pub parked: AtomicU32,
     /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), so that a
     /// reused pid is not taken for the owner.
@@ -73,6 +74,9 @@ pub struct ConsumerEntry {
     pub lost: AtomicU64,
     /// Slots currently held (statistics; owner-only).
     pub holding: AtomicU64,
+    /// The random token naming the owner's doorbell socket (see `shm::doorbell`), 0 until its
+    /// first async wait. Written by the owner before it first parks.
+    pub bell: AtomicU64,
 }
 
 /// One slot's stamp and message metadata.
@@ -130,6 +134,7 @@ impl ConsumerEntry {
             received: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             holding: AtomicU64::new(0),
+            bell: AtomicU64::new(0),
         }
     }
 }

@@ -2,29 +2,30 @@
 //! so that no wake-up is lost.
 //!
 //! It is the futex protocol of [`super`] with one more mark. The waiter:
-//! 1. [`park`]: `sleepers += 1`, `parked += 1`, sets its own flag (a consumer's entry
-//!    `parked`), then a SeqCst fence;
+//! 1. [`park`]: `sleepers += 1`, `parked += 1`, raises its own count (a consumer's entry
+//!    `parked`, a count because one consumer may be awaited by several tasks at once), then a
+//!    SeqCst fence;
 //! 2. re-checks its condition; if it holds, [`unpark`] and go on;
 //! 3. awaits its doorbell, then [`unpark`] and look again.
 //!
 //! The waker makes its change and calls [`super::producer::wants_wake`] (SeqCst fence, then
 //! `sleepers`); if that says yes and [`has_parked`] does too, it rings the doorbell of every
-//! flagged waiter. As with the futex, the two fences are ordered one way or the other: either
-//! the waiter's re-check sees the change, or the waker sees its flag. A doorbell rung while the
-//! waiter was not yet awaiting stays rung (an eventfd counter, a queued datagram), so the await
+//! waiter whose count is non-zero. As with the futex, the two fences are ordered one way or the
+//! other: either the waiter's re-check sees the change, or the waker sees its count. A doorbell
+//! rung while the waiter was not yet awaiting stays rung (a queued datagram), so the await
 //! returns at once. Spurious rings are harmless: the waiter looks again.
 
 use super::atomic::{fence, AtomicU32, Ordering};
 use super::WakeLine;
 
-/// Registers a doorbell waiter on `line` and sets `flag` (if any) to 1, then fences. The caller
+/// Registers a doorbell waiter on `line` and adds 1 to `flag` (if any), then fences. The caller
 /// must re-check its condition next, and [`unpark`] with the same arguments afterwards.
 pub fn park(line: &WakeLine, flag: Option<&AtomicU32>) {
-    // Relaxed RMWs and store: the SeqCst fence below orders them before the re-check.
+    // Relaxed RMWs: the SeqCst fence below orders them before the re-check.
     line.sleepers.fetch_add(1, Ordering::Relaxed);
     line.parked.fetch_add(1, Ordering::Relaxed);
     if let Some(flag) = flag {
-        flag.store(1, Ordering::Relaxed);
+        flag.fetch_add(1, Ordering::Relaxed);
     }
     // SeqCst fence: pairs with the waker's fence in `wants_wake` (see the module docs).
     fence(Ordering::SeqCst);
@@ -32,10 +33,10 @@ pub fn park(line: &WakeLine, flag: Option<&AtomicU32>) {
 
 /// Undoes [`park`].
 pub fn unpark(line: &WakeLine, flag: Option<&AtomicU32>) {
-    // Relaxed: hints for wakers, who re-check after their own fence; a stale 1 costs one
+    // Relaxed: hints for wakers, who re-check after their own fence; a stale count costs one
     // spurious ring.
     if let Some(flag) = flag {
-        flag.store(0, Ordering::Relaxed);
+        flag.fetch_sub(1, Ordering::Relaxed);
     }
     line.parked.fetch_sub(1, Ordering::Relaxed);
     line.sleepers.fetch_sub(1, Ordering::Relaxed);
@@ -53,12 +54,13 @@ pub fn is_parked(flag: &AtomicU32) -> bool {
     flag.load(Ordering::Relaxed) != 0
 }
 
-/// Clears the parked mark of a waiter that died while parked (the reclaimer calls it for a
-/// dead consumer's entry flag), so wakers stop ringing for it.
+/// Clears the parked count of a consumer that died while parked (the reclaimer calls it for a
+/// dead consumer's entry), so wakers stop ringing for it.
 pub fn clear_dead(line: &WakeLine, flag: &AtomicU32) {
     // Relaxed: the owner is dead and makes no more changes; the counts are hints.
-    if flag.swap(0, Ordering::Relaxed) != 0 {
-        line.parked.fetch_sub(1, Ordering::Relaxed);
-        line.sleepers.fetch_sub(1, Ordering::Relaxed);
+    let n = flag.swap(0, Ordering::Relaxed);
+    if n != 0 {
+        line.parked.fetch_sub(n, Ordering::Relaxed);
+        line.sleepers.fetch_sub(n, Ordering::Relaxed);
     }
 }
