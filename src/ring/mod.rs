@@ -74,7 +74,7 @@
 //!   consumer that leaves wakes up: the iceoryx2 #314 deadlock cannot happen here).
 //!
 //! An async task cannot sleep on a futex. It *parks* instead ([`park`]): the same registration
-//! and fence, plus a mark that tells the waker to ring its doorbell (an eventfd or a socket)
+//! and fence, plus a mark that tells the waker to ring its doorbell (a datagram socket)
 //! rather than, or as well as, the futex.
 
 pub mod consumer;
