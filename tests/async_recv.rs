@@ -33,16 +33,32 @@ fn consumer(name: &str) -> Consumer {
     Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LONG).open().unwrap()
 }
 
+/// A 4-slot ring named after `tag` and one consumer of it.
+fn ring(tag: &str) -> (Producer, Consumer) {
+    let name = unique_name(tag);
+    let tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    (tx, rx)
+}
+
+/// Sends `data` from another thread after `ms` milliseconds; joining gives the producer back.
+fn send_later(
+    mut tx: Producer,
+    ms: u64,
+    data: &'static [u8],
+    header: &'static [u8],
+) -> std::thread::JoinHandle<Producer> {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(ms));
+        tx.send(data, header).unwrap();
+        tx
+    })
+}
+
 #[test]
 fn recv_async_is_woken_by_the_producers_publish() {
-    let name = unique_name("async-bell");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
-    let rx = consumer(&name);
-    let sender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        tx.send(b"ding", b"hdr").unwrap();
-        tx
-    });
+    let (tx, rx) = ring("async-bell");
+    let sender = send_later(tx, 50, b"ding", b"hdr");
     runtime().block_on(async {
         let msg = in_time("recv_async", rx.recv_async()).await.unwrap();
         assert_eq!(&*msg, b"ding");
@@ -55,9 +71,7 @@ fn recv_async_is_woken_by_the_producers_publish() {
 
 #[test]
 fn a_waiting_receive_is_parked_and_a_cancelled_one_is_not() {
-    let name = unique_name("async-cancel");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
-    let rx = consumer(&name);
+    let (mut tx, rx) = ring("async-cancel");
     runtime().block_on(async {
         let wait = rx.recv_async();
         tokio::pin!(wait);
@@ -76,14 +90,8 @@ fn a_waiting_receive_is_parked_and_a_cancelled_one_is_not() {
 /// cancelled. The first must still be rung: parking counts waits, it does not just flag them.
 #[test]
 fn a_cancelled_wait_does_not_unpark_another_wait_on_the_same_consumer() {
-    let name = unique_name("async-two-waits");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
-    let rx = consumer(&name);
-    let sender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(150));
-        tx.send(b"late", b"").unwrap();
-        tx
-    });
+    let (tx, rx) = ring("async-two-waits");
+    let sender = send_later(tx, 150, b"late", b"");
     runtime().block_on(async {
         let mut messages = rx.stream();
         let first = in_time("stream", messages.next());
@@ -101,9 +109,7 @@ fn a_cancelled_wait_does_not_unpark_another_wait_on_the_same_consumer() {
 /// doorbell is registered with the reactor of whichever runtime polls the wait.
 #[test]
 fn a_consumer_moves_between_runtimes() {
-    let name = unique_name("async-runtimes");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
-    let rx = consumer(&name);
+    let (mut tx, rx) = ring("async-runtimes");
     tx.send(b"one", b"").unwrap();
     let first = runtime();
     first.block_on(async {
@@ -113,11 +119,7 @@ fn a_consumer_moves_between_runtimes() {
         assert!(tokio::time::timeout(Duration::from_millis(20), rx.recv_async()).await.is_err());
     });
     drop(first);
-    let sender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        tx.send(b"two", b"").unwrap();
-        tx
-    });
+    let sender = send_later(tx, 50, b"two", b"");
     let got = runtime().block_on(in_time("recv_async on a second runtime", rx.recv_async()));
     assert_eq!(&*got.unwrap(), b"two");
     drop(sender.join().unwrap());
@@ -125,9 +127,7 @@ fn a_consumer_moves_between_runtimes() {
 
 #[test]
 fn the_stream_yields_every_message_then_ends() {
-    let name = unique_name("async-stream");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
-    let rx = consumer(&name);
+    let (mut tx, rx) = ring("async-stream");
     let sender = std::thread::spawn(move || {
         for i in 0..100u32 {
             tx.send(&i.to_le_bytes(), b"").unwrap();

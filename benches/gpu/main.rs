@@ -18,9 +18,12 @@
 //! Consumer processes are this binary again, with `GPURING_GPU_BENCH_ROLE` set.
 
 mod floors;
+// The size parser of the `gpuring` command, so both read "64K" and "8M" alike.
 mod kernels;
 mod report;
 mod ring;
+#[path = "../../src/bin/gpuring/size.rs"]
+mod size;
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -30,6 +33,7 @@ use std::time::Duration;
 use clap::Parser;
 use gpuring::cuda::{Context, Stream};
 use gpuring::Policy;
+use size::parse_size;
 
 /// `ROLE:NAME:SIZE:INDEX` in a child process.
 pub const ROLE: &str = "GPURING_GPU_BENCH_ROLE";
@@ -79,15 +83,6 @@ pub struct Opts {
     /// The rings' fence: `events` or `memory`.
     #[arg(long, default_value = "events")]
     fence: String,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
 }
 
 fn parse_us(s: &str) -> Result<Duration, String> {

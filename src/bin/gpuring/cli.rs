@@ -9,6 +9,7 @@
 //!
 //! Errors are one line on stderr and exit status 1.
 
+use crate::size::parse_size;
 use std::process::ExitCode;
 
 use crate::bench;
@@ -84,15 +85,6 @@ enum Cmd {
         #[arg(long)]
         memory: String,
     },
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().map(|n| n * mul).map_err(|e| format!("size {s}: {e}"))
 }
 
 /// What `list` and `stat` print as JSON.

@@ -11,6 +11,8 @@
 mod bench;
 #[cfg(not(loom))]
 mod cli;
+#[cfg(not(loom))]
+mod size;
 
 #[cfg(not(loom))]
 fn main() -> std::process::ExitCode {
