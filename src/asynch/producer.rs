@@ -51,44 +51,36 @@ impl Producer {
 
     /// Claims the next slot, awaiting it. Returns its index.
     pub(crate) async fn claim_async(&mut self) -> Result<usize, AcquireError> {
-        let mut started = None;
-        let mut last_reap = Instant::now();
-        loop {
+        let started = Instant::now();
+        let mut last_reap = started;
+        let mut waited = false;
+        let claimed = loop {
             match self.try_claim() {
-                Ok(slot) => {
-                    if let Some(t) = started {
-                        self.add_blocked(t);
-                    }
-                    return Ok(slot);
-                }
+                Ok(slot) => break Ok(slot),
                 Err(TryAcquireError::Full) => {}
-                Err(TryAcquireError::Corrupt(c)) => return Err(AcquireError::Corrupt(c)),
+                Err(TryAcquireError::Corrupt(c)) => break Err(AcquireError::Corrupt(c)),
             }
-            started.get_or_insert_with(Instant::now);
+            waited = true;
             let tick = self.liveness_tick();
-            let claimed = {
-                let (map, core, bells) = self.async_parts();
-                let ring = map.ring();
-                let _parked = Parked::new(ring.producer_wake, None);
-                match core.try_claim(&ring) {
-                    Ok(slot) => Some(Ok(slot)),
-                    Err(ClaimError::Corrupt(c)) => Some(Err(AcquireError::Corrupt(c.into()))),
-                    Err(ClaimError::Blocked(_)) => {
-                        ring_or_nap(bells.own(), tick).await;
-                        None
-                    }
-                }
+            let (map, core, bells) = self.async_parts();
+            let ring = map.ring();
+            let parked = Parked::new(ring.producer_wake, None);
+            match core.try_claim(&ring) {
+                Ok(slot) => break Ok(slot),
+                Err(ClaimError::Corrupt(c)) => break Err(AcquireError::Corrupt(c.into())),
+                Err(ClaimError::Blocked(_)) => ring_or_nap(bells.own(), tick).await,
             };
-            if let Some(r) = claimed {
-                if let (Ok(_), Some(t)) = (&r, started) {
-                    self.add_blocked(t);
-                }
-                return r;
-            }
+            drop(parked);
             if last_reap.elapsed() >= tick {
                 last_reap = Instant::now();
-                self.reap().map_err(AcquireError::Corrupt)?;
+                if let Err(c) = self.reap() {
+                    break Err(AcquireError::Corrupt(c));
+                }
             }
+        };
+        if waited && claimed.is_ok() {
+            self.add_blocked(started);
         }
+        claimed
     }
 }
