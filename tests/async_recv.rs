@@ -283,3 +283,13 @@ fn async_consumers_in_other_processes_receive_everything() {
         expect_success(child, "async consumer");
     }
 }
+
+/// The producer's futures are `Send` (they can go to `tokio::spawn`), as the docs say; this
+/// fails to compile if that changes.
+#[test]
+fn the_producers_futures_are_send() {
+    fn send<T: Send>(_: T) {}
+    let (mut tx, _rx) = ring("async-send");
+    send(tx.acquire_async());
+    send(tx.send_async(b"x", b""));
+}
