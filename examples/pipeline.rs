@@ -1,5 +1,5 @@
 // Run: cargo run --release --example pipeline -- [--consumers 3] [--seconds 5] [--fps 60]
-//                                                  [--memory auto|host|cuda]
+//                                                  [--memory auto|host|cuda] [--external N]
 //
 // The main job: one producer generates synthetic video frames (1920x1080 RGBA by default) into
 // a ring and spawns N consumer processes. Each consumer checks every byte of every frame
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use gpuring::{
-    monotonic_ns, pattern, Consumer, ConsumerInfo, Policy, Producer, RecvError, StartAt,
+    monotonic_ns, pattern,
+    tensor::{DType, TensorHeader},
+    Consumer, ConsumerInfo, Policy, Producer, RecvError, StartAt,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -24,6 +26,10 @@ struct Args {
     /// Consumer processes.
     #[arg(long, default_value_t = 3)]
     consumers: usize,
+    /// Consumers started by someone else (for example examples/python/consumer_torch.py) to
+    /// wait for, besides our own, before the first frame.
+    #[arg(long, default_value_t = 0)]
+    external: usize,
     /// Frame width in pixels.
     #[arg(long, default_value_t = 1920)]
     width: u32,
@@ -66,13 +72,17 @@ enum PolicyArg {
     Overwrite,
 }
 
-/// User header of every frame: width, height, bytes per pixel, then the frame number.
-fn frame_header(args: &Args, seq: u64) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[0..4].copy_from_slice(&args.width.to_le_bytes());
-    h[4..8].copy_from_slice(&args.height.to_le_bytes());
-    h[8..12].copy_from_slice(&4u32.to_le_bytes());
-    h[12..20].copy_from_slice(&seq.to_le_bytes());
+/// Bytes of user header: the tensor header (32 bytes for 3 dimensions), then the frame number.
+const HEADER_BYTES: u32 = 64;
+
+/// User header of every frame: a tensor header (`uint8[height, width, 4]`, see
+/// `gpuring::tensor`, so Python consumers get frames of the right shape), then the frame
+/// number.
+fn frame_header(args: &Args, seq: u64) -> [u8; 40] {
+    let shape = [args.height as u64, args.width as u64, 4];
+    let mut h = [0u8; 40];
+    let used = TensorHeader::new(DType::U8, &shape).write(&mut h).expect("40 > 32 bytes");
+    h[used..used + 8].copy_from_slice(&seq.to_le_bytes());
     h
 }
 
@@ -104,7 +114,7 @@ fn producer(args: &Args) -> ExitCode {
     let builder = Producer::builder(&name)
         .capacity(args.capacity)
         .slot_size(bytes)
-        .user_header_size(32)
+        .user_header_size(HEADER_BYTES)
         .policy(policy);
     let mut tx = match Tx::create(builder, args.memory) {
         Ok(tx) => tx,
@@ -126,8 +136,10 @@ fn producer(args: &Args) -> ExitCode {
     let children: Vec<Child> =
         (0..args.consumers).map(|k| spawn_consumer(args, &name, k, tx.memory())).collect();
     let t0 = Instant::now();
-    while tx.consumer_count() < args.consumers {
-        if t0.elapsed() > Duration::from_secs(20) {
+    while tx.consumer_count() < args.consumers + args.external {
+        // Others' consumers may be started by hand: give them longer.
+        let patience = if args.external > 0 { 120 } else { 20 };
+        if t0.elapsed() > Duration::from_secs(patience) {
             eprintln!("pipeline: consumers did not join");
             return ExitCode::FAILURE;
         }
@@ -139,7 +151,7 @@ fn producer(args: &Args) -> ExitCode {
     let period = (args.fps > 0).then(|| Duration::from_secs_f64(1.0 / args.fps as f64));
     let mut next_report = start + Duration::from_secs(1);
     let mut last_published = 0u64;
-    let mut last_received = vec![0u64; args.consumers];
+    let mut last_received = vec![0u64; args.consumers + args.external];
     let mut seq = 0u64;
     while start.elapsed() < run_for {
         if let Some(p) = period {
@@ -157,7 +169,7 @@ fn producer(args: &Args) -> ExitCode {
             let mut line =
                 format!("t={secs:4.1}s  producer {:6.1} fps", (published - last_published) as f64);
             last_published = published;
-            for (k, c) in tx.consumers().iter().enumerate().take(args.consumers) {
+            for (k, c) in tx.consumers().iter().enumerate() {
                 let got = c.received - last_received.get(k).copied().unwrap_or(0);
                 if let Some(r) = last_received.get_mut(k) {
                     *r = c.received;
@@ -231,7 +243,7 @@ fn consumer(args: &Args, k: usize) -> ExitCode {
         // "Process" the frame: check every byte, and the header.
         let mismatched =
             if frame.len() == bytes { pattern::mismatches(&frame, seq) } else { bytes as u64 };
-        let header_ok = frame.header()[..20] == frame_header(args, seq);
+        let header_ok = frame.header()[..40] == frame_header(args, seq);
         if mismatched > 0 || !header_ok {
             stats.bad_frames += 1;
             stats.bad_bytes += mismatched;
@@ -410,7 +422,7 @@ mod gpu {
             // CUDA call.
             unsafe { frame.stream().on_complete(stamp) }.expect("host callback");
             stats.lost += frame.lag();
-            let header_ok = frame.header()[..20] == frame_header(args, seq);
+            let header_ok = frame.header()[..40] == frame_header(args, seq);
             if frame.len() != bytes || !header_ok {
                 stats.bad_frames += 1;
             } else {

@@ -64,6 +64,7 @@ pub mod pattern;
 mod producer;
 #[cfg(not(loom))]
 mod stats;
+pub mod tensor;
 #[cfg(not(loom))]
 mod wait;
 

@@ -268,6 +268,19 @@ pub unsafe fn event_create_interprocess() -> DriverResult<CUevent> {
     Ok(ev)
 }
 
+/// `cuEventCreate` with `CU_EVENT_DISABLE_TIMING`: a plain event for ordering two streams of
+/// this process.
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn event_create() -> DriverResult<CUevent> {
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: by (1); valid out-pointer.
+    check("cuEventCreate", unsafe { sys::cuEventCreate(&mut ev, flags) })?;
+    Ok(ev)
+}
+
 /// `cuEventDestroy_v2`.
 ///
 /// # Safety

@@ -106,6 +106,42 @@ impl Stream {
 }
 
 /// The boxed closure behind [`Stream::on_complete`].
+impl Stream {
+    /// Makes work queued on this stream from now on wait for the work queued on `other` so
+    /// far, on the GPU (an event recorded on `other`, waited on here); the CPU does not wait.
+    /// Both streams must be of this stream's context.
+    ///
+    /// This is how work on one stream (a message's) is handed to another (a library's):
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let frame = rx.recv()?;
+    /// let mine = Stream::new(rx.context())?;
+    /// mine.wait_for(frame.stream())?; // `mine` now sees the frame's bytes
+    /// // ... kernels on `mine` read frame.ptr() ...
+    /// frame.stream().wait_for(&mine)?; // and the release waits for them
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_for(&self, other: &Stream) -> Result<(), DriverError> {
+        if other.raw == self.raw {
+            return Ok(());
+        }
+        let _bound = self.ctx.bind()?;
+        // SAFETY: `ctx` is current.
+        let ev = unsafe { driver::event_create() }?;
+        // SAFETY: `ev` was just created in the current context; both streams are live by the
+        // invariant (the caller's `other` is a `Stream` of this context).
+        let waited = unsafe { driver::event_record(ev, other.raw) }
+            // SAFETY: as above.
+            .and_then(|()| unsafe { driver::stream_wait_event(self.raw, ev) });
+        // SAFETY: `ev` is ours and not used again; destroying an event that a stream still
+        // waits on is allowed (the driver frees it once the wait is done).
+        let _ = unsafe { driver::event_destroy(ev) };
+        waited
+    }
+}
+
 type HostFn = Box<dyn FnOnce() + Send + 'static>;
 
 extern "C" fn run_host_fn(data: *mut std::ffi::c_void) {

@@ -694,6 +694,38 @@ impl GpuProducer {
         &'a mut self,
         stream: &'a Stream,
     ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        self.check_stream(stream)?;
+        self.acquire_with(Some(stream), Patience::Forever)
+    }
+
+    /// [`acquire_on`](Self::acquire_on), waiting at most `timeout`. `Timeout` leaves nothing
+    /// claimed.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use gpuring::cuda::Stream;
+    /// use gpuring::gpu::GpuAcquireError;
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let decoder_stream = Stream::new(tx.context())?;
+    /// match tx.acquire_on_timeout(&decoder_stream, Duration::from_millis(100)) {
+    ///     Ok(slot) => { render(slot.ptr(), 4096, &decoder_stream); slot.publish(4096, b"")?; }
+    ///     Err(GpuAcquireError::Timeout) => eprintln!("consumers are stalled: frame dropped"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_on_timeout<'a>(
+        &'a mut self,
+        stream: &'a Stream,
+        timeout: Duration,
+    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
+        self.check_stream(stream)?;
+        self.acquire_with(Some(stream), Patience::Until(Instant::now() + timeout))
+    }
+
+    /// Refuses a stream of another device than the ring's.
+    fn check_stream(&self, stream: &Stream) -> Result<(), GpuAcquireError> {
         let (theirs, ours) = (stream.context().ordinal(), self.gpu.ctx.ordinal());
         if theirs != ours {
             return Err(GpuAcquireError::Cuda(CudaError::ForeignStream {
@@ -701,7 +733,7 @@ impl GpuProducer {
                 ring: ours,
             }));
         }
-        self.acquire_with(Some(stream), Patience::Forever)
+        Ok(())
     }
 
     /// Waits (as `patience` allows) for the GPU to have finished writing the next slot's
