@@ -48,6 +48,13 @@ pub enum CudaError {
     Driver(DriverError),
     /// NVRTC could not compile or the module could not be loaded.
     Compile(String),
+    /// A copy longer than the slot it goes to.
+    TooLong {
+        /// Bytes asked for.
+        len: usize,
+        /// The slot's size.
+        capacity: usize,
+    },
     /// A stream of another device than the ring's was passed in.
     ForeignStream {
         /// The stream's device ordinal.
@@ -63,6 +70,9 @@ impl fmt::Display for CudaError {
             CudaError::Unavailable(why) => write!(f, "CUDA unavailable: {why}"),
             CudaError::Driver(e) => e.fmt(f),
             CudaError::Compile(why) => write!(f, "kernel compilation: {why}"),
+            CudaError::TooLong { len, capacity } => {
+                write!(f, "{len} bytes do not fit in a slot of {capacity}")
+            }
             CudaError::ForeignStream { stream, ring } => {
                 write!(f, "the stream is on device {stream}, the ring's memory on device {ring}")
             }

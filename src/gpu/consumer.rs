@@ -494,12 +494,7 @@ impl GpuConsumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_recv(&self) -> Result<GpuReadSlot<'_>, GpuRecvError> {
-        let m = self.inner.try_pin().map_err(|e| match e {
-            TryRecvError::Empty => GpuRecvError::Empty,
-            TryRecvError::Disconnected => GpuRecvError::Disconnected,
-            TryRecvError::Corrupt(c) => GpuRecvError::Corrupt(c),
-        })?;
-        self.ready(m, &self.side.stream)
+        self.try_recv_on(&self.side.stream)
     }
 
     /// Receives the next message, waiting as long as it takes; its stream is the consumer's.
@@ -531,8 +526,7 @@ impl GpuConsumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<GpuReadSlot<'_>, GpuRecvError> {
-        let m = self.pin(Some(Instant::now() + timeout))?;
-        self.ready(m, &self.side.stream)
+        self.recv_on_timeout(&self.side.stream, timeout)
     }
 
     /// Receives the next message, awaiting it without blocking the thread (feature `tokio`; see
@@ -570,6 +564,60 @@ impl GpuConsumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        self.check_stream(stream)?;
+        let m = self.pin(None)?;
+        self.ready(m, stream)
+    }
+
+    /// [`recv_on`](Self::recv_on), waiting at most `timeout`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use gpuring::{cuda::Stream, gpu::GpuRecvError};
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// match rx.recv_on_timeout(&infer_stream, Duration::from_millis(100)) {
+    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
+    ///     Err(GpuRecvError::Timeout) => eprintln!("no frame for 100 ms"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn recv_on_timeout<'a>(
+        &'a self,
+        stream: &'a Stream,
+        timeout: Duration,
+    ) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        self.check_stream(stream)?;
+        let m = self.pin(Some(Instant::now() + timeout))?;
+        self.ready(m, stream)
+    }
+
+    /// [`recv_on`](Self::recv_on) if a message is waiting, else `Empty`.
+    ///
+    /// ```no_run
+    /// use gpuring::{cuda::Stream, gpu::GpuRecvError};
+    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// match rx.try_recv_on(&infer_stream) {
+    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
+    ///     Err(GpuRecvError::Empty) => {} // nothing new
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_recv_on<'a>(&'a self, stream: &'a Stream) -> Result<GpuReadSlot<'a>, GpuRecvError> {
+        self.check_stream(stream)?;
+        let m = self.inner.try_pin().map_err(|e| match e {
+            TryRecvError::Empty => GpuRecvError::Empty,
+            TryRecvError::Disconnected => GpuRecvError::Disconnected,
+            TryRecvError::Corrupt(c) => GpuRecvError::Corrupt(c),
+        })?;
+        self.ready(m, stream)
+    }
+
+    /// Refuses a stream of another device than the consumer's.
+    fn check_stream(&self, stream: &Stream) -> Result<(), GpuRecvError> {
         let (theirs, ours) = (stream.context().ordinal(), self.side.ctx.ordinal());
         if theirs != ours {
             return Err(GpuRecvError::Cuda(CudaError::ForeignStream {
@@ -577,8 +625,7 @@ impl GpuConsumer {
                 ring: ours,
             }));
         }
-        let m = self.pin(None)?;
-        self.ready(m, stream)
+        Ok(())
     }
 
     fn pin(&self, deadline: Option<Instant>) -> Result<Pinned, GpuRecvError> {

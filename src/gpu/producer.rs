@@ -419,6 +419,17 @@ impl GpuProducer {
         self.inner.slot_size()
     }
 
+    /// Bytes of user header per message.
+    ///
+    /// ```no_run
+    /// let tx = gpuring::Producer::builder("cam0").user_header_size(64).create_gpu(0)?;
+    /// assert_eq!(tx.user_header_size(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn user_header_size(&self) -> usize {
+        self.inner.user_header_size()
+    }
+
     /// The policy.
     ///
     /// ```no_run
@@ -947,6 +958,51 @@ impl GpuWriteSlot<'_> {
     /// ```
     pub fn ptr(&self) -> CUdeviceptr {
         self.producer.gpu.pools[0].ptr() + (self.slot * self.producer.gpu.stride) as u64
+    }
+
+    /// Queues, on the slot's [`stream`](Self::stream), a copy of `len` bytes from device (or
+    /// device-mapped) memory at `src` into the slot. For sources written by other code, such
+    /// as a decoder's output buffer or a PyTorch tensor; the CPU does not wait.
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// # let (decoded, len): (u64, usize) = (0, 4096);
+    /// let slot = tx.acquire()?;
+    /// // SAFETY: `decoded` holds `len` bytes, written by work that `slot.stream()` is ordered
+    /// // after, and stays allocated until the copy has run.
+    /// unsafe { slot.copy_from(decoded, len) }?;
+    /// slot.publish(len, b"")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// A copy longer than the slot is refused:
+    ///
+    /// ```no_run
+    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// let slot = tx.acquire()?;
+    /// let too_long = slot.capacity() + 1;
+    /// // SAFETY: refused before any copy is queued.
+    /// assert!(unsafe { slot.copy_from(0, too_long) }.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Safety
+    /// 1. `src..src + len` must be device memory readable in this producer's context (its own
+    ///    GPU's, or a peer's with access enabled), not overlapping the slot.
+    /// 2. It must stay allocated, and unchanged, until the copy has run: until work queued on
+    ///    the slot's stream after this call completes.
+    /// 3. Whatever wrote it must be ordered before the copy (done, or on the slot's stream or
+    ///    one it waits for, see [`Stream::wait_for`]).
+    pub unsafe fn copy_from(&self, src: CUdeviceptr, len: usize) -> Result<(), CudaError> {
+        if len > self.capacity() {
+            return Err(CudaError::TooLong { len, capacity: self.capacity() });
+        }
+        let stream = self.stream();
+        let _bound = stream.context().bind()?;
+        // SAFETY: the slot holds `capacity() >= len` bytes and is ours until publish; `src`
+        // by (1)-(3); the stream is live and its context current.
+        unsafe { driver::memcpy_dtod_async(self.ptr(), src, len, stream.raw()) }?;
+        Ok(())
     }
 
     /// Bytes the slot holds (the ring's slot size).

@@ -1,0 +1,327 @@
+//! `gpuring.Consumer`: opens a ring of either memory kind and receives `Slot`s. Blocking waits
+//! release the GIL and wake every 100 ms to let Ctrl-C (and other signals) through.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuring::cuda::Stream;
+use gpuring::gpu::GpuRecvError;
+use gpuring::{Consumer as RingConsumer, MemoryKind, OpenError, RecvTimeoutError, StartAt};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{error, open_error, timeout, Disconnected};
+use crate::held::{Held, Message, Rx, Shared};
+use crate::layout::Wanted;
+use crate::slot::{stream_number, Slot};
+
+/// The longest the GIL-free part of a wait lasts before signals are checked.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Moves a value into a GIL-free section and back.
+///
+/// `Python::detach` wants `Send` closures, since other threads run Python meanwhile. What we
+/// move is this consumer's (`Rc`s of thread-bound objects): the closure runs on this same
+/// thread, and no other thread can touch these objects meanwhile (their classes are
+/// `unsendable`, and exports ended on other threads only queue, see `held`).
+struct SameThread<T>(T);
+// SAFETY: see above: the value never leaves the thread it was made on.
+unsafe impl<T> Send for SameThread<T> {}
+
+/// Why a receive gave nothing.
+enum Failed {
+    Timeout,
+    Empty,
+    Disconnected,
+    Other(String),
+}
+
+impl Shared {
+    /// Receives, waiting at most `wait` (None: try once).
+    fn recv_for(&self, wait: Option<Duration>) -> Result<Message<'_>, Failed> {
+        match &self.rx {
+            Rx::Host(rx) => {
+                let got = match wait {
+                    Some(w) => rx.recv_timeout(w),
+                    None => rx.try_recv().map_err(|e| match e {
+                        gpuring::TryRecvError::Empty => RecvTimeoutError::Timeout,
+                        gpuring::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                        gpuring::TryRecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
+                    }),
+                };
+                got.map(Message::Host).map_err(|e| match e {
+                    RecvTimeoutError::Timeout if wait.is_none() => Failed::Empty,
+                    RecvTimeoutError::Timeout => Failed::Timeout,
+                    RecvTimeoutError::Disconnected => Failed::Disconnected,
+                    e => Failed::Other(e.to_string()),
+                })
+            }
+            Rx::Gpu { rx, stream } => {
+                let got = match wait {
+                    Some(w) => rx.recv_on_timeout(stream, w),
+                    None => rx.try_recv_on(stream),
+                };
+                got.map(Message::Gpu).map_err(|e| match e {
+                    GpuRecvError::Timeout => Failed::Timeout,
+                    GpuRecvError::Empty => Failed::Empty,
+                    GpuRecvError::Disconnected => Failed::Disconnected,
+                    e => Failed::Other(e.to_string()),
+                })
+            }
+        }
+    }
+}
+
+/// Consumer(name, stream=None, *, dtype=None, shape=None, device=None, start="newest", wait=0.0)
+///
+/// Opens ring `name` as a consumer, in whatever memory (CUDA or host) the producer chose.
+///
+/// - `stream` (CUDA rings): the stream, as an int handle or an object with `cuda_stream`
+///   (a `torch.cuda.Stream`), that waits for each message and records its release. Default:
+///   the legacy default stream, which is PyTorch's current stream unless you changed it.
+/// - `dtype`, `shape`: the layout of every message's tensors (one dimension may be -1);
+///   default: the message's tensor header, else a 1-D uint8 array of its bytes.
+/// - `device` (CUDA rings): the GPU to read on; default the ring's.
+/// - `start`: "newest" (default, the newest message still in the ring), "next" (only
+///   messages published after joining) or "oldest".
+/// - `wait`: seconds to wait for the ring to appear.
+#[pyclass(unsendable, module = "gpuring")]
+pub struct Consumer {
+    /// None once closed.
+    shared: Option<Rc<Shared>>,
+    name: String,
+    wanted: Wanted,
+    /// The GPU the consumer reads on; None for host rings.
+    device: Option<i32>,
+}
+
+#[pymethods]
+impl Consumer {
+    #[new]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", wait=0.0))]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        stream: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        shape: Option<Vec<i64>>,
+        device: Option<i32>,
+        start: &str,
+        wait: f64,
+    ) -> PyResult<Consumer> {
+        let wanted = Wanted::from_args(dtype, shape)?;
+        let start = match start {
+            "newest" => StartAt::Newest,
+            "next" => StartAt::Next,
+            "oldest" => StartAt::Oldest,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "start={other:?}: use \"newest\", \"next\" or \"oldest\""
+                )))
+            }
+        };
+        let stream = stream.filter(|s| !s.is_none()).map(stream_handle).transpose()?;
+        let deadline = Instant::now() + Duration::from_secs_f64(wait.max(0.0));
+        let rx = loop {
+            match open(name, start, device, stream) {
+                Err(OpenError::NotFound) if Instant::now() < deadline => {
+                    py.detach(|| std::thread::sleep(Duration::from_millis(10)));
+                    py.check_signals()?;
+                }
+                other => break other.map_err(|e| open_error(name, e))?,
+            }
+        };
+        let device = match &rx {
+            Rx::Host(_) => None,
+            Rx::Gpu { rx, .. } => Some(rx.context().ordinal()),
+        };
+        let shared = Shared { rx, orphans: Arc::default(), owner: std::thread::current().id() };
+        Ok(Consumer { shared: Some(Rc::new(shared)), name: name.to_owned(), wanted, device })
+    }
+
+    /// recv(timeout=None) -> Slot
+    ///
+    /// The next message, waiting at most `timeout` seconds (None: as long as it takes).
+    /// Raises `TimeoutError` when the time is up, `gpuring.Disconnected` once the producer
+    /// has closed the ring (or died) and every message was received.
+    #[pyo3(signature = (timeout=None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Slot> {
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        loop {
+            let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
+            match self.receive(py, Some(left.min(TICK)))? {
+                Some(slot) => return Ok(slot),
+                None if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Err(timeout_error(&self.name, timeout))
+                }
+                None => py.check_signals()?,
+            }
+        }
+    }
+
+    /// try_recv() -> Slot | None
+    ///
+    /// The next message if one is waiting, else None.
+    fn try_recv(&self, py: Python<'_>) -> PyResult<Option<Slot>> {
+        self.receive(py, None)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Iterating yields messages until the producer closes the ring.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Slot>> {
+        match self.recv(py, None) {
+            Ok(slot) => Ok(Some(slot)),
+            Err(e) if e.is_instance_of::<Disconnected>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Leaves the ring. Slots still held keep it open until they are released.
+    fn close(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.orphans.drain();
+        }
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    /// The ring's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// "cuda" or "host".
+    #[getter]
+    fn memory(&self) -> &'static str {
+        if self.device.is_some() {
+            "cuda"
+        } else {
+            "host"
+        }
+    }
+
+    /// The GPU this consumer reads on; None for host rings.
+    #[getter]
+    fn device(&self) -> Option<i32> {
+        self.device
+    }
+
+    /// Slots in the ring.
+    #[getter]
+    fn capacity(&self) -> PyResult<u32> {
+        Ok(match &self.shared()?.rx {
+            Rx::Host(rx) => rx.capacity(),
+            Rx::Gpu { rx, .. } => rx.capacity(),
+        })
+    }
+
+    /// Largest message in bytes.
+    #[getter]
+    fn slot_size(&self) -> PyResult<usize> {
+        Ok(match &self.shared()?.rx {
+            Rx::Host(rx) => rx.slot_size(),
+            Rx::Gpu { rx, .. } => rx.slot_size(),
+        })
+    }
+
+    /// Bytes of user header per message.
+    #[getter]
+    fn header_size(&self) -> PyResult<usize> {
+        Ok(match &self.shared()?.rx {
+            Rx::Host(rx) => rx.user_header_size(),
+            Rx::Gpu { rx, .. } => rx.user_header_size(),
+        })
+    }
+
+    /// The stream messages are ready on (DLPack numbering: 1 is the legacy default stream);
+    /// None for host rings.
+    #[getter]
+    fn stream(&self) -> PyResult<Option<u64>> {
+        Ok(match &self.shared()?.rx {
+            Rx::Host(_) => None,
+            Rx::Gpu { stream, .. } => Some(stream_number(stream.raw() as u64)),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.shared.is_some() { "" } else { ", closed" };
+        format!("<gpuring.Consumer {:?} {}{state}>", self.name, self.memory())
+    }
+}
+
+impl Consumer {
+    fn shared(&self) -> PyResult<&Rc<Shared>> {
+        self.shared.as_ref().ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
+    }
+
+    /// One receive attempt without the GIL: `Ok(None)` if nothing came in `wait`.
+    fn receive(&self, py: Python<'_>, wait: Option<Duration>) -> PyResult<Option<Slot>> {
+        let shared = self.shared()?;
+        shared.orphans.drain();
+        let job = SameThread(shared.clone());
+        let got = py.detach(move || {
+            let job = job;
+            SameThread(Held::try_new(job.0, |s| s.recv_for(wait)))
+        });
+        match got.0 {
+            Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
+            Err(Failed::Timeout | Failed::Empty) => Ok(None),
+            Err(Failed::Disconnected) => {
+                Err(Disconnected::new_err(format!("ring {:?}: producer closed it", self.name)))
+            }
+            Err(Failed::Other(e)) => Err(error(format!("ring {:?}: {e}", self.name))),
+        }
+    }
+}
+
+fn timeout_error(name: &str, secs: Option<f64>) -> PyErr {
+    timeout(&format!("no message on ring {name:?} within {} s", secs.unwrap_or(0.0)))
+}
+
+/// A CUDA stream handle from an int or an object with `cuda_stream` (torch.cuda.Stream).
+fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(raw) = obj.extract::<u64>() {
+        return Ok(raw);
+    }
+    obj.getattr("cuda_stream")?.extract::<u64>()
+}
+
+/// Opens `name` as whichever kind of consumer its memory needs.
+fn open(
+    name: &str,
+    start: StartAt,
+    device: Option<i32>,
+    stream: Option<u64>,
+) -> Result<Rx, OpenError> {
+    let builder = RingConsumer::builder(name).start_at(start);
+    match builder.clone().open() {
+        Ok(rx) => Ok(Rx::Host(rx)),
+        Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+            let builder = match device {
+                Some(d) => builder.device(d),
+                None => builder,
+            };
+            let rx = builder.open_gpu()?;
+            let raw = stream.unwrap_or(0) as usize as gpuring::cuda::driver::CUstream;
+            // SAFETY: the caller's stream (a live stream of the consumer's device, kept
+            // alive while the consumer is used, as documented), or the null stream.
+            let stream = unsafe { Stream::from_raw(rx.context(), raw) };
+            Ok(Rx::Gpu { rx, stream })
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,38 @@
+//! The `gpuring` Python module: consumers whose slots export zero-copy tensors (DLPack,
+//! `__cuda_array_interface__`, the buffer protocol), and a producer that publishes tensors.
+//! User documentation: docs/python.md. Layout of this crate:
+//!
+//! - `consumer`: `gpuring.Consumer`, which opens a ring of either memory kind and receives;
+//! - `held`: a received message together with the consumer it borrows, and the queue that
+//!   brings releases from other threads back to the consumer's;
+//! - `slot`: `gpuring.Slot`, its attributes, `release` and the three export protocols;
+//! - `dlpack`: the DLPack C structures and capsule;
+//! - `layout`: element type and shape (arguments, the tensor header, or bytes);
+//! - `producer`: `gpuring.Producer`;
+//! - `errors`: the exception types and how Rust errors map to them.
+
+use pyo3::prelude::*;
+
+mod consumer;
+mod dlpack;
+mod errors;
+mod held;
+mod layout;
+mod producer;
+mod slot;
+
+/// The `gpuring` module.
+#[pymodule]
+#[pyo3(name = "gpuring")]
+fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<consumer::Consumer>()?;
+    m.add_class::<slot::Slot>()?;
+    m.add_class::<producer::Producer>()?;
+    m.add("Error", py.get_type::<errors::Error>())?;
+    m.add("Disconnected", py.get_type::<errors::Disconnected>())?;
+    m.add("ReleasedError", py.get_type::<errors::ReleasedError>())?;
+    m.add_function(wrap_pyfunction!(layout::tensor_header, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! `gpuring.Producer`: publishes tensors (CUDA rings: a device-to-device copy on the caller's
+//! stream, then publish) or buffers (host rings: a copy into the shared slot).
+
+use std::time::{Duration, Instant};
+
+use gpuring::cuda::Stream;
+use gpuring::gpu::GpuAcquireError;
+use gpuring::tensor::{DType, TensorHeader};
+use gpuring::{AcquireTimeoutError, GpuProducer, Policy, Producer as RingProducer};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{error, timeout};
+
+/// The longest the GIL-free part of a wait lasts before signals are checked.
+const TICK: Duration = Duration::from_millis(100);
+
+enum Tx {
+    Host(RingProducer),
+    Gpu(GpuProducer),
+}
+
+/// Moves the producer into a GIL-free wait and back: the closure runs on this thread, and
+/// the object is `unsendable`, so no other thread touches it meanwhile.
+struct SameThread<T>(T);
+// SAFETY: see above.
+unsafe impl<T> Send for SameThread<T> {}
+
+/// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
+///          policy="block", max_consumers=None)
+///
+/// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
+/// "host", or "auto" (CUDA where a GPU is usable). `policy`: "block" (wait for the slowest
+/// consumer) or "overwrite" (never wait; slow consumers lose messages). The ring is removed
+/// when the producer is closed or freed.
+#[pyclass(unsendable, module = "gpuring")]
+pub struct Producer {
+    /// None once closed.
+    tx: Option<Tx>,
+    name: String,
+}
+
+#[pymethods]
+impl Producer {
+    #[new]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn new(
+        name: &str,
+        slot_size: usize,
+        capacity: u32,
+        header_size: u32,
+        memory: &str,
+        device: i32,
+        policy: &str,
+        max_consumers: Option<u32>,
+    ) -> PyResult<Producer> {
+        let policy = match policy {
+            "block" => Policy::Block,
+            "overwrite" => Policy::Overwrite,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "policy={other:?}: use \"block\" or \"overwrite\""
+                )))
+            }
+        };
+        let mut builder = RingProducer::builder(name)
+            .slot_size(slot_size)
+            .capacity(capacity)
+            .user_header_size(header_size)
+            .policy(policy);
+        if let Some(n) = max_consumers {
+            builder = builder.max_consumers(n);
+        }
+        let cuda = match memory {
+            "cuda" => true,
+            "host" => false,
+            "auto" => gpuring::cuda::available().is_ok(),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "memory={other:?}: use \"auto\", \"cuda\" or \"host\""
+                )))
+            }
+        };
+        let tx = if cuda {
+            builder.create_gpu(device).map(Tx::Gpu)
+        } else {
+            builder.create().map(Tx::Host)
+        };
+        let tx = tx.map_err(|e| error(format!("cannot create ring {name:?}: {e}")))?;
+        Ok(Producer { tx: Some(tx), name: name.to_owned() })
+    }
+
+    /// send(data, header=None, *, stream=None, timeout=None) -> int
+    ///
+    /// Copies `data` into the next slot and publishes it; returns its sequence number.
+    ///
+    /// - CUDA rings: `data` is a contiguous CUDA tensor or array (anything with
+    ///   `__cuda_array_interface__`, such as a torch tensor without grad) on the ring's GPU. The
+    ///   copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default the legacy
+    ///   default stream, PyTorch's default), so it follows the work that produced `data`, and
+    ///   the message is ready for consumers when the copy is done. The CPU does not wait.
+    /// - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview).
+    ///
+    /// `header`: the user header (bytes). Default: the tensor header of `data`'s type and
+    /// shape, when the ring's header has room, so consumers' tensors get them.
+    /// `timeout`: seconds to wait for a free slot (None: as long as it takes); then
+    /// `TimeoutError`.
+    #[pyo3(signature = (data, header=None, *, stream=None, timeout=None))]
+    fn send(
+        &mut self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        header: Option<Vec<u8>>,
+        stream: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let name = self.name.clone();
+        let tx =
+            self.tx.as_mut().ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
+        match tx {
+            Tx::Gpu(tx) => send_gpu(py, tx, data, header, stream, deadline),
+            Tx::Host(tx) => send_host(py, tx, data, header, deadline),
+        }
+    }
+
+    /// Closes the ring: consumers receive what was published, then `gpuring.Disconnected`.
+    fn close(&mut self) {
+        self.tx = None;
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    /// The ring's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// "cuda" or "host".
+    #[getter]
+    fn memory(&self) -> PyResult<&'static str> {
+        Ok(match self.tx()? {
+            Tx::Host(_) => "host",
+            Tx::Gpu(_) => "cuda",
+        })
+    }
+
+    /// Messages published so far.
+    #[getter]
+    fn published(&self) -> PyResult<u64> {
+        Ok(match self.tx()? {
+            Tx::Host(tx) => tx.published(),
+            Tx::Gpu(tx) => tx.published(),
+        })
+    }
+
+    /// Consumers currently joined.
+    #[getter]
+    fn consumer_count(&self) -> PyResult<usize> {
+        Ok(match self.tx()? {
+            Tx::Host(tx) => tx.consumer_count(),
+            Tx::Gpu(tx) => tx.consumer_count(),
+        })
+    }
+
+    /// Largest message in bytes.
+    #[getter]
+    fn slot_size(&self) -> PyResult<usize> {
+        Ok(match self.tx()? {
+            Tx::Host(tx) => tx.slot_size(),
+            Tx::Gpu(tx) => tx.slot_size(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let memory = self.memory().unwrap_or("closed");
+        format!("<gpuring.Producer {:?} {memory}>", self.name)
+    }
+}
+
+impl Producer {
+    fn tx(&self) -> PyResult<&Tx> {
+        self.tx.as_ref().ok_or_else(|| error(format!("producer of {:?} is closed", self.name)))
+    }
+}
+
+/// The user header to publish: the caller's, else the tensor header of `layout` if it fits.
+fn header_for(
+    given: Option<Vec<u8>>,
+    layout: Option<TensorHeader>,
+    room: usize,
+) -> PyResult<Vec<u8>> {
+    if let Some(h) = given {
+        if h.len() > room {
+            return Err(PyValueError::new_err(format!(
+                "header of {} bytes; the ring has {room} bytes of user header",
+                h.len()
+            )));
+        }
+        return Ok(h);
+    }
+    let Some(t) = layout.filter(|t| t.encoded_len() <= room) else { return Ok(Vec::new()) };
+    let mut h = vec![0u8; t.encoded_len()];
+    t.write(&mut h).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(h)
+}
+
+/// A CUDA array's address, byte length and layout, from `__cuda_array_interface__`, and the
+/// stream it says its data is ready on.
+struct CudaArray {
+    ptr: u64,
+    len: usize,
+    layout: Option<TensorHeader>,
+    stream: Option<u64>,
+}
+
+fn cuda_array(data: &Bound<'_, PyAny>) -> PyResult<CudaArray> {
+    let cai = data.getattr("__cuda_array_interface__").map_err(|_| {
+        PyTypeError::new_err(
+            "a CUDA ring sends CUDA tensors (objects with __cuda_array_interface__)",
+        )
+    })?;
+    let cai = cai.cast::<PyDict>()?;
+    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        cai.get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("__cuda_array_interface__ has no {k:?}")))
+    };
+    let (ptr, _readonly): (u64, bool) = get("data")?.extract()?;
+    let shape: Vec<u64> = get("shape")?.extract()?;
+    let typestr: String = get("typestr")?.extract()?;
+    let item: usize = typestr
+        .get(2..)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| PyValueError::new_err(format!("typestr {typestr:?}")))?;
+    if let Some(strides) = cai.get_item("strides")?.filter(|s| !s.is_none()) {
+        let strides: Vec<i64> = strides.extract()?;
+        let mut want = item as i64;
+        for (s, d) in strides.iter().zip(&shape).rev() {
+            if *d > 1 && *s != want {
+                return Err(PyValueError::new_err(
+                    "the tensor is not contiguous: call .contiguous()",
+                ));
+            }
+            want *= *d as i64;
+        }
+    }
+    let len = shape.iter().product::<u64>() as usize * item;
+    let stream =
+        cai.get_item("stream")?.filter(|s| !s.is_none()).map(|s| s.extract()).transpose()?;
+    Ok(CudaArray {
+        ptr,
+        len,
+        layout: dtype_of(&typestr).map(|t| TensorHeader::new(t, &shape)),
+        stream,
+    })
+}
+
+/// The element type of a `__cuda_array_interface__` typestr (or buffer format).
+fn dtype_of(typestr: &str) -> Option<DType> {
+    Some(match typestr.trim_start_matches(['<', '|', '=', '@']) {
+        "b1" | "?" => DType::BOOL,
+        "u1" | "B" => DType::U8,
+        "i1" | "b" => DType::I8,
+        "u2" | "H" => DType::U16,
+        "i2" | "h" => DType::I16,
+        "u4" | "I" => DType::U32,
+        "i4" | "i" => DType::I32,
+        "u8" | "Q" | "L" => DType::U64,
+        "i8" | "q" | "l" => DType::I64,
+        "f2" | "e" => DType::F16,
+        "f4" | "f" => DType::F32,
+        "f8" | "d" => DType::F64,
+        _ => return None,
+    })
+}
+
+fn send_gpu(
+    py: Python<'_>,
+    tx: &mut GpuProducer,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+    stream: Option<&Bound<'_, PyAny>>,
+    deadline: Option<Instant>,
+) -> PyResult<u64> {
+    let src = cuda_array(data)?;
+    if src.len > tx.slot_size() {
+        return Err(PyValueError::new_err(format!(
+            "{} bytes do not fit in a slot of {}",
+            src.len,
+            tx.slot_size()
+        )));
+    }
+    let header = header_for(header, src.layout, tx.user_header_size())?;
+    let raw = match stream.filter(|s| !s.is_none()) {
+        None => 0,
+        Some(s) => match s.extract::<u64>() {
+            Ok(raw) => raw,
+            Err(_) => s.getattr("cuda_stream")?.extract()?,
+        },
+    };
+    // SAFETY: the caller's stream (a live stream of the ring's GPU, by send's contract) or
+    // the null stream; the wrapper does not outlive this call.
+    let ours =
+        unsafe { Stream::from_raw(tx.context(), raw as usize as gpuring::cuda::driver::CUstream) };
+    if let Some(theirs) = src.stream.filter(|s| *s != raw.max(1)) {
+        // SAFETY: the array says its data is ready on this stream, of the same device.
+        let theirs = unsafe { Stream::from_raw(tx.context(), theirs as usize as _) };
+        ours.wait_for(&theirs).map_err(error)?;
+    }
+    loop {
+        let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
+        let job = SameThread((&mut *tx, &ours));
+        let got = py.detach(move || {
+            let job = job;
+            let (tx, ours) = job.0;
+            SameThread(tx.acquire_on_timeout(ours, left.min(TICK)))
+        });
+        match got.0 {
+            Ok(slot) => {
+                // SAFETY: `src` is `len` bytes of device memory on the ring's GPU (its
+                // interface says so), not one of our slots; work that wrote it is ordered
+                // before `ours` (the caller's stream, which also waits for the array's); it
+                // stays allocated until the copy runs if it was made on `ours`, or the caller
+                // keeps it (send's contract, docs/python.md).
+                unsafe { slot.copy_from(src.ptr, src.len) }.map_err(error)?;
+                return slot.publish(src.len, &header).map_err(error);
+            }
+            Err(GpuAcquireError::Timeout) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(timeout("no free slot: consumers are behind"));
+                }
+                py.check_signals()?;
+            }
+            Err(e) => return Err(error(e)),
+        }
+    }
+}
+
+fn send_host(
+    py: Python<'_>,
+    tx: &mut RingProducer,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+    deadline: Option<Instant>,
+) -> PyResult<u64> {
+    let view = py.import("builtins")?.getattr("memoryview")?.call1((data,))?;
+    if !view.getattr("c_contiguous")?.extract::<bool>()? {
+        return Err(PyValueError::new_err("the buffer is not C-contiguous"));
+    }
+    let format: String = view.getattr("format")?.extract()?;
+    let shape: Vec<u64> = view.getattr("shape")?.extract()?;
+    let layout = dtype_of(&format).map(|t| TensorHeader::new(t, &shape));
+    let bytes = PyBuffer::<u8>::get(&view.call_method1("cast", ("B",))?)?;
+    let len = bytes.len_bytes();
+    if len > tx.slot_size() {
+        return Err(PyValueError::new_err(format!(
+            "{len} bytes do not fit in a slot of {}",
+            tx.slot_size()
+        )));
+    }
+    let header = header_for(header, layout, tx.user_header_size())?;
+    loop {
+        let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
+        let job = SameThread(&mut *tx);
+        let got = py.detach(move || {
+            let job = job;
+            SameThread(job.0.acquire_timeout(left.min(TICK)))
+        });
+        match got.0 {
+            Ok(mut slot) => {
+                bytes.copy_to_slice(py, &mut slot[..len])?;
+                return slot.publish(len, &header).map_err(error);
+            }
+            Err(AcquireTimeoutError::Timeout) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(timeout("no free slot: consumers are behind"));
+                }
+                py.check_signals()?;
+            }
+            Err(e) => return Err(error(e)),
+        }
+    }
+}

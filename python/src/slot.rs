@@ -1,0 +1,400 @@
+//! `gpuring.Slot`: one received message, its attributes, and three ways to read it without a
+//! copy: DLPack (`torch.from_dlpack(slot)`, `numpy.from_dlpack(slot)`), the CUDA array
+//! interface (v3, CUDA rings) and the buffer protocol (host rings).
+//!
+//! Lifetime rule (docs/python.md): the message stays held, so the producer cannot overwrite
+//! it, while the slot is unreleased or anything made from it lives:
+//! - `release()` (or leaving a `with` block) ends the slot's own hold; from then on making a
+//!   tensor, array or buffer from it raises `gpuring.ReleasedError`;
+//! - a DLPack tensor holds the message until the tensor is freed;
+//! - a buffer (memoryview, numpy array) holds it until the buffer is released;
+//! - `__cuda_array_interface__` gives no notice of its end, but its users keep a reference to
+//!   the slot: once read, the message stays held until the slot object itself is freed.
+
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::rc::Rc;
+
+use gpuring::cuda::Stream;
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::{ffi, IntoPyObjectExt};
+
+use crate::dlpack::{self, Keep};
+use crate::errors::{error, ReleasedError};
+use crate::held::Held;
+use crate::layout::{Layout, Wanted};
+
+/// A held message, and the streams other than the consumer's that it was exported to.
+pub struct Claim {
+    held: Held,
+    /// Streams that read the message besides the consumer's stream `S` (DLPack `stream=`
+    /// arguments): `S` waits for each before the release is recorded on it.
+    joins: RefCell<Vec<Stream>>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(s) = self.held.stream() {
+            for x in self.joins.get_mut().drain(..) {
+                // On failure the release still happens, and records on `S` what it can.
+                let _ = s.wait_for(&x);
+            }
+        }
+        // Then `held` drops: the release is recorded on `S` and the slot freed.
+    }
+}
+
+/// Normalises a CUDA stream handle as DLPack and the CUDA array interface spell it: 0 (the
+/// null stream) is the legacy default stream, 1.
+pub fn stream_number(raw: u64) -> u64 {
+    if raw == 0 {
+        1
+    } else {
+        raw
+    }
+}
+
+/// A received message.
+///
+/// The message is held (the producer cannot overwrite it) until the slot is released and
+/// every tensor or buffer made from it is freed.
+#[pyclass(unsendable, module = "gpuring")]
+pub struct Slot {
+    /// None once released and no export needs it any more.
+    claim: Option<Rc<Claim>>,
+    released: bool,
+    wanted: Wanted,
+    /// `__cuda_array_interface__` was read: hold until this object is freed.
+    cai_read: bool,
+    /// Live buffer-protocol exports.
+    buffers: usize,
+    seq: u64,
+    timestamp_ns: u64,
+    lag: u64,
+    len: usize,
+    /// "cuda" or "host".
+    memory: &'static str,
+    device: i32,
+}
+
+impl Slot {
+    pub fn new(held: Held, wanted: Wanted, device: Option<i32>) -> Slot {
+        Slot {
+            seq: held.seq(),
+            timestamp_ns: held.timestamp_ns(),
+            lag: held.lag(),
+            len: held.data().1,
+            memory: if device.is_some() { "cuda" } else { "host" },
+            device: device.unwrap_or(0),
+            claim: Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) })),
+            released: false,
+            wanted,
+            cai_read: false,
+            buffers: 0,
+        }
+    }
+
+    /// The claim, unless released.
+    fn live(&self) -> PyResult<&Rc<Claim>> {
+        match (&self.claim, self.released) {
+            (Some(c), false) => Ok(c),
+            _ => Err(ReleasedError::new_err(format!(
+                "message {} was released: tensors must be made before release()",
+                self.seq
+            ))),
+        }
+    }
+
+    fn layout(&self) -> PyResult<Layout> {
+        let claim = self.live()?;
+        self.wanted.resolve(claim.held.header(), self.len)
+    }
+
+    /// Drops the claim once nothing of ours needs it.
+    fn settle(&mut self) {
+        if self.released && self.buffers == 0 && !self.cai_read {
+            if let Some(c) = &self.claim {
+                c.held.shared().orphans.drain();
+            }
+            self.claim = None;
+        }
+    }
+
+    fn is_cuda(&self) -> bool {
+        self.memory == "cuda"
+    }
+}
+
+#[pymethods]
+impl Slot {
+    /// Sequence number of the message (0 for the producer's first).
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// When the producer published it, in CLOCK_MONOTONIC nanoseconds.
+    #[getter]
+    fn timestamp_ns(&self) -> u64 {
+        self.timestamp_ns
+    }
+
+    /// Messages lost just before this one (overwritten before this consumer read them).
+    #[getter]
+    fn lag(&self) -> u64 {
+        self.lag
+    }
+
+    /// The message's user header, as the producer wrote it.
+    #[getter]
+    fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(PyBytes::new(py, self.live()?.held.header()))
+    }
+
+    /// Length of the message in bytes.
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// "cuda" or "host".
+    #[getter]
+    fn memory(&self) -> &'static str {
+        self.memory
+    }
+
+    /// Address of the message's first byte (device address for CUDA rings).
+    #[getter]
+    fn ptr(&self) -> PyResult<u64> {
+        Ok(self.live()?.held.data().0)
+    }
+
+    /// The CUDA stream the message is ready on (and its release is recorded on), as DLPack
+    /// numbers it (1: the legacy default stream); None for host rings.
+    #[getter]
+    fn stream(&self) -> PyResult<Option<u64>> {
+        Ok(self.live()?.held.stream().map(|s| stream_number(s.raw() as u64)))
+    }
+
+    /// Element type the exports use (see `view`).
+    #[getter]
+    fn dtype(&self) -> PyResult<&'static str> {
+        Ok(self.layout()?.dtype.name())
+    }
+
+    /// Shape the exports use (see `view`).
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.layout()?.shape)
+    }
+
+    /// Whether `release()` was called.
+    #[getter]
+    fn released(&self) -> bool {
+        self.released
+    }
+
+    /// view(dtype=None, shape=None) -> Slot
+    ///
+    /// Sets the element type and shape that tensors, arrays and buffers made from this slot
+    /// will have (one dimension may be -1), and returns the slot:
+    /// `torch.from_dlpack(slot.view("uint8", (1080, 1920, 4)))`.
+    #[pyo3(signature = (dtype=None, shape=None))]
+    fn view<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        shape: Option<Vec<i64>>,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        let wanted = Wanted::from_args(dtype, shape)?;
+        slf.live()?;
+        let check = wanted.resolve(slf.live()?.held.header(), slf.len);
+        check?;
+        slf.wanted = wanted;
+        Ok(slf)
+    }
+
+    /// Ends this slot's hold on the message. Tensors and buffers made from it before keep it
+    /// held until they are freed; new ones are refused. Calling it twice is harmless.
+    fn release(&mut self) {
+        self.released = true;
+        self.settle();
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
+    /// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)
+    ///
+    /// A DLPack capsule of the message, for `torch.from_dlpack` / `numpy.from_dlpack`. On a
+    /// CUDA ring, work on `stream` (a CUDA stream handle; None or 1 for the legacy default
+    /// stream, -1 for no ordering at all) is ordered after the producer's writes, and the
+    /// release waits for work queued on it.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = max_version; // we export the unversioned form, which every consumer accepts
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("gpuring exports without copying (copy=True)"));
+        }
+        let device = self.__dlpack_device__();
+        if dl_device.is_some_and(|d| d != device) {
+            return Err(PyBufferError::new_err(format!("the message is on device {device:?}")));
+        }
+        let layout = self.layout()?;
+        let claim = self.live()?;
+        if self.is_cuda() {
+            self.order_stream(claim, stream)?;
+        } else if stream.is_some() {
+            return Err(PyBufferError::new_err("a host message has no stream: pass stream=None"));
+        }
+        let shared = claim.held.shared();
+        let keep = Keep {
+            value: Box::new(claim.clone()),
+            orphans: shared.orphans.clone(),
+            owner: shared.owner,
+        };
+        dlpack::capsule(py, claim.held.data().0, device, &layout, keep)
+    }
+
+    /// __dlpack_device__() -> (device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        if self.is_cuda() {
+            (dlpack::CUDA, self.device)
+        } else {
+            (dlpack::CPU, 0)
+        }
+    }
+
+    /// The CUDA array interface (version 3) of the message: CUDA rings only. Once read, the
+    /// message stays held until this slot object is freed (its readers keep a reference).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if !self.is_cuda() {
+            return Err(PyAttributeError::new_err(
+                "__cuda_array_interface__: a host message (use the buffer protocol or DLPack)",
+            ));
+        }
+        let layout = self.layout()?;
+        let claim = self.live()?;
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
+        d.set_item("typestr", layout.typestr()?)?;
+        d.set_item("data", (claim.held.data().0, true))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("version", 3)?;
+        let s = claim.held.stream().map(|s| stream_number(s.raw() as u64));
+        d.set_item("stream", s.into_py_any(py)?)?;
+        self.cai_read = true;
+        Ok(d)
+    }
+
+    /// The buffer protocol, read-only: host rings only.
+    ///
+    /// # Safety
+    /// Called by Python with a valid `view`.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let mut this = slf.borrow_mut();
+        if this.is_cuda() {
+            return Err(PyBufferError::new_err(
+                "device memory has no buffer protocol: use torch.from_dlpack(slot)",
+            ));
+        }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("messages are read-only"));
+        }
+        let (data, len) = this.live()?.held.data();
+        // Typed (format, shape, strides) when the requester takes a format; else bytes.
+        let typed = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
+        let layout = if typed { this.layout()? } else { Layout::bytes(len) };
+        let format = if typed { layout.format()?.as_ptr() } else { std::ptr::null() };
+        let item = layout.dtype.size() as isize;
+        // shape, then strides in bytes; freed in __releasebuffer__.
+        let mut dims: Vec<isize> = layout.shape.iter().map(|d| *d as isize).collect();
+        dims.extend(layout.strides().iter().map(|s| *s as isize * item));
+        let ndim = layout.shape.len();
+        let dims = Box::into_raw(dims.into_boxed_slice()).cast::<isize>();
+        // SAFETY: `view` is valid by the contract; every pointer stored stays valid until
+        // __releasebuffer__ (the message is held while `buffers` > 0, `dims` is freed there,
+        // `format` is static).
+        unsafe {
+            (*view).buf = data as *mut std::ffi::c_void;
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).len = len as isize;
+            (*view).readonly = 1;
+            (*view).itemsize = item;
+            (*view).format = format.cast_mut();
+            (*view).ndim = ndim as c_int;
+            let nd = flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
+            let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
+            (*view).shape = if nd { dims } else { std::ptr::null_mut() };
+            (*view).strides = if strided { dims.add(ndim) } else { std::ptr::null_mut() };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = dims.cast();
+        }
+        this.buffers += 1;
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by Python with a view filled by `__getbuffer__`.
+    unsafe fn __releasebuffer__(mut slf: PyRefMut<'_, Self>, view: *mut ffi::Py_buffer) {
+        // SAFETY: `internal` is the boxed slice of 2 * ndim isizes made in __getbuffer__.
+        unsafe {
+            let ndim = (*view).ndim as usize;
+            let dims =
+                std::ptr::slice_from_raw_parts_mut((*view).internal.cast::<isize>(), 2 * ndim);
+            drop(Box::from_raw(dims));
+        }
+        slf.buffers -= 1;
+        slf.settle();
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.released { ", released" } else { "" };
+        format!("<gpuring.Slot seq={} len={} {}{state}>", self.seq, self.len, self.memory)
+    }
+}
+
+impl Slot {
+    /// Orders work on DLPack stream `stream` after the message's writes, and the release
+    /// after that work (through `Claim::joins`).
+    fn order_stream(&self, claim: &Claim, stream: Option<i64>) -> PyResult<()> {
+        let s = claim.held.stream().expect("a CUDA message has the consumer's stream");
+        let x = match stream {
+            Some(-1) => return Ok(()), // the caller orders its reads itself
+            None => 1,
+            Some(x) if x < 0 => {
+                return Err(PyValueError::new_err(format!("stream {x}: not a CUDA stream")))
+            }
+            Some(x) => stream_number(x as u64),
+        };
+        if x == stream_number(s.raw() as u64) {
+            return Ok(()); // `S` itself: the ready wait and the release are already there
+        }
+        let raw = x as usize as gpuring::cuda::driver::CUstream;
+        // SAFETY: DLPack's contract: `stream` is a live stream of the consumer's device that
+        // outlives its reads of this message (the release waits for it before `S` records).
+        let theirs = unsafe { Stream::from_raw(s.context(), raw) };
+        theirs.wait_for(s).map_err(error)?;
+        claim.joins.borrow_mut().push(theirs);
+        Ok(())
+    }
+}
