@@ -276,6 +276,14 @@ fn memory_kind_and_device_are_checked() {
         Err(e) => panic!("unexpected error for a missing device: {e}"),
         Ok(_) => panic!("opened on a device that does not exist"),
     }
+    // CUDA IPC does not open handles in the process that made them: a clear error says so.
+    match Consumer::builder(&name).open_gpu() {
+        Err(OpenError::MemoryUnavailable { reason }) => {
+            assert!(reason.contains("another process"), "{reason}")
+        }
+        Err(e) => panic!("unexpected error in the producer's process: {e}"),
+        Ok(_) => panic!("opened a CUDA ring in its producer's process"),
+    }
     drop(tx);
 }
 

@@ -185,6 +185,14 @@ impl GpuSide {
                 )?
             }
         };
+        if map.params().producer_pid == std::process::id() {
+            // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
+            return Err(OpenError::MemoryUnavailable {
+                reason: "CUDA IPC handles cannot be opened in the process that made them: \
+                         consume a CUDA ring from another process than its producer's"
+                    .into(),
+            });
+        }
         let ctx = Context::new(ordinal).map_err(cuda_err)?;
         // Our entry is JOINING. SeqCst, against the fences of the producer's scan and of its
         // close: either the producer sees our entry taken (it skips a JOINING entry, and a

@@ -1,0 +1,208 @@
+"""gpuring's Python package on CUDA rings, with PyTorch. Skipped without torch or a GPU."""
+import gc
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import gpuring
+from conftest import MUL, start_pipeline
+
+torch = pytest.importorskip("torch", reason="needs a CUDA GPU and torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU and torch", allow_module_level=True)
+
+
+def expected_words(seq, n_words):
+    """The pattern's u64 words (src/pattern.rs) as int64, on the GPU: seq * MUL + j, wrapping."""
+    base = (seq * MUL) % (1 << 64)
+    base = base - (1 << 64) if base >= (1 << 63) else base
+    return torch.arange(n_words, dtype=torch.int64, device="cuda") + base
+
+
+# CUDA IPC handles cannot be opened in the process that made them, so every producer here runs
+# in a child process, driven one command per line on its stdin; it answers one line each.
+PRODUCER = r"""
+import sys, time, torch, gpuring
+MUL = 0x9E3779B97F4A7C15
+name, size, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tx = gpuring.Producer(name, size, memory="cuda", capacity=capacity)
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "wait":  # for N consumers to join
+        while tx.consumer_count < int(args[0]):
+            time.sleep(0.001)
+        print("ok", flush=True)
+    elif cmd == "randn":  # float32[64, 32] from seed S
+        torch.manual_seed(int(args[0]))
+        print(tx.send(torch.randn(64, 32, device="cuda")), flush=True)
+    elif cmd == "fill":  # SIZE bytes of VALUE, waiting at most TIMEOUT s for a slot
+        t = torch.full((size,), int(args[0]), dtype=torch.uint8, device="cuda")
+        try:
+            tx.send(t, timeout=float(args[1]))
+            print("sent", flush=True)
+        except TimeoutError:
+            print("stalled", flush=True)
+    elif cmd == "slow":  # N pattern messages, each written by slow kernels on a side stream
+        side = torch.cuda.Stream()
+        for seq in range(int(args[0])):
+            with torch.cuda.stream(side):
+                base = (seq * MUL) % (1 << 64)
+                base = base - (1 << 64) if base >= (1 << 63) else base
+                frame = torch.arange(size // 8, dtype=torch.int64, device="cuda") + base
+                for _ in range(3):
+                    frame = frame * 1 + 0
+                tx.send(frame, stream=side)
+        print("ok", flush=True)
+"""
+
+
+class ProducerProcess:
+    def __init__(self, name, size, capacity):
+        self.p = subprocess.Popen([sys.executable, "-c", PRODUCER, name, str(size), str(capacity)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.ask(None) == "ready"
+
+    def ask(self, command):
+        if command is not None:
+            self.p.stdin.write(command + "\n")
+            self.p.stdin.flush()
+        line = self.p.stdout.readline().strip()
+        assert line, f"the producer process died on {command!r}"
+        return line
+
+    def close(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def producer(ring_name):
+    made = []
+
+    def make(size, capacity=4):
+        made.append(ProducerProcess(ring_name, size, capacity))
+        return made[-1]
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_round_trip_through_dlpack_and_the_cuda_array_interface(ring_name, producer):
+    tx = producer(1 << 20)
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    assert (rx.memory, rx.device, rx.stream) == ("cuda", 0, 1)
+    assert tx.ask("randn 7") == "0"
+    torch.manual_seed(7)
+    src = torch.randn(64, 32, device="cuda")
+    with rx.recv(timeout=10) as slot:
+        assert (slot.dtype, slot.shape, slot.__dlpack_device__()) == ("float32", (64, 32), (2, 0))
+        t = torch.from_dlpack(slot)
+        assert t.device.type == "cuda" and torch.equal(t, src)
+        c = torch.as_tensor(slot, device="cuda")  # __cuda_array_interface__
+        assert c.data_ptr() == t.data_ptr() == slot.ptr and torch.equal(c, src)
+        with pytest.raises(BufferError):
+            memoryview(slot)  # device memory has no buffer protocol
+        del t, c
+    with pytest.raises(gpuring.ReleasedError):
+        torch.from_dlpack(slot)
+
+
+def test_another_stream_is_ordered_after_the_write_and_before_the_release(ring_name, producer):
+    """The producer writes each message with slow kernels on a side stream; we read on a third
+    stream. Every read must see the finished write, and no write may land before our reads are
+    done (capacity 2, so the producer comes round quickly)."""
+    size = 64 << 20
+    tx = producer(size, capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    tx.p.stdin.write("slow 20\n")
+    tx.p.stdin.flush()
+    consume = torch.cuda.Stream()
+    bad = []
+    for seq in range(20):
+        with torch.cuda.stream(consume):
+            with rx.recv(timeout=30) as slot:
+                assert slot.seq == seq
+                t = torch.from_dlpack(slot)  # torch passes `consume` as the DLPack stream
+                twice = t.clone()
+                if not torch.equal(t, expected_words(seq, size // 8)):
+                    bad.append(seq)
+                del t
+            # Read again after release: a copy taken before it must still be intact.
+            if not torch.equal(twice, expected_words(seq, size // 8)):
+                bad.append(seq)
+    assert tx.ask(None) == "ok"  # the producer finished its 20 sends
+    assert bad == [], f"messages read before their write finished or after reuse: {bad}"
+
+
+def test_a_tensor_holds_its_message_after_release(ring_name, producer):
+    tx = producer(4096, capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    assert tx.ask("fill 7 5") == "sent"
+    slot = rx.recv(timeout=10)
+    t = torch.from_dlpack(slot)
+    slot.release()
+    assert tx.ask("fill 0 5") == "sent"
+    rx.recv(timeout=10).release()
+    assert tx.ask("fill 0 0.3") == "stalled"  # slot 0 comes round: still held by `t`
+    assert int(t.sum()) == 7 * 4096
+    del t
+    gc.collect()
+    assert tx.ask("fill 0 5") == "sent"
+
+
+def test_a_tensor_freed_on_another_thread(ring_name, producer):
+    tx = producer(4096, capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    assert tx.ask("fill 1 5") == "sent"
+    with rx.recv(timeout=10) as slot:
+        box = [torch.from_dlpack(slot)]
+    assert tx.ask("fill 1 5") == "sent"
+    rx.recv(timeout=10).release()
+    t = threading.Thread(target=box.clear)  # the tensor's deleter runs on that thread
+    t.start()
+    t.join()
+    assert tx.ask("fill 2 0.3") == "stalled"  # queued for the consumer's thread, not yet done
+    assert rx.try_recv() is None  # the consumer's next call drains the queue
+    assert tx.ask("fill 2 5") == "sent"
+
+
+CONSUMER = """
+import sys, torch, gpuring
+MUL = 0x9E3779B97F4A7C15
+frames = bad = 0
+with gpuring.Consumer(sys.argv[1], wait=30, start="next") as rx:
+    for slot in rx:
+        with slot:
+            t = torch.from_dlpack(slot)  # uint8[height, width, 4], from the tensor header
+            assert t.dim() == 3 and t.shape[2] == 4 and t.dtype == torch.uint8, t.shape
+            words = t.reshape(-1).view(torch.int64)
+            base = (slot.seq * MUL) % (1 << 64)
+            base = base - (1 << 64) if base >= (1 << 63) else base
+            want = torch.arange(words.numel(), dtype=torch.int64, device="cuda") + base
+            bad += int((words != want).sum())
+            frames += 1
+print(frames, bad)
+"""
+
+
+def test_a_rust_producer_feeds_two_torch_consumers_every_byte_checked(ring_name):
+    producer = start_pipeline(ring_name, "cuda", external=2, seconds=3, width=1920, height=1080)
+    consumers = [subprocess.Popen([sys.executable, "-c", CONSUMER, ring_name], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+    out, _ = producer.communicate(timeout=180)
+    assert producer.returncode == 0, out
+    published = int(out.split("published ")[1].split()[0])
+    assert published > 0
+    for c in consumers:
+        stdout, _ = c.communicate(timeout=60)
+        assert c.returncode == 0
+        frames, bad = map(int, stdout.split())
+        print(f"torch consumer: {frames} frames of {published}, {bad} bad bytes")
+        assert bad == 0 and frames == published

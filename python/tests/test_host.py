@@ -1,0 +1,179 @@
+"""gpuring's Python package on host-memory rings: runs on any Linux machine."""
+import gc
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import gpuring
+from conftest import pattern_bytes, start_pipeline, ROOT
+
+
+def test_round_trip_takes_type_and_shape_from_the_tensor_header(ring_name):
+    tx = gpuring.Producer(ring_name, 4096, memory="host", capacity=4)
+    rx = gpuring.Consumer(ring_name, start="next")
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    assert tx.send(a) == 0
+    with rx.recv(timeout=5) as slot:
+        assert (slot.seq, slot.lag, len(slot), slot.memory) == (0, 0, 96, "host")
+        assert (slot.dtype, slot.shape) == ("float32", (2, 3, 4))
+        assert slot.header.startswith(gpuring.tensor_header("float32", (2, 3, 4)))
+        assert np.array_equal(np.from_dlpack(slot), a)     # DLPack
+        assert np.array_equal(np.asarray(slot), a)         # buffer protocol
+        assert memoryview(slot).readonly
+    assert slot.released
+
+
+def test_explicit_layouts_override_the_header(ring_name):
+    tx = gpuring.Producer(ring_name, 4096, memory="host")
+    rx = gpuring.Consumer(ring_name, start="next", dtype="uint8", shape=(-1, 4))
+    tx.send(np.arange(16, dtype=np.uint8))
+    slot = rx.recv(timeout=5)
+    assert slot.shape == (4, 4)
+    assert np.from_dlpack(slot.view("int32", (2, 2))).tolist() == \
+        np.arange(16, dtype=np.uint8).view(np.int32).reshape(2, 2).tolist()
+    with pytest.raises(ValueError):
+        slot.view("uint8", (5, 5))  # 25 bytes != 16
+    with pytest.raises(TypeError):
+        slot.view("complex64")
+    slot.release()
+
+
+def test_tensor_header_matches_the_rust_encoding():
+    h = gpuring.tensor_header("uint8", (1080, 1920, 4))
+    assert h[:8] == b"GRTN\x01\x01\x08\x03"
+    assert [int.from_bytes(h[8 + 8 * i:16 + 8 * i], "little") for i in range(3)] == [1080, 1920, 4]
+    assert gpuring.tensor_header("torch.bfloat16", ())[5:7] == b"\x04\x10"
+
+
+def test_a_released_slot_refuses_new_exports(ring_name):
+    tx = gpuring.Producer(ring_name, 64, memory="host")
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"abcdefgh")
+    slot = rx.recv(timeout=5)
+    slot.release()
+    slot.release()  # twice is harmless
+    for make in (np.from_dlpack, memoryview, lambda s: s.view("uint8")):
+        with pytest.raises(gpuring.ReleasedError):
+            make(slot)
+    assert isinstance(gpuring.ReleasedError("x"), BufferError)
+    assert slot.seq == 0 and len(slot) == 8  # metadata stays readable
+
+
+def held_stalls_producer(tx):
+    """Whether the producer (block policy, 2 slots) cannot get a free slot for 0.2 s."""
+    try:
+        tx.send(b"x", timeout=0.2)
+        return False
+    except TimeoutError:
+        return True
+
+
+@pytest.mark.parametrize("export", ["dlpack", "buffer"])
+def test_an_export_holds_the_message_after_release(ring_name, export):
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"0" * 64)
+    slot = rx.recv(timeout=5)
+    view = np.from_dlpack(slot) if export == "dlpack" else memoryview(slot)
+    slot.release()
+    tx.send(b"1" * 64)  # the second slot is free
+    rx.recv(timeout=5).release()
+    # Slot 0 comes round again: still held by `view`, so the producer waits.
+    assert held_stalls_producer(tx)
+    assert bytes(view) == b"0" * 64  # and the bytes are still message 0's
+    del view
+    gc.collect()
+    assert not held_stalls_producer(tx)
+
+
+def test_a_tensor_freed_on_another_thread_releases_at_the_next_call(ring_name):
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"a" * 64)
+    slot = rx.recv(timeout=5)
+    box = [np.from_dlpack(slot)]
+    slot.release()
+    tx.send(b"b" * 64)
+    rx.recv(timeout=5).release()
+    t = threading.Thread(target=box.clear)  # the array's deleter runs on that thread
+    t.start()
+    t.join()
+    assert held_stalls_producer(tx)  # queued, not yet released: only the consumer's thread may
+    assert rx.try_recv() is None     # the consumer's next call drains the queue
+    assert not held_stalls_producer(tx)
+
+
+def test_waiting_empty_and_disconnect(ring_name):
+    tx = gpuring.Producer(ring_name, 64, memory="host")
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert rx.try_recv() is None
+    with pytest.raises(TimeoutError):
+        rx.recv(timeout=0.05)
+    for i in range(3):
+        tx.send(bytes([i]) * 8)
+    tx.close()
+    assert [bytes(s)[:1] for s in rx] == [b"\x00", b"\x01", b"\x02"]  # iteration ends
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv(timeout=1)
+    assert issubclass(gpuring.Disconnected, gpuring.Error)
+
+
+def test_open_errors(ring_name):
+    with pytest.raises(FileNotFoundError):
+        gpuring.Consumer(ring_name + "-absent")
+    with pytest.raises(FileNotFoundError):
+        gpuring.Consumer(ring_name + "-absent", wait=0.05)
+    with pytest.raises(ValueError):
+        gpuring.Consumer(ring_name, start="later")
+    with pytest.raises(ValueError):
+        gpuring.Producer(ring_name, 64, memory="disk")
+
+
+def test_send_checks_sizes(ring_name):
+    tx = gpuring.Producer(ring_name, 16, memory="host", header_size=8)
+    with pytest.raises(ValueError):
+        tx.send(b"x" * 17)
+    with pytest.raises(ValueError):
+        tx.send(b"x", header=b"h" * 9)
+    with pytest.raises(ValueError):
+        tx.send(np.arange(8, dtype=np.uint8)[::2])  # not contiguous
+    rx = gpuring.Consumer(ring_name, start="oldest")
+    tx.send(np.arange(16, dtype=np.uint8).reshape(4, 4))  # header too small for its shape: none
+    with rx.recv(timeout=5) as s:
+        assert s.header == bytes(8) and s.shape == (16,)
+
+
+def consumer_process(name, frames_out):
+    """Run in a child process: read every frame, check every byte against the pattern."""
+    code = f"""
+import sys, numpy as np, gpuring
+sys.path.insert(0, {str(ROOT / 'python/tests')!r})
+from conftest import pattern_bytes
+frames = bad = 0
+with gpuring.Consumer({name!r}, wait=20, start="next") as rx:
+    for slot in rx:
+        with slot:
+            a = np.from_dlpack(slot)
+            assert a.shape[2] == 4 and a.dtype == np.uint8, (a.shape, a.dtype)
+            bad += int((a.reshape(-1) != pattern_bytes(slot.seq, a.size)).sum())
+            frames += 1
+print(frames, bad)
+"""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_rust_producer_feeds_two_python_consumers_every_byte_checked(ring_name):
+    producer = start_pipeline(ring_name, "host", external=2, seconds=1.5, fps=200)
+    consumers = [consumer_process(ring_name, None) for _ in range(2)]
+    out, _ = producer.communicate(timeout=120)
+    assert producer.returncode == 0, out
+    published = int(out.split("published ")[1].split()[0])
+    for c in consumers:
+        stdout, _ = c.communicate(timeout=60)
+        assert c.returncode == 0
+        frames, bad = map(int, stdout.split())
+        assert bad == 0
+        assert frames == published, (frames, published)  # block policy: none lost
