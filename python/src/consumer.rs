@@ -2,7 +2,6 @@
 //! release the GIL and wake every 100 ms to let Ctrl-C (and other signals) through.
 
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuring::cuda::Stream;
@@ -12,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::{error, open_error, timeout, Disconnected};
-use crate::held::{Held, Message, Rx, Shared};
+use crate::held::{drain, Held, Message, Rx, Shared, ThreadBound};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
 
@@ -85,11 +84,12 @@ impl Shared {
 /// - `device` (CUDA rings): the GPU to read on; default the ring's.
 /// - `start`: "newest" (default, the newest message still in the ring), "next" (only
 ///   messages published after joining) or "oldest".
-/// - `wait`: seconds to wait for the ring to appear.
-#[pyclass(unsendable, module = "gpuring")]
+/// - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a dead
+///   one's).
+#[pyclass(module = "gpuring")]
 pub struct Consumer {
-    /// None once closed.
-    shared: Option<Rc<Shared>>,
+    /// None once closed. Bound to the thread that opened it (see `held`).
+    shared: ThreadBound<Option<Rc<Shared>>>,
     name: String,
     wanted: Wanted,
     /// The GPU the consumer reads on; None for host rings.
@@ -126,7 +126,14 @@ impl Consumer {
         let deadline = Instant::now() + Duration::from_secs_f64(wait.max(0.0));
         let rx = loop {
             match open(name, start, device, stream) {
-                Err(OpenError::NotFound) if Instant::now() < deadline => {
+                // Not there yet, still being built, or a dead producer's ring that its
+                // successor will replace: what `open_when_ready` waits through too.
+                Err(
+                    OpenError::NotFound
+                    | OpenError::NotInitialized
+                    | OpenError::Truncated { .. }
+                    | OpenError::Disconnected,
+                ) if Instant::now() < deadline => {
                     py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                     py.check_signals()?;
                 }
@@ -137,8 +144,8 @@ impl Consumer {
             Rx::Host(_) => None,
             Rx::Gpu { rx, .. } => Some(rx.context().ordinal()),
         };
-        let shared = Shared { rx, orphans: Arc::default(), owner: std::thread::current().id() };
-        Ok(Consumer { shared: Some(Rc::new(shared)), name: name.to_owned(), wanted, device })
+        let shared = ThreadBound::new(Some(Rc::new(Shared { rx })));
+        Ok(Consumer { shared, name: name.to_owned(), wanted, device })
     }
 
     /// recv(timeout=None) -> Slot
@@ -182,10 +189,10 @@ impl Consumer {
     }
 
     /// Leaves the ring. Slots still held keep it open until they are released.
-    fn close(&mut self) {
-        if let Some(shared) = self.shared.take() {
-            shared.orphans.drain();
-        }
+    fn close(&mut self) -> PyResult<()> {
+        self.shared.get_mut()?.take();
+        drain();
+        Ok(())
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -193,9 +200,9 @@ impl Consumer {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 
     /// The ring's name.
@@ -258,20 +265,21 @@ impl Consumer {
     }
 
     fn __repr__(&self) -> String {
-        let state = if self.shared.is_some() { "" } else { ", closed" };
+        let open = self.shared.get().map(|s| s.is_some()).unwrap_or(true);
+        let state = if open { "" } else { ", closed" };
         format!("<gpuring.Consumer {:?} {}{state}>", self.name, self.memory())
     }
 }
 
 impl Consumer {
     fn shared(&self) -> PyResult<&Rc<Shared>> {
-        self.shared.as_ref().ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
+        let shared = self.shared.get()?.as_ref();
+        shared.ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
     }
 
     /// One receive attempt without the GIL: `Ok(None)` if nothing came in `wait`.
     fn receive(&self, py: Python<'_>, wait: Option<Duration>) -> PyResult<Option<Slot>> {
         let shared = self.shared()?;
-        shared.orphans.drain();
         let job = SameThread(shared.clone());
         let got = py.detach(move || {
             let job = job;

@@ -8,14 +8,12 @@
 
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::Arc;
-use std::thread::ThreadId;
 
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::{ffi, Bound};
 
-use crate::held::Orphans;
+use crate::held::ThreadBound;
 use crate::layout::Layout;
 
 /// `kDLCPU`.
@@ -54,14 +52,9 @@ struct DLManagedTensor {
     deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
-/// What keeps an export's bytes valid, and where to drop it.
-pub struct Keep {
-    /// Dropped (on `owner`'s thread) when the tensor is freed; never read, held for that.
-    #[allow(dead_code)]
-    pub value: Box<dyn Any>,
-    pub orphans: Arc<Orphans>,
-    pub owner: ThreadId,
-}
+/// What keeps an export's bytes valid: dropped when the tensor is freed, on the consumer's
+/// thread whichever thread frees the tensor. Never read; held for its `Drop`.
+pub type Keep = ThreadBound<Box<dyn Any>>;
 
 /// One export. `repr(C)` with `managed` first, so a pointer to it is a pointer to `managed`.
 #[repr(C)]
@@ -130,12 +123,9 @@ pub fn capsule<'py>(
 /// # Safety
 /// `m` must be a `DLManagedTensor` made by [`capsule`], not deleted before.
 unsafe extern "C" fn delete(m: *mut DLManagedTensor) {
-    // SAFETY: by the contract, `m` is the first field of a boxed `Export` we leaked.
-    let export = unsafe { Box::from_raw(m.cast::<Export>()) };
-    let (orphans, owner) = (export.keep.orphans.clone(), export.keep.owner);
-    // The keep (an `Rc`) may only be dropped on the consumer's thread; elsewhere it is
-    // queued, not touched.
-    orphans.adopt_or_drop(owner, export);
+    // SAFETY: by the contract, `m` is the first field of a boxed `Export` we leaked. Dropping
+    // it on any thread is fine: `keep` defers its value to the consumer's thread.
+    drop(unsafe { Box::from_raw(m.cast::<Export>()) });
 }
 
 /// The capsule destructor: deletes the tensor unless a consumer took it.

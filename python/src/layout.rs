@@ -48,10 +48,14 @@ impl Wanted {
 
     /// The layout of a message of `len` bytes whose user header is `header`.
     pub fn resolve(&self, header: &[u8], len: usize) -> PyResult<Layout> {
-        let from_header = TensorHeader::read(header)
-            .map_err(|e| PyValueError::new_err(format!("the message's tensor header: {e}")))?;
+        // The header matters only for what the caller left open; a broken one is an error only
+        // when it is relied on.
+        let from_header = || {
+            TensorHeader::read(header)
+                .map_err(|e| PyValueError::new_err(format!("the message's tensor header: {e}")))
+        };
         if self.dtype.is_none() && self.shape.is_none() {
-            if let Some(h) = from_header {
+            if let Some(h) = from_header()? {
                 if h.nbytes() != Some(len as u64) {
                     return Err(PyValueError::new_err(format!(
                         "the tensor header says {}{:?} ({:?} bytes) but the message has {len} bytes",
@@ -61,7 +65,10 @@ impl Wanted {
                 return Ok(Layout { dtype: h.dtype, shape: h.shape });
             }
         }
-        let dtype = self.dtype.or(from_header.map(|h| h.dtype)).unwrap_or(DType::U8);
+        let dtype = match self.dtype {
+            Some(t) => t,
+            None => from_header()?.map_or(DType::U8, |h| h.dtype),
+        };
         let size = dtype.size();
         if len % size != 0 {
             return Err(PyValueError::new_err(format!(
@@ -101,7 +108,10 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
         Ok(s) => s,
         Err(_) => obj.str()?.extract()?,
     };
-    DType::from_name(&name).ok_or_else(|| {
+    // numpy's scalar types (numpy.float32) print as classes: take their name.
+    let class_name = || obj.getattr("__name__").ok()?.extract::<String>().ok();
+    let found = DType::from_name(&name).or_else(|| class_name().and_then(|n| DType::from_name(&n)));
+    found.ok_or_else(|| {
         PyTypeError::new_err(format!(
             "unsupported dtype {name:?}: use bool, (u)int8/16/32/64, float16, bfloat16, float32 or float64"
         ))

@@ -8,11 +8,12 @@ use gpuring::gpu::GpuAcquireError;
 use gpuring::tensor::{DType, TensorHeader};
 use gpuring::{AcquireTimeoutError, GpuProducer, Policy, Producer as RingProducer};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{error, timeout};
+use crate::held::{drain, ThreadBound};
 
 /// The longest the GIL-free part of a wait lasts before signals are checked.
 const TICK: Duration = Duration::from_millis(100);
@@ -35,10 +36,10 @@ unsafe impl<T> Send for SameThread<T> {}
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: "block" (wait for the slowest
 /// consumer) or "overwrite" (never wait; slow consumers lose messages). The ring is removed
 /// when the producer is closed or freed.
-#[pyclass(unsendable, module = "gpuring")]
+#[pyclass(module = "gpuring")]
 pub struct Producer {
-    /// None once closed.
-    tx: Option<Tx>,
+    /// None once closed. Bound to the thread that made it (see `held`).
+    tx: ThreadBound<Option<Tx>>,
     name: String,
 }
 
@@ -90,7 +91,7 @@ impl Producer {
             builder.create().map(Tx::Host)
         };
         let tx = tx.map_err(|e| error(format!("cannot create ring {name:?}: {e}")))?;
-        Ok(Producer { tx: Some(tx), name: name.to_owned() })
+        Ok(Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() })
     }
 
     /// send(data, header=None, *, stream=None, timeout=None) -> int
@@ -119,8 +120,8 @@ impl Producer {
     ) -> PyResult<u64> {
         let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         let name = self.name.clone();
-        let tx =
-            self.tx.as_mut().ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
+        let tx = self.tx.get_mut()?.as_mut();
+        let tx = tx.ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
         match tx {
             Tx::Gpu(tx) => send_gpu(py, tx, data, header, stream, deadline),
             Tx::Host(tx) => send_host(py, tx, data, header, deadline),
@@ -128,8 +129,14 @@ impl Producer {
     }
 
     /// Closes the ring: consumers receive what was published, then `gpuring.Disconnected`.
-    fn close(&mut self) {
-        self.tx = None;
+    ///
+    /// A CUDA producer first waits (up to its linger, 5 s) for consumers to finish reading,
+    /// without holding the GIL.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let tx = SameThread(self.tx.get_mut()?.take());
+        py.detach(move || drop({ tx }.0));
+        drain();
+        Ok(())
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -137,9 +144,13 @@ impl Producer {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     /// The ring's name.
@@ -192,7 +203,8 @@ impl Producer {
 
 impl Producer {
     fn tx(&self) -> PyResult<&Tx> {
-        self.tx.as_ref().ok_or_else(|| error(format!("producer of {:?} is closed", self.name)))
+        let tx = self.tx.get()?.as_ref();
+        tx.ok_or_else(|| error(format!("producer of {:?} is closed", self.name)))
     }
 }
 
@@ -227,10 +239,14 @@ struct CudaArray {
 }
 
 fn cuda_array(data: &Bound<'_, PyAny>) -> PyResult<CudaArray> {
-    let cai = data.getattr("__cuda_array_interface__").map_err(|_| {
-        PyTypeError::new_err(
-            "a CUDA ring sends CUDA tensors (objects with __cuda_array_interface__)",
-        )
+    let cai = data.getattr("__cuda_array_interface__").map_err(|e| {
+        if e.is_instance_of::<PyAttributeError>(data.py()) {
+            PyTypeError::new_err(
+                "a CUDA ring sends CUDA tensors (objects with __cuda_array_interface__)",
+            )
+        } else {
+            e // the object's own reason, such as torch's for a tensor that requires grad
+        }
     })?;
     let cai = cai.cast::<PyDict>()?;
     let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
@@ -295,6 +311,18 @@ fn send_gpu(
     deadline: Option<Instant>,
 ) -> PyResult<u64> {
     let src = cuda_array(data)?;
+    // A tensor on another GPU would be read through peer access, or fail in the driver: say
+    // so first where the object tells its device (torch tensors do).
+    if let Ok(index) = data.getattr("device").and_then(|d| d.getattr("index")) {
+        let ring = tx.context().ordinal();
+        if let Ok(Some(d)) = index.extract::<Option<i32>>() {
+            if d != ring {
+                return Err(PyValueError::new_err(format!(
+                    "the tensor is on cuda:{d}, the ring's memory on cuda:{ring}"
+                )));
+            }
+        }
+    }
     if src.len > tx.slot_size() {
         return Err(PyValueError::new_err(format!(
             "{} bytes do not fit in a slot of {}",

@@ -23,7 +23,7 @@ use pyo3::{ffi, IntoPyObjectExt};
 
 use crate::dlpack::{self, Keep};
 use crate::errors::{error, ReleasedError};
-use crate::held::Held;
+use crate::held::{Held, ThreadBound};
 use crate::layout::{Layout, Wanted};
 
 /// A held message, and the streams other than the consumer's that it was exported to.
@@ -60,10 +60,12 @@ pub fn stream_number(raw: u64) -> u64 {
 ///
 /// The message is held (the producer cannot overwrite it) until the slot is released and
 /// every tensor or buffer made from it is freed.
-#[pyclass(unsendable, module = "gpuring")]
+#[pyclass(module = "gpuring")]
 pub struct Slot {
-    /// None once released and no export needs it any more.
-    claim: Option<Rc<Claim>>,
+    /// None once released and no export needs it any more. Bound to the consumer's thread:
+    /// a slot used elsewhere raises `RuntimeError`, and one freed elsewhere releases its
+    /// message at that thread's next gpuring call.
+    claim: ThreadBound<Option<Rc<Claim>>>,
     released: bool,
     wanted: Wanted,
     /// `__cuda_array_interface__` was read: hold until this object is freed.
@@ -88,7 +90,7 @@ impl Slot {
             len: held.data().1,
             memory: if device.is_some() { "cuda" } else { "host" },
             device: device.unwrap_or(0),
-            claim: Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) })),
+            claim: ThreadBound::new(Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) }))),
             released: false,
             wanted,
             cai_read: false,
@@ -98,7 +100,7 @@ impl Slot {
 
     /// The claim, unless released.
     fn live(&self) -> PyResult<&Rc<Claim>> {
-        match (&self.claim, self.released) {
+        match (self.claim.get()?, self.released) {
             (Some(c), false) => Ok(c),
             _ => Err(ReleasedError::new_err(format!(
                 "message {} was released: tensors must be made before release()",
@@ -115,10 +117,7 @@ impl Slot {
     /// Drops the claim once nothing of ours needs it.
     fn settle(&mut self) {
         if self.released && self.buffers == 0 && !self.cai_read {
-            if let Some(c) = &self.claim {
-                c.held.shared().orphans.drain();
-            }
-            self.claim = None;
+            self.claim.replace(None); // on another thread: done at the owner's next call
         }
     }
 
@@ -261,12 +260,7 @@ impl Slot {
         } else if stream.is_some() {
             return Err(PyBufferError::new_err("a host message has no stream: pass stream=None"));
         }
-        let shared = claim.held.shared();
-        let keep = Keep {
-            value: Box::new(claim.clone()),
-            orphans: shared.orphans.clone(),
-            owner: shared.owner,
-        };
+        let keep = Keep::new(Box::new(claim.clone()) as Box<dyn std::any::Any>);
         dlpack::capsule(py, claim.held.data().0, device, &layout, keep)
     }
 

@@ -3,6 +3,7 @@ import gc
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -101,9 +102,82 @@ def test_a_tensor_freed_on_another_thread_releases_at_the_next_call(ring_name):
     t = threading.Thread(target=box.clear)  # the array's deleter runs on that thread
     t.start()
     t.join()
-    assert held_stalls_producer(tx)  # queued, not yet released: only the consumer's thread may
-    assert rx.try_recv() is None     # the consumer's next call drains the queue
+    # Queued there, released by the next gpuring call on the consumer's thread (here the
+    # producer's send): not leaked.
     assert not held_stalls_producer(tx)
+
+
+@pytest.mark.parametrize("what", ["slot", "buffer"])
+def test_a_slot_or_buffer_freed_on_another_thread_releases_at_the_next_call(ring_name, what):
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"a" * 64)
+    slot = rx.recv(timeout=5)
+    box = [slot] if what == "slot" else [memoryview(slot)]
+    if what == "buffer":
+        slot.release()
+    del slot
+    tx.send(b"b" * 64)
+    rx.recv(timeout=5).release()
+    t = threading.Thread(target=box.clear)
+    t.start()
+    t.join()
+    assert not held_stalls_producer(tx)  # released at this thread's next gpuring call
+
+
+def test_objects_are_used_on_their_own_thread(ring_name):
+    tx = gpuring.Producer(ring_name, 64, memory="host")
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"x" * 8)
+    slot = rx.recv(timeout=5)
+    errors = []
+
+    def use_elsewhere():
+        for use in (lambda: np.from_dlpack(slot), lambda: rx.try_recv(), lambda: tx.send(b"y")):
+            try:
+                use()
+            except RuntimeError as e:
+                errors.append(str(e))
+        slot.release()  # releasing from anywhere is allowed; done on the owner's next call
+    t = threading.Thread(target=use_elsewhere)
+    t.start()
+    t.join()
+    assert len(errors) == 3 and "thread" in errors[0]
+    assert slot.released
+    rx.try_recv()
+
+
+def test_layout_arguments(ring_name):
+    tx = gpuring.Producer(ring_name, 64, memory="host", header_size=16)
+    rx = gpuring.Consumer(ring_name, start="next", dtype=np.float32, shape=(2, -1))
+    tx.send(np.arange(4, dtype=np.float32), header=b"GRTN\x09garbage")  # broken tensor header
+    with rx.recv(timeout=5) as slot:
+        assert (slot.dtype, slot.shape) == ("float32", (2, 2))  # explicit: header not needed
+        assert np.from_dlpack(slot).tolist() == [[0, 1], [2, 3]]
+        with pytest.raises(ValueError):
+            slot.view(shape=(4,)).view(None, None)  # relying on the broken header fails
+
+
+def test_wait_outlasts_a_dead_ring(ring_name):
+    # A producer process that dies without cleaning up leaves a ring behind; `wait` waits
+    # for a live producer instead of failing at once.
+    code = f"import gpuring, os; p = gpuring.Producer({ring_name!r}, 64, memory='host'); os._exit(0)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(gpuring.Disconnected):
+        gpuring.Consumer(ring_name)
+    opened = threading.Event()
+
+    def produce_late():  # on its own thread, which closes it too
+        time.sleep(0.3)
+        tx = gpuring.Producer(ring_name, 64, memory="host")
+        opened.wait(10)
+        tx.close()
+    late = threading.Thread(target=produce_late)
+    late.start()
+    rx = gpuring.Consumer(ring_name, wait=10)
+    opened.set()
+    late.join()
+    assert rx.capacity == 8
 
 
 def test_waiting_empty_and_disconnect(ring_name):
