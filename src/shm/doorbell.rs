@@ -35,7 +35,7 @@ pub const QUIET_MAX: usize = 64;
 
 /// `gpuring/EPOCH/HASH` of ring `name`'s instance `epoch` (the name is hashed: names may be
 /// longer than a socket address).
-fn base(name: &str, epoch: u64) -> String {
+pub(crate) fn base(name: &str, epoch: u64) -> String {
     // FNV-1a: a stable, dependency-free hash; the epoch already makes the name unique.
     let hash = name
         .bytes()

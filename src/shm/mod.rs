@@ -1,8 +1,10 @@
 //! The OS layer: POSIX shared memory segments, their header, names, owner checks, process
-//! identity and the doorbells that wake async waiters. Nothing here knows the ring protocol; it
+//! identity, the doorbells that wake async waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
 //! places bytes and checks them.
 
 pub mod doorbell;
+#[cfg(not(loom))]
+pub mod fdpass;
 mod guard;
 mod header;
 mod name;
