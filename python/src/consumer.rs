@@ -10,23 +10,11 @@ use gpuring::{Consumer as RingConsumer, MemoryKind, OpenError, RecvTimeoutError,
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::bound::{deadline, drain, tick, SameThread, ThreadBound};
 use crate::errors::{error, open_error, timeout, Disconnected};
-use crate::held::{drain, Held, Message, Rx, Shared, ThreadBound};
+use crate::held::{Held, Message, Rx, Shared};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
-
-/// The longest the GIL-free part of a wait lasts before signals are checked.
-const TICK: Duration = Duration::from_millis(100);
-
-/// Moves a value into a GIL-free section and back.
-///
-/// `Python::detach` wants `Send` closures, since other threads run Python meanwhile. What we
-/// move is this consumer's (`Rc`s of thread-bound objects): the closure runs on this same
-/// thread, and no other thread can touch these objects meanwhile (their classes are
-/// `unsendable`, and exports ended on other threads only queue, see `held`).
-struct SameThread<T>(T);
-// SAFETY: see above: the value never leaves the thread it was made on.
-unsafe impl<T> Send for SameThread<T> {}
 
 /// Why a receive gave nothing.
 enum Failed {
@@ -123,7 +111,7 @@ impl Consumer {
             }
         };
         let stream = stream.filter(|s| !s.is_none()).map(stream_handle).transpose()?;
-        let deadline = Instant::now() + Duration::from_secs_f64(wait.max(0.0));
+        let until = deadline(Some(wait))?;
         let rx = loop {
             match open(name, start, device, stream) {
                 // Not there yet, still being built, or a dead producer's ring that its
@@ -133,7 +121,7 @@ impl Consumer {
                     | OpenError::NotInitialized
                     | OpenError::Truncated { .. }
                     | OpenError::Disconnected,
-                ) if Instant::now() < deadline => {
+                ) if until.is_none_or(|d| Instant::now() < d) => {
                     py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                     py.check_signals()?;
                 }
@@ -155,12 +143,13 @@ impl Consumer {
     /// has closed the ring (or died) and every message was received.
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Slot> {
-        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let until = deadline(timeout)?;
         loop {
-            let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
-            match self.receive(py, Some(left.min(TICK)))? {
+            let tick = tick();
+            let left = until.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+            match self.receive(py, Some(left.min(tick)))? {
                 Some(slot) => return Ok(slot),
-                None if deadline.is_some_and(|d| Instant::now() >= d) => {
+                None if until.is_some_and(|d| Instant::now() >= d) => {
                     return Err(timeout_error(&self.name, timeout))
                 }
                 None => py.check_signals()?,
@@ -189,8 +178,13 @@ impl Consumer {
     }
 
     /// Leaves the ring. Slots still held keep it open until they are released.
-    fn close(&mut self) -> PyResult<()> {
-        self.shared.get_mut()?.take();
+    ///
+    /// A CUDA consumer first waits for its queued reads (and, rarely, for a busy producer),
+    /// without holding the GIL.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        // SAFETY: the closure runs on this thread, and the consumer's graph is bound to it.
+        let shared = unsafe { SameThread::new(self.shared.get_mut()?.take()) };
+        py.detach(move || drop(shared.into_inner()));
         drain();
         Ok(())
     }
@@ -200,8 +194,12 @@ impl Consumer {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.close()?;
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
         Ok(false)
     }
 
@@ -280,12 +278,14 @@ impl Consumer {
     /// One receive attempt without the GIL: `Ok(None)` if nothing came in `wait`.
     fn receive(&self, py: Python<'_>, wait: Option<Duration>) -> PyResult<Option<Slot>> {
         let shared = self.shared()?;
-        let job = SameThread(shared.clone());
+        // SAFETY: the closure runs on this thread, and the consumer's graph is bound to it.
+        let job = unsafe { SameThread::new(shared.clone()) };
         let got = py.detach(move || {
-            let job = job;
-            SameThread(Held::try_new(job.0, |s| s.recv_for(wait)))
+            let shared = job.into_inner();
+            // SAFETY: as above: handed straight back to this thread.
+            unsafe { SameThread::new(Held::try_new(shared, |s| s.recv_for(wait))) }
         });
-        match got.0 {
+        match got.into_inner() {
             Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
             Err(Failed::Timeout | Failed::Empty) => Ok(None),
             Err(Failed::Disconnected) => {

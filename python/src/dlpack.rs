@@ -13,7 +13,7 @@ use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::{ffi, Bound};
 
-use crate::held::ThreadBound;
+use crate::bound::ThreadBound;
 use crate::layout::Layout;
 
 /// `kDLCPU`.

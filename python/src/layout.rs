@@ -62,7 +62,7 @@ impl Wanted {
                         h.dtype, h.shape, h.nbytes()
                     )));
                 }
-                return Ok(Layout { dtype: h.dtype, shape: h.shape });
+                return Layout { dtype: h.dtype, shape: h.shape }.checked();
             }
         }
         let dtype = match self.dtype {
@@ -84,7 +84,7 @@ impl Wanted {
                 ))
             })?,
         };
-        Ok(Layout { dtype, shape })
+        Layout { dtype, shape }.checked()
     }
 }
 
@@ -102,6 +102,29 @@ fn infer(dims: &[i64], elements: u64) -> Option<Vec<u64>> {
     (shape.iter().product::<u64>() == elements).then_some(shape)
 }
 
+/// A dtype by name: numpy's and torch's names, torch's aliases (`half`, `double`, `long`...)
+/// and array-interface type strings (`"<f4"`, `"u1"`).
+fn dtype_named(name: &str) -> Option<DType> {
+    let name = name.strip_prefix("torch.").unwrap_or(name);
+    DType::from_name(name).or_else(|| {
+        Some(match name.trim_start_matches(['<', '|', '=']) {
+            "b1" | "?" => DType::BOOL,
+            "u1" => DType::U8,
+            "i1" => DType::I8,
+            "u2" => DType::U16,
+            "i2" | "short" => DType::I16,
+            "u4" => DType::U32,
+            "i4" | "int32" => DType::I32,
+            "u8" => DType::U64,
+            "i8" | "long" => DType::I64,
+            "f2" | "half" => DType::F16,
+            "f4" => DType::F32,
+            "f8" | "double" => DType::F64,
+            _ => return None,
+        })
+    })
+}
+
 /// Parses a dtype given as a name or a torch/numpy dtype object.
 pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let name: String = match obj.extract::<String>() {
@@ -110,7 +133,7 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     };
     // numpy's scalar types (numpy.float32) print as classes: take their name.
     let class_name = || obj.getattr("__name__").ok()?.extract::<String>().ok();
-    let found = DType::from_name(&name).or_else(|| class_name().and_then(|n| DType::from_name(&n)));
+    let found = dtype_named(&name).or_else(|| class_name().and_then(|n| dtype_named(&n)));
     found.ok_or_else(|| {
         PyTypeError::new_err(format!(
             "unsupported dtype {name:?}: use bool, (u)int8/16/32/64, float16, bfloat16, float32 or float64"
@@ -119,6 +142,20 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 }
 
 impl Layout {
+    /// Refuses shapes whose strides would not fit in the i64 that DLPack and Python use (a
+    /// header may say `(0, 2**63, 4)` of an empty message).
+    fn checked(self) -> PyResult<Layout> {
+        let fits = self
+            .shape
+            .iter()
+            .filter(|d| **d > 0)
+            .try_fold(self.dtype.size() as i64, |n, d| n.checked_mul(i64::try_from(*d).ok()?));
+        match fits {
+            Some(_) => Ok(self),
+            None => Err(PyValueError::new_err(format!("shape {:?} is too large", self.shape))),
+        }
+    }
+
     /// `len` bytes, as a 1-D `uint8` array.
     pub fn bytes(len: usize) -> Layout {
         Layout { dtype: DType::U8, shape: vec![len as u64] }

@@ -3,8 +3,9 @@
 //! User documentation: docs/python.md. Layout of this crate:
 //!
 //! - `consumer`: `gpuring.Consumer`, which opens a ring of either memory kind and receives;
-//! - `held`: a received message together with the consumer it borrows, and the queue that
-//!   brings releases from other threads back to the consumer's;
+//! - `held`: a received message together with the consumer it borrows;
+//! - `bound`: objects bound to their thread and process, and how they are dropped when
+//!   Python frees them elsewhere;
 //! - `slot`: `gpuring.Slot`, its attributes, `release` and the three export protocols;
 //! - `dlpack`: the DLPack C structures and capsule;
 //! - `layout`: element type and shape (arguments, the tensor header, or bytes);
@@ -13,6 +14,7 @@
 
 use pyo3::prelude::*;
 
+mod bound;
 mod consumer;
 mod dlpack;
 mod errors;

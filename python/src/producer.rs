@@ -1,7 +1,7 @@
 //! `gpuring.Producer`: publishes tensors (CUDA rings: a device-to-device copy on the caller's
 //! stream, then publish) or buffers (host rings: a copy into the shared slot).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpuring::cuda::Stream;
 use gpuring::gpu::GpuAcquireError;
@@ -12,22 +12,13 @@ use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::bound::{deadline, drain, tick, SameThread, ThreadBound};
 use crate::errors::{error, timeout};
-use crate::held::{drain, ThreadBound};
-
-/// The longest the GIL-free part of a wait lasts before signals are checked.
-const TICK: Duration = Duration::from_millis(100);
 
 enum Tx {
     Host(RingProducer),
     Gpu(GpuProducer),
 }
-
-/// Moves the producer into a GIL-free wait and back: the closure runs on this thread, and
-/// the object is `unsendable`, so no other thread touches it meanwhile.
-struct SameThread<T>(T);
-// SAFETY: see above.
-unsafe impl<T> Send for SameThread<T> {}
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
 ///          policy="block", max_consumers=None)
@@ -100,10 +91,12 @@ impl Producer {
     ///
     /// - CUDA rings: `data` is a contiguous CUDA tensor or array (anything with
     ///   `__cuda_array_interface__`, such as a torch tensor without grad) on the ring's GPU. The
-    ///   copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default the legacy
-    ///   default stream, PyTorch's default), so it follows the work that produced `data`, and
-    ///   the message is ready for consumers when the copy is done. The CPU does not wait.
-    /// - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview).
+    ///   copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default: for a torch
+    ///   tensor torch's current stream on its device, else the legacy default stream), so it
+    ///   follows the work that produced `data`, and the message is ready for consumers when
+    ///   the copy is done. The CPU does not wait.
+    /// - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview) or a
+    ///   torch CPU tensor.
     ///
     /// `header`: the user header (bytes). Default: the tensor header of `data`'s type and
     /// shape, when the ring's header has room, so consumers' tensors get them.
@@ -118,7 +111,7 @@ impl Producer {
         stream: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let deadline = deadline(timeout)?;
         let name = self.name.clone();
         let tx = self.tx.get_mut()?.as_mut();
         let tx = tx.ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
@@ -133,8 +126,9 @@ impl Producer {
     /// A CUDA producer first waits (up to its linger, 5 s) for consumers to finish reading,
     /// without holding the GIL.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        let tx = SameThread(self.tx.get_mut()?.take());
-        py.detach(move || drop({ tx }.0));
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let tx = unsafe { SameThread::new(self.tx.get_mut()?.take()) };
+        py.detach(move || drop(tx.into_inner()));
         drain();
         Ok(())
     }
@@ -302,6 +296,18 @@ fn dtype_of(typestr: &str) -> Option<DType> {
     })
 }
 
+/// For a torch tensor, torch's current stream on its device: the stream its producing work
+/// was most likely queued on, and the one torch's allocator reuses its memory on.
+fn torch_current_stream(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let module: String = data.get_type().getattr("__module__")?.extract()?;
+    if !module.starts_with("torch") {
+        return Ok(None);
+    }
+    let cuda = py.import("torch")?.getattr("cuda")?;
+    let stream = cuda.call_method1("current_stream", (data.getattr("device")?,))?;
+    Ok(Some(stream.getattr("cuda_stream")?.extract()?))
+}
+
 fn send_gpu(
     py: Python<'_>,
     tx: &mut GpuProducer,
@@ -332,7 +338,7 @@ fn send_gpu(
     }
     let header = header_for(header, src.layout, tx.user_header_size())?;
     let raw = match stream.filter(|s| !s.is_none()) {
-        None => 0,
+        None => torch_current_stream(py, data)?.unwrap_or(0),
         Some(s) => match s.extract::<u64>() {
             Ok(raw) => raw,
             Err(_) => s.getattr("cuda_stream")?.extract()?,
@@ -348,14 +354,16 @@ fn send_gpu(
         ours.wait_for(&theirs).map_err(error)?;
     }
     loop {
-        let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
-        let job = SameThread((&mut *tx, &ours));
+        let tick = tick();
+        let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let job = unsafe { SameThread::new((&mut *tx, &ours)) };
         let got = py.detach(move || {
-            let job = job;
-            let (tx, ours) = job.0;
-            SameThread(tx.acquire_on_timeout(ours, left.min(TICK)))
+            let (tx, ours) = job.into_inner();
+            // SAFETY: as above: handed straight back to this thread.
+            unsafe { SameThread::new(tx.acquire_on_timeout(ours, left.min(tick))) }
         });
-        match got.0 {
+        match got.into_inner() {
             Ok(slot) => {
                 // SAFETY: `src` is `len` bytes of device memory on the ring's GPU (its
                 // interface says so), not one of our slots; work that wrote it is ordered
@@ -383,7 +391,13 @@ fn send_host(
     header: Option<Vec<u8>>,
     deadline: Option<Instant>,
 ) -> PyResult<u64> {
-    let view = py.import("builtins")?.getattr("memoryview")?.call1((data,))?;
+    let memoryview = py.import("builtins")?.getattr("memoryview")?;
+    let view = match memoryview.call1((data,)) {
+        Ok(view) => view,
+        // A torch CPU tensor has no buffer protocol; its numpy view does (same memory).
+        Err(_) if data.hasattr("numpy")? => memoryview.call1((data.call_method0("numpy")?,))?,
+        Err(e) => return Err(e),
+    };
     if !view.getattr("c_contiguous")?.extract::<bool>()? {
         return Err(PyValueError::new_err("the buffer is not C-contiguous"));
     }
@@ -400,13 +414,16 @@ fn send_host(
     }
     let header = header_for(header, layout, tx.user_header_size())?;
     loop {
-        let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
-        let job = SameThread(&mut *tx);
+        let tick = tick();
+        let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let job = unsafe { SameThread::new(&mut *tx) };
         let got = py.detach(move || {
-            let job = job;
-            SameThread(job.0.acquire_timeout(left.min(TICK)))
+            let tx = job.into_inner();
+            // SAFETY: as above: handed straight back to this thread.
+            unsafe { SameThread::new(tx.acquire_timeout(left.min(tick))) }
         });
-        match got.0 {
+        match got.into_inner() {
             Ok(mut slot) => {
                 bytes.copy_to_slice(py, &mut slot[..len])?;
                 return slot.publish(len, &header).map_err(error);

@@ -21,9 +21,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use pyo3::{ffi, IntoPyObjectExt};
 
+use crate::bound::ThreadBound;
 use crate::dlpack::{self, Keep};
 use crate::errors::{error, ReleasedError};
-use crate::held::{Held, ThreadBound};
+use crate::held::Held;
 use crate::layout::{Layout, Wanted};
 
 /// A held message, and the streams other than the consumer's that it was exported to.
@@ -38,8 +39,11 @@ impl Drop for Claim {
     fn drop(&mut self) {
         if let Some(s) = self.held.stream() {
             for x in self.joins.get_mut().drain(..) {
-                // On failure the release still happens, and records on `S` what it can.
-                let _ = s.wait_for(&x);
+                // Without the GPU-side wait, wait on the CPU: the release must not come
+                // before `x`'s reads (an error path, not the steady state).
+                if s.wait_for(&x).is_err() {
+                    let _ = x.synchronize();
+                }
             }
         }
         // Then `held` drops: the release is recorded on `S` and the slot freed.
@@ -117,7 +121,7 @@ impl Slot {
     /// Drops the claim once nothing of ours needs it.
     fn settle(&mut self) {
         if self.released && self.buffers == 0 && !self.cai_read {
-            self.claim.replace(None); // on another thread: done at the owner's next call
+            self.claim.clear(); // on another thread: done at the owner's next call
         }
     }
 
@@ -155,6 +159,11 @@ impl Slot {
     /// Length of the message in bytes.
     fn __len__(&self) -> usize {
         self.len
+    }
+
+    /// A slot is true even when its message is empty (`if slot := rx.try_recv():`).
+    fn __bool__(&self) -> bool {
+        true
     }
 
     /// "cuda" or "host".
@@ -305,7 +314,9 @@ impl Slot {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let mut this = slf.borrow_mut();
+        let mut this = slf
+            .try_borrow_mut()
+            .map_err(|_| PyBufferError::new_err("the slot is in use (re-entered)"))?;
         if this.is_cuda() {
             return Err(PyBufferError::new_err(
                 "device memory has no buffer protocol: use torch.from_dlpack(slot)",
@@ -315,9 +326,16 @@ impl Slot {
             return Err(PyBufferError::new_err("messages are read-only"));
         }
         let (data, len) = this.live()?.held.data();
-        // Typed (format, shape, strides) when the requester takes a format; else bytes.
-        let typed = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
+        // Typed (format, shape, strides) when the requester takes a format and a shape;
+        // else plain bytes, one dimension.
+        let has = |f: c_int| flags & f == f;
+        let typed = has(ffi::PyBUF_FORMAT) && has(ffi::PyBUF_ND);
         let layout = if typed { this.layout()? } else { Layout::bytes(len) };
+        // Our buffers are C-contiguous: Fortran order only where the two agree (1-D).
+        let multi = layout.shape.iter().filter(|d| **d > 1).count() > 1;
+        if has(ffi::PyBUF_F_CONTIGUOUS) && !has(ffi::PyBUF_C_CONTIGUOUS) && multi {
+            return Err(PyBufferError::new_err("messages are C-contiguous, not Fortran"));
+        }
         let format = if typed { layout.format()?.as_ptr() } else { std::ptr::null() };
         let item = layout.dtype.size() as isize;
         // shape, then strides in bytes; freed in __releasebuffer__.
@@ -388,7 +406,10 @@ impl Slot {
         // outlives its reads of this message (the release waits for it before `S` records).
         let theirs = unsafe { Stream::from_raw(s.context(), raw) };
         theirs.wait_for(s).map_err(error)?;
-        claim.joins.borrow_mut().push(theirs);
+        let mut joins = claim.joins.borrow_mut();
+        if !joins.iter().any(|j| j.raw() == theirs.raw()) {
+            joins.push(theirs); // one join per stream, however many exports
+        }
         Ok(())
     }
 }

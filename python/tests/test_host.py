@@ -251,3 +251,82 @@ def test_a_rust_producer_feeds_two_python_consumers_every_byte_checked(ring_name
         frames, bad = map(int, stdout.split())
         assert bad == 0
         assert frames == published, (frames, published)  # block policy: none lost
+
+
+def test_a_forked_child_neither_uses_nor_releases_the_parents_objects(ring_name):
+    import os
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"A" * 64)
+    slot = rx.recv(timeout=5)
+    held = np.asarray(slot)
+    pid = os.fork()
+    if pid == 0:  # the child: every use refuses, and freeing everything releases nothing
+        code = 0
+        try:
+            rx.try_recv()
+            code = 1
+        except RuntimeError as e:
+            code = 0 if "fork" in str(e) else 2
+        del held, slot
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    tx.send(b"B" * 64)
+    rx.recv(timeout=5).release()
+    assert held_stalls_producer(tx)  # the parent's hold survived the child
+    assert bytes(held) == b"A" * 64
+    assert tx.consumer_count == 1
+
+
+def test_objects_of_an_ended_thread_are_still_dropped(ring_name):
+    made = {}
+
+    def open_in_thread():
+        made["rx"] = gpuring.Consumer(ring_name, start="next")
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    t = threading.Thread(target=open_in_thread)
+    t.start()
+    t.join()  # the consumer's thread has ended
+    assert tx.consumer_count == 1
+    del made["rx"]  # freed here: dropped at once, since its thread is gone
+    assert tx.consumer_count == 0
+
+
+def test_small_things(ring_name):
+    import math
+    tx = gpuring.Producer(ring_name, 64, memory="host", header_size=64)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"")
+    slot = rx.recv(timeout=math.inf)  # an infinite timeout waits as None does
+    assert len(slot) == 0 and bool(slot)  # an empty message is still a slot
+    with pytest.raises(ValueError):
+        rx.recv(timeout=math.nan)
+    slot.release()
+    # A hostile tensor header whose strides overflow is refused, not exported.
+    huge = (b"GRTN\x01\x01\x08\x03" + (0).to_bytes(8, "little") + (1 << 63).to_bytes(8, "little")
+            + (4).to_bytes(8, "little"))
+    tx.send(b"", header=huge)
+    with rx.recv(timeout=5) as s, pytest.raises(ValueError):
+        np.from_dlpack(s)
+    # Type strings and torch's aliases name dtypes too.
+    tx.send(np.arange(4, dtype=np.float32), header=b"")
+    with rx.recv(timeout=5) as s:
+        for name in ("<f4", "f4", np.float32, np.dtype("float32"), "float32"):
+            assert s.view(name).dtype == "float32"
+        assert s.view("half").dtype == "float16"
+
+
+def test_the_buffer_protocol_is_c_contiguous_only(ring_name):
+    import ctypes
+    tx = gpuring.Producer(ring_name, 64, memory="host")
+    rx = gpuring.Consumer(ring_name, start="next", dtype="uint8", shape=(2, 4))
+    tx.send(b"x" * 8)
+    with rx.recv(timeout=5) as slot:
+        assert np.asarray(slot).flags["C_CONTIGUOUS"]
+        buf = (ctypes.c_char * 80)()  # a Py_buffer
+        get = ctypes.pythonapi.PyObject_GetBuffer
+        get.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+        PyBUF_F_CONTIGUOUS_FORMAT = 0x0040 | 0x0010 | 0x0008 | 0x0004  # typed, Fortran order
+        with pytest.raises(BufferError):
+            get(slot, ctypes.addressof(buf), PyBUF_F_CONTIGUOUS_FORMAT)

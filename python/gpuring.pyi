@@ -1,0 +1,324 @@
+"""Zero-copy GPU (or host) frame rings between processes, as tensors through DLPack.
+
+Consumers whose slots export zero-copy tensors (DLPack, ``__cuda_array_interface__``, the
+buffer protocol), and a producer that publishes tensors. See docs/python.md.
+"""
+
+import sys
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, TypeAlias, final, type_check_only
+
+if sys.version_info >= (3, 13):
+    from types import CapsuleType as _CapsuleType
+else:
+    _CapsuleType: TypeAlias = object
+
+__all__ = [
+    "__version__",
+    "Consumer",
+    "Slot",
+    "Producer",
+    "Error",
+    "Disconnected",
+    "ReleasedError",
+    "tensor_header",
+]
+
+__version__: str
+
+@type_check_only
+class SupportsCudaStream(Protocol):
+    """An object with a ``cuda_stream`` handle, such as a ``torch.cuda.Stream``."""
+
+    @property
+    def cuda_stream(self) -> int: ...
+
+# What a dtype argument may be: a name ("uint8", "torch.float16"), a torch dtype, a numpy
+# dtype or a numpy scalar type; anything whose ``str()`` (or ``__name__``) names one of bool,
+# (u)int8/16/32/64, float16, bfloat16, float32, float64. Others raise TypeError.
+_DTypeLike: TypeAlias = object
+
+_Memory: TypeAlias = Literal["cuda", "host"]
+
+class Error(Exception):
+    """Something went wrong in a ring: it could not be created or opened, it is corrupt, or a CUDA call failed."""
+
+class Disconnected(Error):
+    """The producer closed the ring (or died) and every message was received."""
+
+class ReleasedError(BufferError):
+    """The slot was released: no new tensor, array or buffer can be made from it."""
+
+def tensor_header(dtype: _DTypeLike, shape: Sequence[int]) -> bytes:
+    """The tensor header for `dtype` and `shape`.
+
+    Put it at the start of a message's user header so that consumers' slots take that type
+    and shape. `shape`: non-negative ints, at most 8 of them.
+    """
+
+@final
+class Consumer:
+    """Opens ring `name` as a consumer, in whatever memory (CUDA or host) the producer chose.
+
+    - `stream` (CUDA rings): the stream, as an int handle or an object with `cuda_stream`
+      (a `torch.cuda.Stream`), that waits for each message and records its release. Default:
+      the legacy default stream, which is PyTorch's current stream unless you changed it.
+    - `dtype`, `shape`: the layout of every message's tensors (one dimension may be -1);
+      default: the message's tensor header, else a 1-D uint8 array of its bytes.
+    - `device` (CUDA rings): the GPU to read on; default the ring's.
+    - `start`: "newest" (default, the newest message still in the ring), "next" (only
+      messages published after joining) or "oldest".
+    - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a
+      dead one's).
+
+    Iterating yields messages until the producer closes the ring.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        stream: int | SupportsCudaStream | None = None,
+        *,
+        dtype: _DTypeLike | None = None,
+        shape: Sequence[int] | None = None,
+        device: int | None = None,
+        start: Literal["newest", "next", "oldest"] = "newest",
+        wait: float = 0.0,
+    ) -> None: ...
+    def recv(self, timeout: float | None = None) -> Slot:
+        """The next message, waiting at most `timeout` seconds (None: as long as it takes).
+
+        Raises `TimeoutError` when the time is up, `gpuring.Disconnected` once the producer
+        has closed the ring (or died) and every message was received.
+        """
+
+    def try_recv(self) -> Slot | None:
+        """The next message if one is waiting, else None."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Slot:
+        """Iterating yields messages until the producer closes the ring."""
+
+    def close(self) -> None:
+        """Leaves the ring. Slots still held keep it open until they are released."""
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
+    @property
+    def name(self) -> str:
+        """The ring's name."""
+
+    @property
+    def memory(self) -> _Memory:
+        """Either "cuda" or "host"."""
+
+    @property
+    def device(self) -> int | None:
+        """The GPU this consumer reads on; None for host rings."""
+
+    @property
+    def capacity(self) -> int:
+        """Slots in the ring."""
+
+    @property
+    def slot_size(self) -> int:
+        """Largest message in bytes."""
+
+    @property
+    def header_size(self) -> int:
+        """Bytes of user header per message."""
+
+    @property
+    def stream(self) -> int | None:
+        """The stream messages are ready on (DLPack numbering: 1 is the legacy default stream); None for host rings."""
+
+@final
+class Slot:
+    """A received message.
+
+    The message is held (the producer cannot overwrite it) until the slot is released and
+    every tensor or buffer made from it is freed. Slots come from `Consumer.recv`,
+    `Consumer.try_recv` and iteration; they cannot be made directly.
+    """
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the message (0 for the producer's first)."""
+
+    @property
+    def timestamp_ns(self) -> int:
+        """When the producer published it, in CLOCK_MONOTONIC nanoseconds."""
+
+    @property
+    def lag(self) -> int:
+        """Messages lost just before this one (overwritten before this consumer read them)."""
+
+    @property
+    def header(self) -> bytes:
+        """The message's user header, as the producer wrote it."""
+
+    def __len__(self) -> int:
+        """Length of the message in bytes."""
+
+    @property
+    def memory(self) -> _Memory:
+        """Either "cuda" or "host"."""
+
+    @property
+    def ptr(self) -> int:
+        """Address of the message's first byte (device address for CUDA rings)."""
+
+    @property
+    def stream(self) -> int | None:
+        """The CUDA stream the message is ready on (and its release is recorded on), as DLPack numbers it (1: the legacy default stream); None for host rings."""
+
+    @property
+    def dtype(self) -> str:
+        """Element type the exports use (see `view`)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape the exports use (see `view`)."""
+
+    @property
+    def released(self) -> bool:
+        """Whether `release()` was called."""
+
+    def view(self, dtype: _DTypeLike | None = None, shape: Sequence[int] | None = None) -> Slot:
+        """Sets the element type and shape that tensors, arrays and buffers made from this slot will have (one dimension may be -1), and returns the slot.
+
+        `torch.from_dlpack(slot.view("uint8", (1080, 1920, 4)))`.
+        """
+
+    def release(self) -> None:
+        """Ends this slot's hold on the message.
+
+        Tensors and buffers made from it before keep it held until they are freed; new ones
+        are refused. Calling it twice is harmless.
+        """
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> _CapsuleType:
+        """A DLPack capsule of the message, for `torch.from_dlpack` / `numpy.from_dlpack`.
+
+        On a CUDA ring, work on `stream` (a CUDA stream handle; None or 1 for the legacy
+        default stream, -1 for no ordering at all) is ordered after the producer's writes, and
+        the release waits for work queued on it.
+        """
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface (version 3) of the message: CUDA rings only.
+
+        Once read, the message stays held until this slot object is freed (its readers keep
+        a reference).
+        """
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview:
+            """The buffer protocol, read-only: host rings only."""
+
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class Producer:
+    """Creates ring `name` and publishes into it.
+
+    `memory`: "cuda" (slots on GPU `device`), "host", or "auto" (CUDA where a GPU is usable).
+    `policy`: "block" (wait for the slowest consumer) or "overwrite" (never wait; slow
+    consumers lose messages). The ring is removed when the producer is closed or freed.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        slot_size: int,
+        *,
+        capacity: int = 8,
+        header_size: int = 64,
+        memory: Literal["auto", "cuda", "host"] = "auto",
+        device: int = 0,
+        policy: Literal["block", "overwrite"] = "block",
+        max_consumers: int | None = None,
+    ) -> None: ...
+    def send(
+        self,
+        data: Any,
+        header: bytes | bytearray | None = None,
+        *,
+        stream: int | SupportsCudaStream | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Copies `data` into the next slot and publishes it; returns its sequence number.
+
+        - CUDA rings: `data` is a contiguous CUDA tensor or array (anything with
+          `__cuda_array_interface__`, such as a torch tensor without grad) on the ring's GPU.
+          The copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default the
+          legacy default stream, PyTorch's default), so it follows the work that produced
+          `data`, and the message is ready for consumers when the copy is done. The CPU does
+          not wait.
+        - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview).
+
+        `header`: the user header (bytes). Default: the tensor header of `data`'s type and
+        shape, when the ring's header has room, so consumers' tensors get them.
+        `timeout`: seconds to wait for a free slot (None: as long as it takes); then
+        `TimeoutError`.
+        """
+
+    def close(self) -> None:
+        """Closes the ring: consumers receive what was published, then `gpuring.Disconnected`.
+
+        A CUDA producer first waits (up to its linger, 5 s) for consumers to finish reading,
+        without holding the GIL.
+        """
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
+    @property
+    def name(self) -> str:
+        """The ring's name."""
+
+    @property
+    def memory(self) -> _Memory:
+        """Either "cuda" or "host"."""
+
+    @property
+    def published(self) -> int:
+        """Messages published so far."""
+
+    @property
+    def consumer_count(self) -> int:
+        """Consumers currently joined."""
+
+    @property
+    def slot_size(self) -> int:
+        """Largest message in bytes."""
