@@ -34,9 +34,10 @@ class SupportsCudaStream(Protocol):
     @property
     def cuda_stream(self) -> int: ...
 
-# What a dtype argument may be: a name ("uint8", "torch.float16"), a torch dtype, a numpy
-# dtype or a numpy scalar type; anything whose ``str()`` (or ``__name__``) names one of bool,
-# (u)int8/16/32/64, float16, bfloat16, float32, float64. Others raise TypeError.
+# What a dtype argument may be: a name ("uint8", "torch.float16", "<f4", "half"), a torch
+# dtype, a numpy dtype or a numpy scalar type; anything whose ``str()`` (or ``__name__``)
+# names one of bool, (u)int8/16/32/64, float16, bfloat16, float32, float64. Others raise
+# TypeError.
 _DTypeLike: TypeAlias = object
 
 _Memory: TypeAlias = Literal["cuda", "host"]
@@ -75,8 +76,8 @@ class Consumer:
     Iterating yields messages until the producer closes the ring.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         name: str,
         stream: int | SupportsCudaStream | None = None,
         *,
@@ -85,7 +86,7 @@ class Consumer:
         device: int | None = None,
         start: Literal["newest", "next", "oldest"] = "newest",
         wait: float = 0.0,
-    ) -> None: ...
+    ) -> Self: ...
     def recv(self, timeout: float | None = None) -> Slot:
         """The next message, waiting at most `timeout` seconds (None: as long as it takes).
 
@@ -101,7 +102,11 @@ class Consumer:
         """Iterating yields messages until the producer closes the ring."""
 
     def close(self) -> None:
-        """Leaves the ring. Slots still held keep it open until they are released."""
+        """Leaves the ring. Slots still held keep it open until they are released.
+
+        A CUDA consumer first waits for its queued reads (and, rarely, for a busy producer),
+        without holding the GIL.
+        """
 
     def __enter__(self) -> Self: ...
     def __exit__(
@@ -166,6 +171,9 @@ class Slot:
 
     def __len__(self) -> int:
         """Length of the message in bytes."""
+
+    def __bool__(self) -> Literal[True]:
+        """A slot is true even when its message is empty (`if slot := rx.try_recv():`)."""
 
     @property
     def memory(self) -> _Memory:
@@ -252,8 +260,8 @@ class Producer:
     consumers lose messages). The ring is removed when the producer is closed or freed.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         name: str,
         slot_size: int,
         *,
@@ -263,7 +271,7 @@ class Producer:
         device: int = 0,
         policy: Literal["block", "overwrite"] = "block",
         max_consumers: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def send(
         self,
         data: Any,
@@ -276,11 +284,12 @@ class Producer:
 
         - CUDA rings: `data` is a contiguous CUDA tensor or array (anything with
           `__cuda_array_interface__`, such as a torch tensor without grad) on the ring's GPU.
-          The copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default the
-          legacy default stream, PyTorch's default), so it follows the work that produced
-          `data`, and the message is ready for consumers when the copy is done. The CPU does
-          not wait.
-        - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview).
+          The copy goes on `stream` (an int handle or a `torch.cuda.Stream`; default: for a
+          torch tensor torch's current stream on its device, else the legacy default stream),
+          so it follows the work that produced `data`, and the message is ready for consumers
+          when the copy is done. The CPU does not wait.
+        - Host rings: `data` is any contiguous buffer (bytes, numpy array, memoryview) or a
+          torch CPU tensor.
 
         `header`: the user header (bytes). Default: the tensor header of `data`'s type and
         shape, when the ring's header has room, so consumers' tensors get them.
