@@ -230,6 +230,18 @@ impl<T: 'static> ThreadBound<T> {
     }
 }
 
+impl<T: 'static> ThreadBound<Option<T>> {
+    /// Drops the value now, on this thread, without holding the GIL (closing a consumer or
+    /// producer may wait for the GPU or for peers).
+    pub fn close(&mut self, py: pyo3::Python<'_>) -> PyResult<()> {
+        // SAFETY: the closure runs on this thread, and the value is bound to it.
+        let value = unsafe { SameThread::new(self.get_mut()?.take()) };
+        py.detach(move || drop(value.into_inner()));
+        drain();
+        Ok(())
+    }
+}
+
 impl<T: 'static> Drop for ThreadBound<T> {
     fn drop(&mut self) {
         // SAFETY: taken once, here, and never used again.

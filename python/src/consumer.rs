@@ -10,7 +10,7 @@ use gpuring::{Consumer as RingConsumer, MemoryKind, OpenError, RecvTimeoutError,
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::bound::{deadline, drain, tick, SameThread, ThreadBound};
+use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, open_error, timeout, Disconnected};
 use crate::held::{Held, Message, Rx, Shared};
 use crate::layout::Wanted;
@@ -182,11 +182,7 @@ impl Consumer {
     /// A CUDA consumer first waits for its queued reads (and, rarely, for a busy producer),
     /// without holding the GIL.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        // SAFETY: the closure runs on this thread, and the consumer's graph is bound to it.
-        let shared = unsafe { SameThread::new(self.shared.get_mut()?.take()) };
-        py.detach(move || drop(shared.into_inner()));
-        drain();
-        Ok(())
+        self.shared.close(py)
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

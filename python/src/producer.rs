@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bound::{deadline, drain, tick, SameThread, ThreadBound};
+use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, timeout};
 
 enum Tx {
@@ -126,11 +126,7 @@ impl Producer {
     /// A CUDA producer first waits (up to its linger, 5 s) for consumers to finish reading,
     /// without holding the GIL.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        // SAFETY: the closure runs on this thread, and the producer is bound to it.
-        let tx = unsafe { SameThread::new(self.tx.get_mut()?.take()) };
-        py.detach(move || drop(tx.into_inner()));
-        drain();
-        Ok(())
+        self.tx.close(py)
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
