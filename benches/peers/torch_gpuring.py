@@ -77,10 +77,7 @@ def run(size, consumers, seconds):
     results = [frames_out.get() for _ in range(consumers)]
     for p in procs:
         p.join()
-    rates = [n / secs if secs > 0 else 0.0 for (_, n, secs, _) in results]
-    assert all(n == seq for (_, n, _, _) in results), "a consumer missed frames"
-    return {"size": size, "consumers": consumers, "published": seq,
-            "fps_per_consumer_min": min(rates), "fps_per_consumer_mean": sum(rates) / len(rates)}
+    return torch_mp.summary(size, consumers, seq, results)
 
 
 def main():

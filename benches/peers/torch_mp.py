@@ -74,9 +74,15 @@ def run(size, consumers, seconds):
     results = [frames_out.get() for _ in range(consumers)]
     for p in procs:
         p.join()
+    return summary(size, consumers, seq, results)
+
+
+def summary(size, consumers, published, results):
+    """One row from the consumers' (k, frames, seconds, checksum) results; every consumer must
+    have received every frame."""
     rates = [n / secs if secs > 0 else 0.0 for (_, n, secs, _) in results]
-    assert all(n == seq for (_, n, _, _) in results), "a consumer missed frames"
-    return {"size": size, "consumers": consumers, "published": seq,
+    assert all(n == published for (_, n, _, _) in results), "a consumer missed frames"
+    return {"size": size, "consumers": consumers, "published": published,
             "fps_per_consumer_min": min(rates), "fps_per_consumer_mean": sum(rates) / len(rates)}
 
 

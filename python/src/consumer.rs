@@ -297,7 +297,7 @@ fn timeout_error(name: &str, secs: Option<f64>) -> PyErr {
 }
 
 /// A CUDA stream handle from an int or an object with `cuda_stream` (torch.cuda.Stream).
-fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(raw) = obj.extract::<u64>() {
         return Ok(raw);
     }

@@ -102,24 +102,24 @@ fn infer(dims: &[i64], elements: u64) -> Option<Vec<u64>> {
     (shape.iter().product::<u64>() == elements).then_some(shape)
 }
 
-/// A dtype by name: numpy's and torch's names, torch's aliases (`half`, `double`, `long`...)
-/// and array-interface type strings (`"<f4"`, `"u1"`).
-fn dtype_named(name: &str) -> Option<DType> {
+/// A dtype by name: numpy's and torch's names, torch's aliases (`half`, `double`, `long`...),
+/// array-interface type strings (`"<f4"`, `"u1"`) and buffer-protocol formats (`"B"`, `"f"`).
+pub fn dtype_named(name: &str) -> Option<DType> {
     let name = name.strip_prefix("torch.").unwrap_or(name);
     DType::from_name(name).or_else(|| {
-        Some(match name.trim_start_matches(['<', '|', '=']) {
+        Some(match name.trim_start_matches(['<', '|', '=', '@']) {
             "b1" | "?" => DType::BOOL,
-            "u1" => DType::U8,
-            "i1" => DType::I8,
-            "u2" => DType::U16,
-            "i2" | "short" => DType::I16,
-            "u4" => DType::U32,
-            "i4" | "int32" => DType::I32,
-            "u8" => DType::U64,
-            "i8" | "long" => DType::I64,
-            "f2" | "half" => DType::F16,
-            "f4" => DType::F32,
-            "f8" | "double" => DType::F64,
+            "u1" | "B" => DType::U8,
+            "i1" | "b" => DType::I8,
+            "u2" | "H" => DType::U16,
+            "i2" | "h" | "short" => DType::I16,
+            "u4" | "I" => DType::U32,
+            "i4" | "i" => DType::I32,
+            "u8" | "Q" | "L" => DType::U64,
+            "i8" | "q" | "l" | "long" => DType::I64,
+            "f2" | "e" | "half" => DType::F16,
+            "f4" | "f" => DType::F32,
+            "f8" | "d" | "double" => DType::F64,
             _ => return None,
         })
     })

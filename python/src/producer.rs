@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use gpuring::cuda::Stream;
 use gpuring::gpu::GpuAcquireError;
-use gpuring::tensor::{DType, TensorHeader};
+use gpuring::tensor::TensorHeader;
 use gpuring::{AcquireTimeoutError, GpuProducer, Policy, Producer as RingProducer};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
@@ -13,7 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
+use crate::consumer::stream_handle;
 use crate::errors::{error, timeout};
+use crate::layout::dtype_named;
 
 enum Tx {
     Host(RingProducer),
@@ -268,27 +270,8 @@ fn cuda_array(data: &Bound<'_, PyAny>) -> PyResult<CudaArray> {
     Ok(CudaArray {
         ptr,
         len,
-        layout: dtype_of(&typestr).map(|t| TensorHeader::new(t, &shape)),
+        layout: dtype_named(&typestr).map(|t| TensorHeader::new(t, &shape)),
         stream,
-    })
-}
-
-/// The element type of a `__cuda_array_interface__` typestr (or buffer format).
-fn dtype_of(typestr: &str) -> Option<DType> {
-    Some(match typestr.trim_start_matches(['<', '|', '=', '@']) {
-        "b1" | "?" => DType::BOOL,
-        "u1" | "B" => DType::U8,
-        "i1" | "b" => DType::I8,
-        "u2" | "H" => DType::U16,
-        "i2" | "h" => DType::I16,
-        "u4" | "I" => DType::U32,
-        "i4" | "i" => DType::I32,
-        "u8" | "Q" | "L" => DType::U64,
-        "i8" | "q" | "l" => DType::I64,
-        "f2" | "e" => DType::F16,
-        "f4" | "f" => DType::F32,
-        "f8" | "d" => DType::F64,
-        _ => return None,
     })
 }
 
@@ -335,10 +318,7 @@ fn send_gpu(
     let header = header_for(header, src.layout, tx.user_header_size())?;
     let raw = match stream.filter(|s| !s.is_none()) {
         None => torch_current_stream(py, data)?.unwrap_or(0),
-        Some(s) => match s.extract::<u64>() {
-            Ok(raw) => raw,
-            Err(_) => s.getattr("cuda_stream")?.extract()?,
-        },
+        Some(s) => stream_handle(s)?,
     };
     // SAFETY: the caller's stream (a live stream of the ring's GPU, by send's contract) or
     // the null stream; the wrapper does not outlive this call.
@@ -399,7 +379,7 @@ fn send_host(
     }
     let format: String = view.getattr("format")?.extract()?;
     let shape: Vec<u64> = view.getattr("shape")?.extract()?;
-    let layout = dtype_of(&format).map(|t| TensorHeader::new(t, &shape));
+    let layout = dtype_named(&format).map(|t| TensorHeader::new(t, &shape));
     let bytes = PyBuffer::<u8>::get(&view.call_method1("cast", ("B",))?)?;
     let len = bytes.len_bytes();
     if len > tx.slot_size() {

@@ -215,9 +215,7 @@ impl Slot {
         shape: Option<Vec<i64>>,
     ) -> PyResult<PyRefMut<'py, Self>> {
         let wanted = Wanted::from_args(dtype, shape)?;
-        slf.live()?;
-        let check = wanted.resolve(slf.live()?.held.header(), slf.len);
-        check?;
+        wanted.resolve(slf.live()?.held.header(), slf.len)?;
         slf.wanted = wanted;
         Ok(slf)
     }
