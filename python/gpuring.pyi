@@ -151,6 +151,12 @@ class Slot:
     The message is held (the producer cannot overwrite it) until the slot is released and
     every tensor or buffer made from it is freed. Slots come from `Consumer.recv`,
     `Consumer.try_recv` and iteration; they cannot be made directly.
+
+    Tensors, arrays and buffers made from it are the ring's memory itself, shared with every
+    other consumer and the producer: treat them as read-only. Writing through them corrupts
+    the frame that other consumers read. Only the buffer protocol enforces it, and numpy
+    marks its arrays read-only (from the buffer protocol or DLPack); torch tensors and
+    CuPy and Numba arrays are writable.
     """
 
     @property
@@ -244,6 +250,10 @@ class Slot:
 
         Once read, the message stays held until this slot object is freed (its readers keep
         a reference).
+
+        `data` is `(ptr, False)`: not flagged read-only, since torch refuses the flag and CuPy
+        and Numba ignore it, but the memory is shared with every other consumer and the
+        producer, so do not write to it: that corrupts the frame the others read.
         """
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview:

@@ -12,12 +12,15 @@
 //! - once their thread has **ended**, any thread may drop them, one at a time under a global
 //!   lock (nothing can use them any more, so the lock is all that touches their counts);
 //! - in a **forked child** they are never dropped nor used: the parent's consumer entries and
-//!   ring belong to the parent. The child opens its own.
+//!   ring belong to the parent. The child opens its own. Nor does the child drop what the
+//!   parent's threads had queued for each other, and it starts with this module's locks free
+//!   ([`register_fork_handlers`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
+use std::ffi::c_int;
 use std::mem::ManuallyDrop;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -57,6 +60,10 @@ struct State {
     dead: Option<HashSet<ThreadId>>,
 }
 
+// Lock order: `DEAD_DROPS`, then `STATE` (a drop under `DEAD_DROPS` may queue more under
+// `STATE`); never the other way round. `STATE` is held only to edit the queue and the set,
+// never while dropping or calling out, so no thread (a forking one included) holds it while
+// it runs anything else.
 static STATE: Mutex<State> = Mutex::new(State { owed: Vec::new(), dead: None });
 /// Serialises every drop of a value whose thread ended.
 static DEAD_DROPS: Mutex<()> = Mutex::new(());
@@ -72,6 +79,87 @@ thread_local! {
     static IN_DEAD_DROP: Cell<bool> = const { Cell::new(false) };
     /// When `drain` last found values that other threads freed.
     static FOREIGN_SEEN: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The locks `before_fork` took, until `after_fork_in_parent` or `after_fork_in_child`
+    /// releases them. The three handlers run on the thread that calls fork() (in the child,
+    /// on its only thread: a copy of that one, with a copy of its thread-locals), so a
+    /// thread-local slot carries the guards from one handler to the next in both processes,
+    /// and the guards (which are not `Send`) never leave their thread.
+    static FORK_LOCKS: RefCell<Option<ForkLocks>> = const { RefCell::new(None) };
+}
+
+/// This module's locks, held across a fork().
+struct ForkLocks {
+    /// Fields drop in order: `STATE` is released first, then `DEAD_DROPS`.
+    state: MutexGuard<'static, State>,
+    /// None when the forking thread already held `DEAD_DROPS` (`IN_DEAD_DROP`: fork() from
+    /// within a drop under it): that thread's own guard, up its stack, releases it in each
+    /// process, and locking it again here would deadlock.
+    _dead_drops: Option<MutexGuard<'static, ()>>,
+}
+
+/// Registers, once per process, `pthread_atfork` handlers that take this module's locks
+/// before every fork() and release them after it, in the parent and in the child.
+///
+/// Without them, a fork() while another thread holds `STATE` or `DEAD_DROPS` (a thread
+/// ending, which drops its values without the GIL) copies the lock as held into a child that
+/// has no thread to release it: the child's first gpuring call (`drain`) would wait for ever.
+/// With them, fork() waits for those threads to let go, and the child starts with both locks
+/// free. The holders drop Rust values only and never wait for the GIL, which the forking
+/// thread holds; the longest hold is a thread ending while values freed for it are queued (a
+/// CUDA producer among them waits up to 5 s for its consumers).
+pub fn register_fork_handlers() -> std::io::Result<()> {
+    static REGISTERED: OnceLock<c_int> = OnceLock::new();
+    let rc = *REGISTERED.get_or_init(|| {
+        // SAFETY: the handlers are plain functions that take no arguments, never unwind, and
+        // live as long as the process (CPython never unloads an extension module).
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        }
+    });
+    match rc {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// The prepare handler: takes `DEAD_DROPS` (unless this thread holds it), then `STATE`, the
+/// order every other path uses, so that no other thread holds either while fork() copies
+/// the process. They stay held until the fork is done (`FORK_LOCKS`).
+extern "C" fn before_fork() {
+    // A thread-local without destructor is always there; "holds it" is the safe guess
+    // otherwise (not locking it cannot deadlock).
+    let holds_dead_drops = IN_DEAD_DROP.try_with(Cell::get).unwrap_or(true);
+    // `try_with`: a fork() from a thread-local destructor (after `FORK_LOCKS` is gone)
+    // takes no lock, as before these handlers existed.
+    let _ = FORK_LOCKS.try_with(|slot| {
+        let dead_drops =
+            (!holds_dead_drops).then(|| DEAD_DROPS.lock().unwrap_or_else(|p| p.into_inner()));
+        *slot.borrow_mut() = Some(ForkLocks { state: state(), _dead_drops: dead_drops });
+    });
+}
+
+/// The parent handler: releases what `before_fork` took.
+extern "C" fn after_fork_in_parent() {
+    drop(FORK_LOCKS.try_with(|slot| slot.borrow_mut().take()).ok().flatten());
+}
+
+/// The child handler: forgets the values queued for the parent's threads, then releases what
+/// `before_fork` took (its copy: nothing else in the child holds them).
+///
+/// Every queued value is the parent's: dropping or running it would release the parent's
+/// messages or leave its rings from here, so it is leaked, as `drop_on` leaks the parent's
+/// objects in a child. That includes values queued for the forking thread, whose copy in the
+/// child has the same `ThreadId` and would otherwise drop them at its first `drain`. `dead`
+/// is kept: it names the parent's threads, which own nothing the child may drop.
+extern "C" fn after_fork_in_child() {
+    if let Some(mut locks) = FORK_LOCKS.try_with(|slot| slot.borrow_mut().take()).ok().flatten() {
+        std::mem::forget(std::mem::take(&mut locks.state.owed));
+        drop(locks);
+    }
 }
 
 struct ExitGuard;

@@ -5,6 +5,11 @@
 //! renaming the capsule `"used_dltensor"`; from then on the consumer calls the deleter when
 //! its tensor is freed. An export keeps its slot held (`keep`), so a tensor never outlives
 //! the bytes it points to. A capsule nobody took is deleted by its destructor.
+//!
+//! Read-only: the legacy form has no read-only flag (DLPack 1.0's versioned form has one),
+//! so nothing here can say that the memory is shared and must not be written. torch and CuPy
+//! make writable tensors of it, numpy read-only arrays. The rule is on `Slot`'s doc and in
+//! docs/python.md.
 
 use std::any::Any;
 use std::ffi::c_void;

@@ -28,6 +28,8 @@ mod slot;
 #[pyo3(name = "gpuring")]
 fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Before any gpuring object exists: a fork() must not copy our locks held.
+    bound::register_fork_handlers()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<slot::Slot>()?;

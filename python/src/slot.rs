@@ -10,6 +10,12 @@
 //! - a buffer (memoryview, numpy array) holds it until the buffer is released;
 //! - `__cuda_array_interface__` gives no notice of its end, but its users keep a reference to
 //!   the slot: once read, the message stays held until the slot object itself is freed.
+//!
+//! Read-only rule: the message is the ring's memory itself, shared with every other consumer
+//! and with the producer, and must not be written. Only the buffer protocol says so
+//! (`readonly`, which numpy honours). The CUDA array interface exports its read-only flag as
+//! False, because torch refuses True and CuPy and Numba ignore it; legacy DLPack has no flag
+//! (`dlpack`). The rule is documented on `Slot` and in docs/python.md.
 
 use std::cell::RefCell;
 use std::ffi::c_int;
@@ -60,10 +66,38 @@ pub fn stream_number(raw: u64) -> u64 {
     }
 }
 
+/// The CUDA array interface (version 3) dict of a C-contiguous array of `layout` at device
+/// address `ptr`, ready on stream `stream` (DLPack numbering; None for no stream).
+///
+/// `data` is `(ptr, False)`: the read-only flag is False although the memory must not be
+/// written (module doc), because torch raises on True ("the read only flag is not
+/// supported, should always be False") and CuPy and Numba ignore it.
+fn cuda_array_interface<'py>(
+    py: Python<'py>,
+    ptr: u64,
+    layout: &Layout,
+    stream: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
+    d.set_item("typestr", layout.typestr()?)?;
+    d.set_item("data", (ptr, false))?;
+    d.set_item("strides", py.None())?;
+    d.set_item("version", 3)?;
+    d.set_item("stream", stream.into_py_any(py)?)?;
+    Ok(d)
+}
+
 /// A received message.
 ///
 /// The message is held (the producer cannot overwrite it) until the slot is released and
 /// every tensor or buffer made from it is freed.
+///
+/// Tensors, arrays and buffers made from it are the ring's memory itself, shared with every
+/// other consumer and the producer: treat them as read-only. Writing through them corrupts
+/// the frame that other consumers read. Only the buffer protocol enforces it, and numpy
+/// marks its arrays read-only (from the buffer protocol or DLPack); torch tensors and
+/// CuPy and Numba arrays are writable.
 #[pyclass(module = "gpuring")]
 pub struct Slot {
     /// None once released and no export needs it any more. Bound to the consumer's thread:
@@ -282,6 +316,10 @@ impl Slot {
 
     /// The CUDA array interface (version 3) of the message: CUDA rings only. Once read, the
     /// message stays held until this slot object is freed (its readers keep a reference).
+    ///
+    /// `data` is `(ptr, False)`: not flagged read-only, since torch refuses the flag and CuPy
+    /// and Numba ignore it, but the memory is shared with every other consumer and the
+    /// producer, so do not write to it: that corrupts the frame the others read.
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if !self.is_cuda() {
@@ -291,14 +329,8 @@ impl Slot {
         }
         let layout = self.layout()?;
         let claim = self.live()?;
-        let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
-        d.set_item("typestr", layout.typestr()?)?;
-        d.set_item("data", (claim.held.data().0, true))?;
-        d.set_item("strides", py.None())?;
-        d.set_item("version", 3)?;
-        let s = claim.held.stream().map(|s| stream_number(s.raw() as u64));
-        d.set_item("stream", s.into_py_any(py)?)?;
+        let stream = claim.held.stream().map(|s| stream_number(s.raw() as u64));
+        let d = cuda_array_interface(py, claim.held.data().0, &layout, stream)?;
         self.cai_read = true;
         Ok(d)
     }
@@ -409,5 +441,37 @@ impl Slot {
             joins.push(theirs); // one join per stream, however many exports
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuring::tensor::DType;
+
+    use super::*;
+
+    /// The dict torch, CuPy and Numba read: `data`'s flag must be False (torch refuses True:
+    /// "the read only flag is not supported, should always be False").
+    #[test]
+    fn cuda_array_interface_is_what_torch_cupy_and_numba_accept() {
+        Python::initialize();
+        Python::attach(|py| {
+            let layout = Layout { dtype: DType::F32, shape: vec![64, 32] };
+            let d = cuda_array_interface(py, 0x7f00_dead_0000, &layout, Some(1)).unwrap();
+            let get = |k: &str| d.get_item(k).unwrap().unwrap_or_else(|| panic!("no {k}"));
+            assert_eq!(get("data").extract::<(u64, bool)>().unwrap(), (0x7f00_dead_0000, false));
+            assert_eq!(get("shape").extract::<Vec<u64>>().unwrap(), vec![64, 32]);
+            assert_eq!(get("typestr").extract::<String>().unwrap(), "<f4");
+            assert!(get("strides").is_none());
+            assert_eq!(get("version").extract::<u32>().unwrap(), 3);
+            assert_eq!(get("stream").extract::<Option<u64>>().unwrap(), Some(1));
+            assert_eq!(d.len(), 6);
+            // No stream: the key is there, with None.
+            let d = cuda_array_interface(py, 1, &Layout::bytes(8), None).unwrap();
+            assert!(d.get_item("stream").unwrap().unwrap().is_none());
+            // bfloat16 has no typestr: TypeError, not a dict with a wrong type.
+            let bf16 = Layout { dtype: DType::BF16, shape: vec![4] };
+            assert!(cuda_array_interface(py, 1, &bf16, None).is_err());
+        });
     }
 }

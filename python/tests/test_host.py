@@ -1,5 +1,9 @@
 """gpuring's Python package on host-memory rings: runs on any Linux machine."""
 import gc
+import os
+import pathlib
+import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -277,6 +281,157 @@ def test_a_forked_child_neither_uses_nor_releases_the_parents_objects(ring_name)
     assert held_stalls_producer(tx)  # the parent's hold survived the child
     assert bytes(held) == b"A" * 64
     assert tx.consumer_count == 1
+
+
+def fork_and_wait(child, timeout=5.0):
+    """Runs `child()` in a forked child, which exits with what it returns (70 if it raises).
+
+    Returns the exit code, or None if the child was not done within `timeout` seconds (it is
+    then killed)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            code = child()
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(code)  # never back into pytest
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.001)
+
+
+def send_in_own_ring(name):
+    """A child's first gpuring call: `send` runs the queue drain, which takes the state lock."""
+    with gpuring.Producer(name, 64, memory="host", capacity=1) as tx:
+        tx.send(b"x")
+    return 0
+
+
+# Python 3.12+ warns (DeprecationWarning) that fork() with other threads running may deadlock
+# in the child. For gpuring's own locks that is what this test checks does not happen.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_fork_while_other_threads_hold_gpurings_locks_leaves_the_child_usable(ring_name):
+    """fork() copies a lock that another thread holds as held, into a child that has no thread
+    to release it. A thread that ends does gpuring's exit work without the GIL, under its
+    locks (not while holding the GIL, which fork() holds). Here threads that made a producer
+    end nonstop while this thread forks, and every child must finish one gpuring call.
+
+    To widen the race, 100,000 values freed on another thread wait for this one (which makes
+    no gpuring call meanwhile), and each ending thread goes through them under the state
+    lock. Before the fork handlers, about one child in five hung."""
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    rx = gpuring.Consumer(ring_name, start="next")
+    tx.send(b"x" * 64)
+    slot = rx.recv(timeout=5)
+    arrays = [np.from_dlpack(slot) for _ in range(100_000)]
+    freer = threading.Thread(target=arrays.clear)  # queued for this thread, not dropped
+    freer.start()
+    freer.join()
+    stop = threading.Event()
+    ended = []
+
+    def end_threads():
+        while not stop.is_set():
+            name = f"{ring_name}-t{len(ended)}"
+            t = threading.Thread(target=lambda: gpuring.Producer(name, 64, memory="host").close())
+            t.start()
+            t.join()
+            ended.append(name)
+    ender = threading.Thread(target=end_threads)
+    ender.start()
+    codes = []
+    try:
+        budget = time.monotonic() + 10
+        while len(codes) < 100 and time.monotonic() < budget:
+            name = f"{ring_name}-c{len(codes)}"
+            codes.append(fork_and_wait(lambda: send_in_own_ring(name)))
+            if codes[-1] != 0:
+                break
+    finally:
+        stop.set()
+        ender.join()
+        for i in range(len(codes)):  # what a killed child left behind
+            pathlib.Path(f"/dev/shm/gpuring.{ring_name}-c{i}").unlink(missing_ok=True)
+    what = "hung (killed after 5 s)" if codes[-1] is None else f"exited with {codes[-1]}"
+    assert codes[-1] == 0, f"the child of fork {len(codes)} {what}"
+    assert len(codes) >= 20 and len(ended) >= 20, (len(codes), len(ended))  # the race was run
+    assert rx.try_recv() is None  # drops the queued values here
+    slot.release()
+
+
+class ProducerThread:
+    """A host producer on a thread of its own: its calls drain that thread's queue only."""
+
+    def __init__(self, name, **kwargs):
+        self.calls, self.results = queue.Queue(), queue.Queue()
+        self.thread = threading.Thread(target=self._serve, args=(name, kwargs))
+        self.thread.start()
+        ok, value = self.results.get(timeout=10)
+        if not ok:
+            raise value
+
+    def _serve(self, name, kwargs):
+        try:
+            tx = gpuring.Producer(name, 64, memory="host", **kwargs)
+        except BaseException as e:
+            self.results.put((False, e))
+            return
+        self.results.put((True, None))
+        with tx:
+            for call in iter(self.calls.get, None):
+                try:
+                    self.results.put((True, call(tx)))
+                except BaseException as e:
+                    self.results.put((False, e))
+
+    def __call__(self, call):
+        self.calls.put(call)
+        ok, value = self.results.get(timeout=30)
+        if not ok:
+            raise value
+        return value
+
+    def close(self):
+        self.calls.put(None)
+        self.thread.join()
+
+
+# The producer's thread runs during the fork: silence Python 3.12+'s warning, as above.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_drop_what_the_parents_threads_queued(ring_name):
+    """An array freed on another thread is queued for the consumer's thread. A child forked
+    before that thread's next gpuring call has the queue too, and its copy of the thread the
+    same thread id: at its first gpuring call it would drop the array, releasing the
+    parent's message in the shared ring."""
+    tx = ProducerThread(ring_name, capacity=2)
+    try:
+        rx = gpuring.Consumer(ring_name, start="next")
+        tx(lambda p: p.send(b"A" * 64))
+        slot = rx.recv(timeout=5)
+        box = [np.from_dlpack(slot)]
+        slot.release()  # the array alone holds message A
+        tx(lambda p: p.send(b"B" * 64))  # the second slot
+        rx.recv(timeout=5).release()
+        freer = threading.Thread(target=box.clear)  # queued for this thread
+        freer.start()
+        freer.join()
+        assert fork_and_wait(lambda: send_in_own_ring(ring_name + "-child")) == 0
+        # Slot 0 comes round: still held (by the queued array), so the producer waits.
+        assert tx(held_stalls_producer)
+        assert rx.try_recv() is None  # this thread's call drops the array: released
+        assert not tx(held_stalls_producer)
+    finally:
+        tx.close()
 
 
 def test_objects_of_an_ended_thread_are_still_dropped(ring_name):
