@@ -138,6 +138,15 @@ pub enum CreateError {
         /// Why.
         reason: String,
     },
+    /// The shared-memory file system (`/dev/shm`) has too little free space for the segment.
+    /// Containers often get 64 MiB: give them more (`docker run --shm-size=1g`, or
+    /// `--ipc=host`), or make the ring smaller.
+    NoSpace {
+        /// Bytes the segment needs.
+        needed: u64,
+        /// Bytes free on the file system when it was tried.
+        available: u64,
+    },
     /// Another OS error.
     Io(io::Error),
 }
@@ -154,6 +163,11 @@ impl fmt::Display for CreateError {
             CreateError::MemoryUnavailable { reason } => {
                 write!(f, "memory kind unavailable: {reason}")
             }
+            CreateError::NoSpace { needed, available } => write!(
+                f,
+                "/dev/shm has {available} bytes free but the ring needs {needed}: enlarge it \
+                 (docker: --shm-size or --ipc=host) or make the ring smaller"
+            ),
             CreateError::Io(e) => write!(f, "creating the segment: {e}"),
         }
     }

@@ -1,5 +1,6 @@
 //! The OS layer: POSIX shared memory segments, their header, names, owner checks, process
-//! identity, the doorbells that wake async waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
+//! identity, replacing a dead producer's segment (`stale`), the doorbells that wake async
+//! waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
 //! places bytes and checks them.
 
 pub mod doorbell;
@@ -10,6 +11,8 @@ mod header;
 mod name;
 pub mod process;
 mod segment;
+#[cfg(not(loom))]
+pub(crate) mod stale;
 
 pub use header::{Header, Layout, MemoryKind, Params, GPU_POOLS, LAYOUT_VERSION, MAGIC};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};

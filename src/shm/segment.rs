@@ -1,10 +1,17 @@
 //! Creating, opening, mapping and unlinking a POSIX shm segment.
+//!
+//! A created segment's pages are reserved on the file system at once (`fallocate`), so a full
+//! /dev/shm is a [`CreateError::NoSpace`] at create rather than a SIGBUS at some later write.
+//! Its creator holds a `flock` on the file for as long as it lives: exclusive while it builds
+//! the segment, shared from [`Segment::mark_ready`]. That lock is how `stale.rs` tells a live
+//! ring from a dead producer's.
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::Once;
 
 use memmap2::{MmapOptions, MmapRaw};
-use rustix::fs::{FileType, Mode};
+use rustix::fs::{FallocateFlags, FileType, FlockOperation, Mode};
 use rustix::io::Errno;
 use rustix::shm;
 
@@ -26,15 +33,21 @@ pub struct OpenOptions {
 /// Invariant: `map` covers the whole file as it was when mapped (`len` bytes, at least one
 /// [`Header`]), at a page-aligned address.
 pub struct Segment {
+    /// Catches SIGBUS if the file is truncated under the mapping. Declared before `map`, and
+    /// fields drop in declaration order, so the range is unregistered while it is still mapped.
+    /// The other way round, between the unmap and the unregistration another thread could map
+    /// something else at those addresses (another segment, any mmap), and a SIGBUS there would
+    /// be taken for a truncation of ours: a zero page mapped over that memory, the fault hidden.
+    guard: Guard,
+    /// The mapping; `guard` covers it until it drops.
     map: MmapRaw,
-    /// The shm file (`None` for [`Segment::from_bytes`]).
+    /// The shm file (`None` for [`Segment::from_bytes`]). A segment made by
+    /// [`Segment::create`] holds a `flock` on it (see [`Segment::mark_ready`]), released when
+    /// this fd closes: when the segment drops or the process dies.
     fd: Option<OwnedFd>,
     name: ShmName,
     /// (st_dev, st_ino) of the file, to unlink only our own file.
     id: (u64, u64),
-    /// Catches SIGBUS if the file is truncated under the mapping. Declared after `map`, so it
-    /// unregisters after the unmap... which is harmless: nothing touches the range by then.
-    guard: Guard,
 }
 
 fn nofollow() -> shm::OFlags {
@@ -45,34 +58,135 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(fd)
 }
 
+fn io_error(e: impl Into<io::Error>) -> CreateError {
+    CreateError::Io(e.into())
+}
+
+/// Calls `f` again while it fails with EINTR.
+pub(super) fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
+    loop {
+        match f() {
+            Err(Errno::INTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Whether `name` refers to the file `id` (st_dev, st_ino) now.
+pub(super) fn names(name: &ShmName, id: (u64, u64)) -> bool {
+    rustix::fs::stat(name.path()).is_ok_and(|st| (st.st_dev, st.st_ino) == id)
+}
+
+/// Bytes that may still be allocated on `fd`'s file system (`f_bavail * f_frsize`), or `None`
+/// if it reports no limit (`f_blocks` 0: a tmpfs mounted with `size=0`, for one).
+fn free_bytes(fd: &OwnedFd) -> io::Result<Option<u64>> {
+    let st = rustix::fs::fstatvfs(fd)?;
+    Ok((st.f_blocks != 0).then(|| st.f_bavail.saturating_mul(st.f_frsize)))
+}
+
+/// Reserves `size` bytes of file `fd` on its file system, so that a full /dev/shm fails here
+/// (`NoSpace`) and not as a SIGBUS at the first write to a page it cannot back.
+///
+/// The size is first checked against the free space: on tmpfs a `fallocate` that cannot
+/// succeed first allocates all it can, so asking a large /dev/shm for more than it has would
+/// take all of its free memory, from the machine's RAM, before failing. Where the file system
+/// cannot `fallocate`, the file stays sparse, as it always was before, and a warning is logged
+/// once per process.
+fn reserve(fd: &OwnedFd, size: u64) -> Result<(), CreateError> {
+    if let Some(available) = free_bytes(fd).map_err(io_error)? {
+        if size > available {
+            return Err(CreateError::NoSpace { needed: size, available });
+        }
+    }
+    // EINTR: a signal came while tmpfs was allocating; the pages done stay done.
+    match retry(|| rustix::fs::fallocate(fd, FallocateFlags::empty(), 0, size)) {
+        Ok(()) => Ok(()),
+        Err(Errno::NOSPC) => {
+            let available = free_bytes(fd).ok().flatten().unwrap_or(0);
+            Err(CreateError::NoSpace { needed: size, available })
+        }
+        Err(Errno::OPNOTSUPP | Errno::NOSYS) => {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "the shm file system cannot fallocate: ring segments stay sparse, and a \
+                     full /dev/shm shows up as SIGBUS on write instead of an error at create"
+                )
+            });
+            Ok(())
+        }
+        Err(e) => Err(io_error(e)),
+    }
+}
+
 impl Segment {
     /// Creates a new segment of `size` bytes with permission bits `mode` (exactly: the umask is
-    /// not applied). Fails with `AlreadyExists { pid: 0 }` if the name is taken; the caller
-    /// decides whether the old one is stale.
+    /// not applied), every page reserved on the file system, and an exclusive `flock` on it,
+    /// held until [`Segment::mark_ready`] makes it shared.
+    ///
+    /// Fails with
+    /// - `AlreadyExists { pid: 0 }` if the name is taken (use `stale::create` to replace a dead
+    ///   producer's segment), or if our file was replaced before we could lock it: between
+    ///   `shm_open` and `flock` it is empty and unlocked, as a creator that died there leaves
+    ///   it, and `stale::create` may take it for one;
+    /// - `NoSpace` if the file system has less free space than `size`;
+    /// - `PermissionDenied`, or `Io`.
+    ///
+    /// Once the file is locked, every failure unlinks it again. (If the `flock` itself fails,
+    /// the empty, unlocked file stays, and the next create replaces it.)
     pub fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateError> {
         let flags = shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR | nofollow();
         let mode = Mode::from_bits_truncate(mode);
         let fd = shm::open(name.shm(), flags, mode).map_err(|e| match e {
             Errno::EXIST => CreateError::AlreadyExists { pid: 0 },
             Errno::ACCESS | Errno::PERM => CreateError::PermissionDenied,
-            e => CreateError::Io(e.into()),
+            e => io_error(e),
         })?;
+        // Blocks only while a replacer that took our empty file for a dead creator's holds it:
+        // until it has made its own segment.
+        retry(|| rustix::fs::flock(&fd, FlockOperation::LockExclusive)).map_err(io_error)?;
+        let st = rustix::fs::fstat(&fd).map_err(io_error)?;
+        let id = (st.st_dev, st.st_ino);
+        if !names(name, id) {
+            return Err(CreateError::AlreadyExists { pid: 0 });
+        }
+        // From here the name stays ours: a replacer unlinks only a file whose lock it holds.
         let made = (|| {
-            rustix::fs::fchmod(&fd, mode)?;
-            rustix::fs::ftruncate(&fd, size as u64)?;
-            let st = rustix::fs::fstat(&fd)?;
-            let map = map(&fd, size)?;
-            Ok::<_, io::Error>((map, (st.st_dev, st.st_ino)))
+            rustix::fs::fchmod(&fd, mode).map_err(io_error)?;
+            rustix::fs::ftruncate(&fd, size as u64).map_err(io_error)?;
+            reserve(&fd, size as u64)?;
+            map(&fd, size).map_err(CreateError::Io)
         })();
         match made {
-            Ok((map, id)) => {
-                let guard = Guard::register(map.as_mut_ptr(), map.len());
-                Ok(Segment { map, fd: Some(fd), name: name.clone(), id, guard })
+            Ok(map) => {
+                // SAFETY: `map` is a shared mapping of the file, and the guard is declared
+                // before it in `Segment`, so it unregisters before the unmap.
+                let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
+                Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id })
             }
             Err(e) => {
                 let _ = shm::unlink(name.shm());
-                Err(CreateError::Io(e))
+                Err(e)
             }
+        }
+    }
+
+    /// Marks a segment made by [`Segment::create`] as built: its exclusive `flock` becomes a
+    /// shared one, held until the segment drops or the process dies. Call it once the header
+    /// is published (`magic` stored). Either lock keeps `stale::create` from replacing the
+    /// segment; the shared one also tells a built segment from one being built (a
+    /// `LOCK_SH | LOCK_NB` succeeds on it).
+    ///
+    /// Linux converts a `flock` by dropping the old lock and then taking the new one, so the
+    /// file is unlocked for a moment. A replacer that takes its exclusive lock then finds the
+    /// header naming a live producer and leaves the segment alone (which is why
+    /// `stale::create` checks the pid as well as the lock); meanwhile this call waits for the
+    /// shared lock. If the lock cannot be had, a warning is logged: the pid check alone still
+    /// protects the ring.
+    pub fn mark_ready(&self) {
+        let Some(fd) = &self.fd else { return };
+        if let Err(e) = retry(|| rustix::fs::flock(fd, FlockOperation::LockShared)) {
+            tracing::warn!(ring = %self.name.ring(), error = %e, "cannot lock the segment");
         }
     }
 
@@ -102,9 +216,11 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| OpenError::Truncated { needed, actual: 0 })?;
         let map = map(&fd, len).map_err(OpenError::Io)?;
-        let guard = Guard::register(map.as_mut_ptr(), map.len());
+        // SAFETY: `map` is a shared mapping of the file, and the guard is declared before it
+        // in `Segment`, so it unregisters before the unmap.
+        let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
         let id = (st.st_dev, st.st_ino);
-        Ok(Segment { map, fd: Some(fd), name: name.clone(), id, guard })
+        Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id })
     }
 
     /// A segment holding a copy of `bytes` in anonymous memory that no other process can
@@ -119,7 +235,7 @@ impl Segment {
         anon.copy_from_slice(bytes);
         let map = MmapRaw::from(anon);
         let name = ShmName::new("fuzz").expect("valid name");
-        Ok(Segment { map, fd: None, name, id: (u64::MAX, u64::MAX), guard: Guard::none() })
+        Ok(Segment { guard: Guard::none(), map, fd: None, name, id: (u64::MAX, u64::MAX) })
     }
 
     /// The header.
@@ -166,27 +282,94 @@ impl Segment {
         Ok(rustix::fs::fstat(fd)?.st_size.max(0) as u64)
     }
 
-    /// Age of the file's last status change, in seconds (for telling a half-built segment from
-    /// one abandoned by a creator that crashed).
-    pub fn age_secs(&self) -> io::Result<i64> {
-        let fd = self.fd.as_ref().ok_or(io::ErrorKind::Unsupported)?;
-        let st = rustix::fs::fstat(fd)?;
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
-        Ok(now.tv_sec - st.st_ctime)
-    }
-
     /// Unlinks the name if it still refers to this segment's file (not to a newer ring that
     /// reused the name). The mapping stays valid.
     pub fn unlink(&self) {
-        if let Ok(st) = rustix::fs::stat(self.name.path()) {
-            if (st.st_dev, st.st_ino) == self.id {
-                let _ = shm::unlink(self.name.shm());
-            }
+        if names(&self.name, self.id) {
+            let _ = shm::unlink(self.name.shm());
         }
+    }
+
+    /// The shm file.
+    #[cfg(test)]
+    pub(super) fn fd_for_tests(&self) -> &OwnedFd {
+        self.fd.as_ref().expect("a file-backed segment")
     }
 
     /// Unlinks the name whatever file it refers to.
     pub fn unlink_name(name: &ShmName) -> io::Result<()> {
         shm::unlink(name.shm()).map_err(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::guard;
+    use super::*;
+
+    fn name(tag: &str) -> ShmName {
+        ShmName::new(&format!("unit-{tag}-{}", std::process::id())).unwrap()
+    }
+
+    #[test]
+    fn guard_unregisters_before_the_unmap() {
+        let seg = Segment::create(&name("guard"), 3 * 4096, 0o600).unwrap();
+        seg.unlink();
+        let base = seg.base() as usize;
+        assert!(guard::registered(base) && guard::registered(base + 3 * 4096 - 1));
+        drop(seg);
+        // Whether the range was still mapped just after it was unregistered: fields drop in
+        // declaration order, so this is what tells `guard` before `map` from the reverse.
+        let last = guard::test_hooks::last_unregistered();
+        let expected =
+            guard::test_hooks::Unregistered { start: base, mapped: true, registered: false };
+        assert_eq!(last, Some(expected), "unregistered after the unmap, or not at all");
+    }
+
+    #[test]
+    fn create_locks_and_mark_ready_shares() {
+        let n = name("lock");
+        let seg = Segment::create(&n, 4096, 0o600).unwrap();
+        let other = shm::open(n.shm(), shm::OFlags::RDONLY, Mode::empty()).unwrap();
+        let shared = FlockOperation::NonBlockingLockShared;
+        assert_eq!(
+            rustix::fs::flock(&other, shared),
+            Err(Errno::WOULDBLOCK),
+            "not locked while built"
+        );
+        seg.mark_ready();
+        rustix::fs::flock(&other, shared).expect("shared lock once ready");
+        let exclusive = FlockOperation::NonBlockingLockExclusive;
+        rustix::fs::flock(&other, FlockOperation::Unlock).unwrap();
+        assert_eq!(rustix::fs::flock(&other, exclusive), Err(Errno::WOULDBLOCK));
+        seg.unlink();
+        drop(seg);
+        rustix::fs::flock(&other, exclusive).expect("released with the segment");
+    }
+
+    #[test]
+    fn create_reserves_and_checks_free_space() {
+        let n = name("reserve");
+        let seg = Segment::create(&n, 64 * 4096, 0o600).unwrap();
+        let st = rustix::fs::stat(n.path()).unwrap();
+        assert!(st.st_blocks as u64 * 512 >= 64 * 4096, "{} blocks", st.st_blocks);
+        seg.unlink();
+        let fd = seg.fd.as_ref().unwrap();
+        if let Some(free) = free_bytes(fd).unwrap() {
+            let n = name("too-big");
+            let size = usize::try_from(free + (1 << 20)).unwrap();
+            match Segment::create(&n, size, 0o600) {
+                Err(CreateError::NoSpace { needed, available }) => {
+                    assert_eq!(needed, size as u64);
+                    assert!(available < needed);
+                }
+                Ok(seg) => {
+                    seg.unlink();
+                    panic!("created a segment of {size} bytes with {free} bytes free");
+                }
+                Err(e) => panic!("expected NoSpace, got {e:?}"),
+            }
+            assert!(rustix::fs::stat(n.path()).is_err(), "left behind");
+        }
     }
 }
