@@ -134,7 +134,13 @@ fn producer(args: &Args) -> ExitCode {
         args.consumers
     );
     let children: Vec<Child> =
-        (0..args.consumers).map(|k| spawn_consumer(args, &name, k, tx.memory())).collect();
+        match (0..args.consumers).map(|k| spawn_consumer(args, &name, k, tx.memory())).collect() {
+            Ok(children) => children,
+            Err(e) => {
+                eprintln!("pipeline: cannot start a consumer process: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let t0 = Instant::now();
     while tx.consumer_count() < args.consumers + args.external {
         // Others' consumers may be started by hand: give them longer.
@@ -161,7 +167,10 @@ fn producer(args: &Args) -> ExitCode {
                 std::thread::sleep(due - now);
             }
         }
-        tx.publish_frame(bytes, seq, &frame_header(args, seq));
+        if let Err(e) = tx.publish_frame(bytes, seq, &frame_header(args, seq)) {
+            eprintln!("pipeline: publishing frame {seq}: {e}");
+            return ExitCode::FAILURE;
+        }
         seq += 1;
         if Instant::now() >= next_report {
             let secs = start.elapsed().as_secs_f64();
@@ -190,10 +199,16 @@ fn producer(args: &Args) -> ExitCode {
     );
     let mut ok = true;
     for (k, mut c) in children.into_iter().enumerate() {
-        let status = c.wait().expect("wait");
-        if !status.success() {
-            eprintln!("pipeline: consumer {k} failed: {status}");
-            ok = false;
+        match c.wait() {
+            Ok(status) if status.success() => {}
+            Ok(status) => {
+                eprintln!("pipeline: consumer {k} failed: {status}");
+                ok = false;
+            }
+            Err(e) => {
+                eprintln!("pipeline: waiting for consumer {k}: {e}");
+                ok = false;
+            }
         }
     }
     if ok {
@@ -203,13 +218,12 @@ fn producer(args: &Args) -> ExitCode {
     }
 }
 
-fn spawn_consumer(args: &Args, name: &str, k: usize, memory: &str) -> Child {
-    Command::new(std::env::current_exe().expect("current_exe"))
+fn spawn_consumer(args: &Args, name: &str, k: usize, memory: &str) -> std::io::Result<Child> {
+    Command::new(std::env::current_exe()?)
         .args(["--name", name, "--role-consumer", &k.to_string(), "--memory", memory])
         .args(["--width", &args.width.to_string(), "--height", &args.height.to_string()])
         .stdin(Stdio::null())
         .spawn()
-        .expect("spawn consumer")
 }
 
 fn consumer(args: &Args, k: usize) -> ExitCode {
@@ -316,12 +330,13 @@ impl Tx {
         }
     }
 
-    fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) {
+    fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) -> Result<(), String> {
         match self {
             Tx::Host(tx) => {
-                let mut slot = tx.acquire().expect("acquire");
+                let mut slot = tx.acquire().map_err(|e| e.to_string())?;
                 pattern::fill(&mut slot[..bytes], seq);
-                slot.publish(bytes, header).expect("publish");
+                slot.publish(bytes, header).map_err(|e| e.to_string())?;
+                Ok(())
             }
             #[cfg(feature = "cuda")]
             Tx::Gpu(tx) => tx.publish_frame(bytes, seq, header),
@@ -377,12 +392,19 @@ mod gpu {
         }
 
         /// Writes frame `seq` with a kernel on the slot's stream and publishes it.
-        pub fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) {
-            let slot = self.tx.acquire().expect("acquire");
+        pub fn publish_frame(
+            &mut self,
+            bytes: usize,
+            seq: u64,
+            header: &[u8],
+        ) -> Result<(), String> {
+            let slot = self.tx.acquire().map_err(|e| e.to_string())?;
             // SAFETY: the slot holds slot_size = bytes bytes, is ours until publish, and the
             // kernel runs on the slot's stream, which publish's ready event follows.
-            unsafe { self.k.fill(slot.stream(), slot.ptr(), bytes as u64, seq).expect("fill") };
-            slot.publish(bytes, header).expect("publish");
+            unsafe { self.k.fill(slot.stream(), slot.ptr(), bytes as u64, seq) }
+                .map_err(|e| e.to_string())?;
+            slot.publish(bytes, header).map_err(|e| e.to_string())?;
+            Ok(())
         }
     }
 
@@ -397,8 +419,19 @@ mod gpu {
                 return ExitCode::FAILURE;
             }
         };
-        let kernels = PatternKernels::get(rx.context()).expect("kernels");
-        let bad = MismatchCounter::new(rx.stream()).expect("counter");
+        match check_frames(args, k, &rx) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("consumer {k}: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// Receives and checks frames until the ring closes; then reports.
+    fn check_frames(args: &Args, k: usize, rx: &gpuring::GpuConsumer) -> Result<ExitCode, String> {
+        let kernels = PatternKernels::get(rx.context()).map_err(|e| e.to_string())?;
+        let bad = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
         let bytes = frame_bytes(args);
         let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
         let mut stats = Stats::default();
@@ -407,20 +440,17 @@ mod gpu {
             let frame = match rx.recv() {
                 Ok(f) => f,
                 Err(GpuRecvError::Disconnected) => break,
-                Err(e) => {
-                    eprintln!("consumer {k}: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return Err(e.to_string()),
             };
             let (seq, published) = (frame.seq(), frame.timestamp_ns());
             let lat = latencies.clone();
             let stamp = move || {
                 let us = monotonic_ns().saturating_sub(published) as f64 / 1e3;
-                lat.lock().unwrap().push(us);
+                lat.lock().unwrap_or_else(|p| p.into_inner()).push(us);
             };
             // SAFETY: the callback and what it captures (an Arc of a Mutex of numbers) make no
             // CUDA call.
-            unsafe { frame.stream().on_complete(stamp) }.expect("host callback");
+            unsafe { frame.stream().on_complete(stamp) }.map_err(|e| e.to_string())?;
             stats.lost += frame.lag();
             let header_ok = frame.header()[..40] == frame_header(args, seq);
             if frame.len() != bytes || !header_ok {
@@ -431,12 +461,13 @@ mod gpu {
                 unsafe {
                     kernels.check(frame.stream(), frame.ptr(), bytes as u64, seq, bad.ptr(), 0)
                 }
-                .expect("check");
+                .map_err(|e| e.to_string())?;
             }
             stats.frames += 1;
         }
-        stats.bad_bytes = bad.read(rx.stream()).expect("read counter");
-        stats.latencies_us = std::mem::take(&mut *latencies.lock().unwrap());
-        stats.report(k, start.elapsed().as_secs_f64(), "publish->stream-ready")
+        stats.bad_bytes = bad.read(rx.stream()).map_err(|e| e.to_string())?;
+        stats.latencies_us =
+            std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(stats.report(k, start.elapsed().as_secs_f64(), "publish->stream-ready"))
     }
 }

@@ -2,8 +2,10 @@
 //
 // A soak test of dead-peer handling. One producer process streams checked frames while
 // steady consumer processes verify every byte. Meanwhile this process keeps SIGKILLing
-// victim consumers that hold slots (and now and then a steady consumer, which is restarted),
-// and restarts the producer under the same name, whose consumers reconnect. At the end it prints
+// victim consumers that hold slots, half the victims instead SIGKILL themselves right after a
+// release whose GPU work (a 20 ms kernel, on CUDA rings) is still queued, now and then a steady
+// consumer dies too (and is restarted), and the producer is restarted under the same name,
+// whose consumers reconnect. At the end it prints
 // the kills survived, the slots leaked (must be 0), the frames verified, the mismatches (must be
 // 0) and the time from each producer kill to its consumers' `Disconnected`.
 
@@ -36,7 +38,7 @@ struct Args {
     /// Policy of the ring.
     #[arg(long, value_enum, default_value_t = PolicyArg::Block)]
     policy: PolicyArg,
-    /// Internal: this process's role (producer, consumer, victim) and ring name.
+    /// Internal: this process's role (producer, consumer, victim, releaser) and ring name.
     #[arg(long, hide = true)]
     role: Option<String>,
     #[arg(long, hide = true)]
@@ -71,8 +73,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match args.role.as_deref() {
         Some("producer") => producer(&args),
-        Some("consumer") => consumer(&args, false),
-        Some("victim") => consumer(&args, true),
+        Some("consumer") => consumer(&args, Kind::Steady),
+        Some("victim") => consumer(&args, Kind::Holder),
+        Some("releaser") => consumer(&args, Kind::Releaser),
         _ => orchestrate(&args),
     }
 }
@@ -91,6 +94,17 @@ impl Rng {
     fn around(&mut self, mean: Duration) -> Duration {
         mean.mul_f64(0.25 + (self.next() % 1000) as f64 / 666.0)
     }
+}
+
+/// What a consumer process does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Verifies every frame, reconnects across producer restarts, reports.
+    Steady,
+    /// Holds slots until it is killed.
+    Holder,
+    /// Reads one frame (on the GPU, with a slow kernel), releases it and kills itself at once.
+    Releaser,
 }
 
 fn spawn(
@@ -131,6 +145,8 @@ fn orchestrate(args: &Args) -> ExitCode {
     let end = Instant::now() + Duration::from_secs_f64(args.minutes * 60.0);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
     let (mut victim_kills, mut steady_kills, mut restarts) = (0u64, 0u64, 0u64);
+    let mut release_kills = 0u64;
+    let mut releasers: Vec<(Child, Instant)> = Vec::new();
     let mut producer_kills_ns = Vec::new();
     let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
     let mut producer = spawn(
@@ -155,12 +171,37 @@ fn orchestrate(args: &Args) -> ExitCode {
         let now = Instant::now();
         // Victims: join, hold slots, get killed a little later.
         if now >= next_kill {
-            victims.push((
-                spawn(args, "victim", &name, &[], &lines_tx),
-                now + rng.around(Duration::from_millis(40)),
-            ));
+            if rng.next() % 2 == 0 {
+                victims.push((
+                    spawn(args, "victim", &name, &[], &lines_tx),
+                    now + rng.around(Duration::from_millis(40)),
+                ));
+            } else {
+                // It kills itself; give it up to 30 s to get there before we do.
+                releasers.push((
+                    spawn(args, "releaser", &name, &[], &lines_tx),
+                    now + Duration::from_secs(30),
+                ));
+            }
             next_kill = now + rng.around(Duration::from_millis(args.kill_every_ms));
         }
+        releasers.retain_mut(|(r, at)| {
+            use std::os::unix::process::ExitStatusExt;
+            match r.try_wait() {
+                Ok(Some(status)) => {
+                    if status.signal() == Some(9) {
+                        release_kills += 1;
+                    }
+                    false
+                }
+                Ok(None) if Instant::now() >= *at => {
+                    kill(r);
+                    victim_kills += 1;
+                    false
+                }
+                _ => true,
+            }
+        });
         victims.retain_mut(|(v, at)| {
             if Instant::now() < *at {
                 return true;
@@ -202,6 +243,14 @@ fn orchestrate(args: &Args) -> ExitCode {
     for (mut v, _) in victims {
         kill(&mut v);
         victim_kills += 1;
+    }
+    for (mut r, _) in releasers {
+        use std::os::unix::process::ExitStatusExt;
+        let killed_itself = matches!(r.try_wait(), Ok(Some(s)) if s.signal() == Some(9));
+        if !killed_itself {
+            kill(&mut r);
+        }
+        release_kills += killed_itself as u64;
     }
     // The last producer settles, reports and exits; the steady consumers then time out.
     let producer_ok = producer.wait().map(|s| s.success()).unwrap_or(false);
@@ -248,8 +297,8 @@ fn orchestrate(args: &Args) -> ExitCode {
     waits.sort_by(f64::total_cmp);
     let pct = |p: f64| waits.get(((waits.len() as f64 - 1.0) * p).round() as usize).copied();
     println!(
-        "soak: kills survived {} ({victim_kills} victims holding slots, {steady_kills} steady consumers), producer restarts {restarts}",
-        victim_kills + steady_kills
+        "soak: kills survived {} ({victim_kills} victims holding slots, {release_kills} killed right after a release with GPU work queued, {steady_kills} steady consumers), producer restarts {restarts}",
+        victim_kills + release_kills + steady_kills
     );
     println!(
         "soak: slots leaked {}, frames published {published}, frames verified {frames}, mismatches {mismatches}",
@@ -304,9 +353,18 @@ fn producer(args: &Args) -> ExitCode {
         .slot_size(SLOT)
         .policy(policy)
         .liveness_interval(LIVENESS);
-    let mut ring: Box<dyn Ring> = match args.memory {
-        Memory::Host => Box::new(b.create().expect("create")),
+    let made: Result<Box<dyn Ring>, String> = match args.memory {
+        Memory::Host => {
+            b.create().map(|tx| Box::new(tx) as Box<dyn Ring>).map_err(|e| e.to_string())
+        }
         Memory::Cuda => gpu::producer(b),
+    };
+    let mut ring = match made {
+        Ok(ring) => ring,
+        Err(e) => {
+            eprintln!("soak producer: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     let run = Duration::from_secs_f64(args.run_s.unwrap_or(10.0));
     let start = Instant::now();
@@ -333,17 +391,37 @@ fn producer(args: &Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// A steady consumer (reconnects across producer restarts, verifies everything, reports) or a
-/// victim (holds slots until killed).
-fn consumer(args: &Args, victim: bool) -> ExitCode {
+/// Kills this process with SIGKILL, as a crash would.
+fn die() -> ! {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    unreachable!("SIGKILL")
+}
+
+/// A consumer of `kind` (see [`Kind`]).
+fn consumer(args: &Args, kind: Kind) -> ExitCode {
     let name = args.name.as_deref().expect("--name");
     if args.memory == Memory::Cuda {
-        return gpu::consumer(name, victim);
+        return match gpu::consumer(name, kind) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("soak consumer: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
+    let victim = kind != Kind::Steady;
     let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
     let Ok(mut rx) = builder.clone().open_when_ready(None, Duration::from_secs(10)) else {
         return ExitCode::SUCCESS; // the soak ended before we got in
     };
+    if kind == Kind::Releaser {
+        if let Ok(m) = rx.recv() {
+            std::hint::black_box(pattern::mismatches(&m, m.seq()));
+            drop(m);
+            die();
+        }
+        return ExitCode::SUCCESS;
+    }
     if victim {
         let mut held = Vec::new();
         while let Ok(m) = rx.recv() {
@@ -384,11 +462,11 @@ fn consumer(args: &Args, victim: bool) -> ExitCode {
 #[cfg(not(feature = "cuda"))]
 mod gpu {
     use super::*;
-    pub fn producer(_: gpuring::ProducerBuilder) -> Box<dyn Ring> {
-        panic!("built without the cuda feature")
+    pub fn producer(_: gpuring::ProducerBuilder) -> Result<Box<dyn Ring>, String> {
+        Err("built without the cuda feature".into())
     }
-    pub fn consumer(_: &str, _: bool) -> ExitCode {
-        ExitCode::FAILURE
+    pub fn consumer(_: &str, _: Kind) -> Result<ExitCode, String> {
+        Err("built without the cuda feature".into())
     }
 }
 
@@ -413,7 +491,10 @@ mod gpu {
             let len = pattern::len_for(seq, 1, SLOT) as u64;
             // SAFETY: the slot holds SLOT >= len bytes and is ours until publish, which fences
             // the kernel's writes (it runs on the slot's stream).
-            unsafe { self.k.fill(slot.stream(), slot.ptr(), len, seq) }.expect("fill");
+            if let Err(e) = unsafe { self.k.fill(slot.stream(), slot.ptr(), len, seq) } {
+                eprintln!("soak producer: fill: {e}");
+                return false;
+            }
             slot.publish(len as usize, &seq.to_le_bytes()).is_ok()
         }
         fn consumers(&self) -> Vec<gpuring::ConsumerInfo> {
@@ -427,21 +508,32 @@ mod gpu {
         }
     }
 
-    pub fn producer(b: ProducerBuilder) -> Box<dyn Ring> {
-        let tx = b.create_gpu(0).expect("create_gpu");
-        let k = PatternKernels::get(tx.context()).expect("kernels");
-        Box::new(Gpu { tx, k })
+    pub fn producer(b: ProducerBuilder) -> Result<Box<dyn Ring>, String> {
+        let tx = b.create_gpu(0).map_err(|e| e.to_string())?;
+        let k = PatternKernels::get(tx.context()).map_err(|e| e.to_string())?;
+        Ok(Box::new(Gpu { tx, k }))
     }
 
-    pub fn consumer(name: &str, victim: bool) -> ExitCode {
+    pub fn consumer(name: &str, kind: Kind) -> Result<ExitCode, String> {
         let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
         let Ok(mut rx) = builder.open_gpu_when_ready(None, Duration::from_secs(10)) else {
-            return ExitCode::SUCCESS;
+            return Ok(ExitCode::SUCCESS);
         };
+        let victim = kind != Kind::Steady;
         let (mut verified, mut mismatches) = (0u64, 0u64);
         loop {
-            let k = PatternKernels::get(rx.context()).expect("kernels");
-            let bad = MismatchCounter::new(rx.stream()).expect("counter");
+            let k = PatternKernels::get(rx.context()).map_err(|e| e.to_string())?;
+            let bad = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
+            if kind == Kind::Releaser {
+                let Ok(m) = rx.recv() else { return Ok(ExitCode::SUCCESS) };
+                // SAFETY: as below; the kernel spins 20 ms before it reads.
+                unsafe {
+                    k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 20_000_000)
+                }
+                .map_err(|e| e.to_string())?;
+                m.release().map_err(|e| e.to_string())?;
+                die();
+            }
             let mut held = Vec::new();
             let disconnected = loop {
                 match rx.recv() {
@@ -451,7 +543,7 @@ mod gpu {
                         unsafe {
                             k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0)
                         }
-                        .expect("check");
+                        .map_err(|e| e.to_string())?;
                         verified += 1;
                         if victim {
                             held.push(m);
@@ -469,7 +561,7 @@ mod gpu {
                 }
             };
             drop(held);
-            mismatches += bad.read(rx.stream()).expect("read counter");
+            mismatches += bad.read(rx.stream()).map_err(|e| e.to_string())?;
             if !disconnected || victim {
                 break;
             }
@@ -482,6 +574,6 @@ mod gpu {
         if !victim {
             println!("verified={verified} mismatches={mismatches}");
         }
-        ExitCode::SUCCESS
+        Ok(ExitCode::SUCCESS)
     }
 }

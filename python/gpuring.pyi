@@ -104,8 +104,8 @@ class Consumer:
     def close(self) -> None:
         """Leaves the ring. Slots still held keep it open until they are released.
 
-        A CUDA consumer first waits for its queued reads (and, rarely, for a busy producer),
-        without holding the GIL.
+        A CUDA consumer first waits for its queued reads, then (up to 0.5 s) for the producer to
+        let go of its release events, without holding the GIL.
         """
 
     def __enter__(self) -> Self: ...

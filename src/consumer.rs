@@ -8,10 +8,18 @@ use std::time::{Duration, Instant};
 use crate::doorbells::ConsumerBells;
 use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::mapped::MappedRing;
-use crate::ring::{park, ConsumerCore, JoinError, Pinned, Policy, StartAt};
+use crate::ring::{
+    park, ConsumerCore, JoinError, Leave, Left, Pinned, Policy, RingCorrupt, StartAt,
+};
 use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName};
 use crate::wait::{self, WaitConfig};
+
+/// The error of a join whose entry was taken from it before it became active.
+fn lost(entry: usize) -> OpenError {
+    let reason = crate::ring::lease::evict_reason::NONE;
+    OpenError::Corrupt(Corruption::Ring(RingCorrupt::Evicted { entry: entry as u32, reason }))
+}
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
 ///
@@ -164,7 +172,7 @@ impl ConsumerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(self) -> Result<Consumer, OpenError> {
-        Ok(self.open_kind(MemoryKind::Host, |_, _| Ok(()))?.0)
+        Ok(self.open_kind(MemoryKind::Host, |_, _, _| Ok(()))?.0)
     }
 
     /// Opens ring `name` of memory kind `kind`, claims a consumer table entry, lets `setup` fill
@@ -172,7 +180,7 @@ impl ConsumerBuilder {
     pub(crate) fn open_kind<T>(
         self,
         kind: MemoryKind,
-        setup: impl FnOnce(&MappedRing, usize) -> Result<T, OpenError>,
+        setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenError>,
     ) -> Result<(Consumer, T), OpenError> {
         let builder = self.clone();
         let name = ShmName::new(&self.name).map_err(OpenError::InvalidName)?;
@@ -191,17 +199,19 @@ impl ConsumerBuilder {
         }
         let me = ProcessId::current();
         let ring = map.ring();
-        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time)
-            .map_err(|JoinError::Full| OpenError::TooManyConsumers { max: params.max_consumers })?;
+        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time).map_err(|e| match e {
+            JoinError::Full => OpenError::TooManyConsumers { max: params.max_consumers },
+            JoinError::Lost => lost(0),
+        })?;
         let joining_index = joining.index();
-        let extra = match setup(&map, joining.index()) {
+        let extra = match setup(&map, joining.index(), joining.generation()) {
             Ok(extra) => extra,
             Err(e) => {
                 joining.abandon(&ring);
                 return Err(e);
             }
         };
-        let core = joining.activate(&ring, self.start);
+        let core = joining.activate(&ring, self.start).map_err(|_| lost(joining_index))?;
         tracing::info!(
             ring = %self.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
             "consumer joined"
@@ -454,9 +464,6 @@ impl Consumer {
 
     /// Pins the next message if one is waiting.
     pub(crate) fn try_pin(&self) -> Result<Pinned, TryRecvError> {
-        if self.last_check.get().elapsed() >= self.wait.tick {
-            self.check_producer();
-        }
         match self.poll_once() {
             Some(Ok(m)) => Ok(m),
             Some(Err(e)) => Err(e),
@@ -552,10 +559,20 @@ impl Consumer {
         if !self.producer.is_alive() && !self.producer_dead.replace(true) {
             tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
         }
+        // Our cursor in the entry may have been overwritten (a damaged segment): a lower value
+        // would hold a Block producer back while we wait for it. Put ours back.
+        if self.core.refresh_cursor(&self.map.ring()) {
+            self.wake_producer();
+        }
     }
 
     /// One attempt: a message, an error, or `None` (nothing yet).
     pub(crate) fn poll_once(&self) -> Option<Result<Pinned, TryRecvError>> {
+        // Once per liveness interval whatever happens, errors included: a consumer that gets
+        // an error at every call must still learn that the segment was truncated.
+        if self.last_check.get().elapsed() >= self.wait.tick {
+            self.check_producer();
+        }
         if let Some(c) = self.deferred.take() {
             return Some(Err(TryRecvError::Corrupt(c)));
         }
@@ -649,27 +666,42 @@ impl Consumer {
     }
 
     /// Whether the producer is known to be dead (checked on the liveness tick).
+    pub(crate) fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Its consumer table entry's generation while it owns it.
+    pub(crate) fn generation(&self) -> u32 {
+        self.core.generation()
+    }
+
     pub(crate) fn producer_alive(&self) -> bool {
         self.check_producer();
         !self.producer_dead.get()
     }
 
-    /// Leaves the ring (every pinned message must be released). Idempotent.
-    pub(crate) fn leave(&mut self) {
+    /// Leaves the ring: gives back what it still holds (leaked read slots; the caller is done
+    /// reading them), then frees or retires its entry (`how`). `None` if it already left.
+    pub(crate) fn leave(&mut self, how: Leave) -> Option<Left> {
         if std::mem::replace(&mut self.left, true) {
-            return;
+            return None;
         }
         let ring = self.map.ring();
-        if self.core.leave(&ring) {
+        let left = self.core.leave(&ring, how);
+        if left.wake {
             self.wake_producer();
         }
+        if left.released > 0 {
+            tracing::warn!(ring = %self.name(), slots = left.released, "left holding leaked slots: given back");
+        }
         tracing::info!(ring = %self.name(), "consumer left");
+        Some(left)
     }
 }
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        self.leave();
+        self.leave(Leave::Free);
     }
 }
 

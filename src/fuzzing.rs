@@ -9,7 +9,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::mapped::MappedRing;
-use crate::ring::{reclaim, ConsumerCore, ProducerCore, StartAt};
+use crate::ring::{evict, reap, ConsumerCore, Leave, ProducerCore, StartAt};
 use crate::shm::{Header, Layout, MemoryKind, Params, Segment, MAGIC};
 
 /// Runs the readers of a segment over `data`.
@@ -18,8 +18,9 @@ pub fn segment(data: &[u8]) {
     let Ok((params, layout)) = Params::read(seg.header(), seg.len() as u64) else { return };
     let map = MappedRing::new(seg, params, layout);
     let ring = map.ring();
-    if let Ok(joining) = ConsumerCore::claim(&ring, 1, 1) {
-        let core = joining.activate(&ring, StartAt::Oldest);
+    if let Ok(Ok(core)) =
+        ConsumerCore::claim(&ring, 1, 1).map(|joining| joining.activate(&ring, StartAt::Oldest))
+    {
         let mut held = Vec::new();
         for _ in 0..(2 * params.capacity).min(64) {
             match core.try_pin(&ring) {
@@ -47,11 +48,15 @@ pub fn segment(data: &[u8]) {
         for slot in held {
             let _ = core.release(&ring, slot);
         }
-        core.leave(&ring);
+        core.leave(&ring, Leave::Free);
     }
     for entry in 0..ring.consumers.len().min(8) {
-        let _ = reclaim(&ring, entry);
+        let seen = ring.consumers[entry].lease.load(Ordering::Relaxed);
+        let _ = evict(&ring, entry, seen, 1);
     }
+    // Every owner taken for dead, then for alive: both paths of the reaper.
+    let _ = reap(&ring, |_, _| false, |_, _| {});
+    let _ = reap(&ring, |_, _| true, |_, _| {});
     let mut producer = ProducerCore::new();
     for _ in 0..4 {
         if producer.try_claim(&ring).is_err() {

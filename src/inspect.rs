@@ -52,6 +52,11 @@ pub struct RingStatus {
     pub published: u64,
     /// Nanoseconds the producer has spent waiting for a free slot.
     pub blocked_ns: u64,
+    /// Consumers the producer evicted (a failure attributable to one consumer's entry, such as
+    /// a release event that cannot be opened).
+    pub evictions: u64,
+    /// Dead consumers whose entries and slots the producer took back.
+    pub reclaims: u64,
     /// The joined consumers.
     pub consumers: Vec<ConsumerInfo>,
 }
@@ -104,11 +109,13 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
         policy: map.policy(),
         producer_pid: params.producer_pid,
         producer_alive: producer.is_alive(),
-        // Relaxed (all three): a snapshot for display; nothing is read through them.
+        // Relaxed (all of them): a snapshot for display; nothing is read through them.
         closed: map.header().closed.load(Ordering::Relaxed) != 0,
         epoch: params.epoch,
         published: ring.producer.head.load(Ordering::Relaxed),
         blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed),
+        evictions: ring.producer.evictions.load(Ordering::Relaxed),
+        reclaims: ring.producer.reclaims.load(Ordering::Relaxed),
         consumers: stats::consumers(&ring),
     })
 }

@@ -11,9 +11,9 @@ use crate::error::{
 };
 use crate::mapped::MappedRing;
 use crate::ring::producer::{wants_wake, ClaimError};
-use crate::ring::{park, stamp, Policy, ProducerCore, RingCorrupt};
+use crate::ring::{audit, park, stamp, Policy, ProducerCore, Reaped, RingCorrupt};
 use crate::shm::process::ProcessId;
-use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName, MAGIC};
+use crate::shm::{MemoryKind, Params, ShmName, MAGIC};
 use crate::stats::ConsumerInfo;
 use crate::wait::{self, WaitConfig};
 use crate::Layout;
@@ -242,13 +242,8 @@ impl ProducerBuilder {
         let name = ShmName::new(&self.name).map_err(CreateError::InvalidName)?;
         let params = self.params(memory)?;
         let layout = Layout::of(&params);
-        let seg = match Segment::create(&name, layout.total, self.mode) {
-            Err(CreateError::AlreadyExists { .. }) => {
-                remove_if_stale(&name)?;
-                Segment::create(&name, layout.total, self.mode)?
-            }
-            other => other?,
-        };
+        // Replaces a dead producer's segment of this name, if there is one.
+        let seg = crate::shm::stale::create(&name, layout.total, self.mode)?;
         // Build everything, then publish the header with `magic` last.
         let header = seg.header();
         params.write(header, layout.total as u64);
@@ -265,13 +260,15 @@ impl ProducerBuilder {
             core: ProducerCore::new(),
             wait,
             closed: false,
-            joins_seen: 0,
-            reaped: (memory == MemoryKind::Cuda).then(Vec::new),
+            table_seen: (0, 0),
+            last_reap: Instant::now(),
             bells: ProducerBells::bind(&self.name, params.epoch, params.max_consumers),
         };
         let extra = init(&producer.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
         producer.map.header().magic.store(MAGIC, Ordering::Release);
+        // Built: the creator's exclusive lock on the file becomes a shared one (shm/stale.rs).
+        producer.map.segment().mark_ready();
         tracing::info!(
             ring = %self.name, ?memory, capacity = params.capacity, slot_size = params.slot_size,
             policy = ?producer.map.policy(), epoch = params.epoch, "ring created"
@@ -284,63 +281,6 @@ impl ProducerBuilder {
 fn new_epoch(me: ProcessId) -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
     (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64) ^ (me.pid as u64)
-}
-
-/// Removes `name` if it belongs to a dead producer (or to a creator that died before writing
-/// its pid). Fails with `AlreadyExists` if its producer lives.
-fn remove_if_stale(name: &ShmName) -> Result<(), CreateError> {
-    use crate::error::OpenError;
-    let opts = OpenOptions::default();
-    let seg = match Segment::open(name, opts) {
-        Ok(seg) => seg,
-        Err(OpenError::NotFound) => return Ok(()),
-        Err(OpenError::Truncated { .. }) => {
-            // Too small for a header: a creator between shm_open and ftruncate, or one that died
-            // there. Give a live creator a moment, and remove the name only if it still names
-            // the same file.
-            let file_id = || rustix::fs::stat(name.path()).ok().map(|st| (st.st_dev, st.st_ino));
-            let before = file_id();
-            std::thread::sleep(Duration::from_millis(200));
-            match Segment::open(name, opts) {
-                Err(OpenError::Truncated { .. }) => {
-                    if before.is_some() && file_id() == before {
-                        let _ = Segment::unlink_name(name);
-                    }
-                    return Ok(());
-                }
-                Err(OpenError::NotFound) => return Ok(()),
-                Ok(seg) => seg,
-                Err(e) => return Err(open_to_create(e)),
-            }
-        }
-        Err(e) => return Err(open_to_create(e)),
-    };
-    let h = seg.header();
-    // Relaxed: pid and start time are written before anything else and never change.
-    let owner = ProcessId {
-        pid: h.producer_pid.load(Ordering::Relaxed),
-        start_time: h.producer_start_time.load(Ordering::Relaxed),
-    };
-    if owner.pid != 0 && owner.is_alive() {
-        return Err(CreateError::AlreadyExists { pid: owner.pid });
-    }
-    if owner.pid == 0 && seg.age_secs().unwrap_or(0) < 2 {
-        return Err(CreateError::AlreadyExists { pid: 0 });
-    }
-    tracing::info!(ring = %name.ring(), dead_pid = owner.pid, "removing a dead producer's ring");
-    seg.unlink();
-    Ok(())
-}
-
-fn open_to_create(e: crate::error::OpenError) -> CreateError {
-    use crate::error::OpenError;
-    match e {
-        OpenError::PermissionDenied | OpenError::ForeignOwner { .. } => {
-            CreateError::PermissionDenied
-        }
-        OpenError::Io(e) => CreateError::Io(e),
-        _ => CreateError::AlreadyExists { pid: 0 },
-    }
 }
 
 /// The single producer of a ring.
@@ -366,47 +306,48 @@ pub struct Producer {
     wait: WaitConfig,
     /// Whether [`Producer::close`] ran.
     closed: bool,
-    /// The consumer table's `joins` count when it was last reaped.
-    joins_seen: u64,
-    /// Entries freed by reaping, not yet taken by [`Producer::take_reaped`]. `None` for host
-    /// rings, which keep nothing per consumer outside the segment.
-    reaped: Option<Vec<usize>>,
+    /// The consumer table's (`joins`, `retires`) counts when it was last reaped.
+    table_seen: (u64, u64),
+    /// When the table was last reaped: it is reaped at least once per liveness interval while
+    /// the producer acquires, blocked or not.
+    last_reap: Instant,
     /// Its doorbell, and the addresses of parked consumers' doorbells.
     bells: ProducerBells,
 }
 
-/// Reclaims the entries of `ring` whose process is dead (see [`crate::ring::reclaim`]), adding
-/// the freed ones to `freed` if given. Returns how many were freed.
-fn reap(
-    ring: &crate::ring::Ring<'_>,
-    freed: &mut Option<Vec<usize>>,
-) -> Result<usize, RingCorrupt> {
-    use crate::ring::layout::entry_state;
-    use crate::ring::{reclaim, Reclaim};
-    let mut n = 0;
-    for (index, entry) in ring.consumers.iter().enumerate() {
-        // Acquire: pairs with the owner's Release store of its state, after pid and start time.
-        let state = entry.state.load(Ordering::Acquire);
-        if state == entry_state::FREE {
-            continue;
-        }
-        // Relaxed: ordered by the Acquire above.
-        let owner = ProcessId {
-            pid: entry.pid.load(Ordering::Relaxed),
-            start_time: entry.start_time.load(Ordering::Relaxed),
-        };
-        if state != entry_state::RECLAIMING && owner.is_alive() {
-            continue;
-        }
-        if let Reclaim::Done { slots } = reclaim(ring, index)? {
-            tracing::info!(entry = index, pid = owner.pid, slots, "dead consumer reclaimed");
-            if let Some(freed) = freed {
-                freed.push(index);
-            }
-            n += 1;
-        }
+/// What the transport does when the producer frees a consumer table entry (`entry`,
+/// `generation`): drop what it opened of it. Called before the entry is freed. Host rings keep
+/// nothing per consumer and pass [`no_hook`].
+pub(crate) type OnFree<'a> = &'a mut (dyn FnMut(usize, u32) + Send);
+
+/// The [`OnFree`] of a ring that keeps nothing per consumer.
+pub(crate) fn no_hook() -> impl FnMut(usize, u32) + Send {
+    |_, _| {}
+}
+
+/// Whether the owner of a consumer table entry still runs: by pid and start time, or by pid
+/// alone while its start time is not stored yet (see `ring::reclaim`).
+fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
+    match start_time {
+        Some(start_time) => ProcessId { pid, start_time }.is_alive(),
+        None => crate::shm::process::is_running(pid),
     }
-    Ok(n)
+}
+
+/// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
+/// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze slots.
+fn reap(ring: &crate::ring::Ring<'_>, on_free: OnFree<'_>) -> Result<Reaped, RingCorrupt> {
+    let r = crate::ring::reap(ring, owner_alive, |entry, generation| {
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "entry freed");
+        on_free(entry, generation)
+    })?;
+    if r.dead > 0 || r.slots > 0 {
+        tracing::info!(dead = r.dead, freed = r.freed, slots = r.slots, "dead consumers reclaimed");
+    }
+    if r.wake_consumers {
+        wait::wake_all(ring.consumer_wake);
+    }
+    Ok(r)
 }
 
 /// Adds the time since `started` to the producer's blocked-time statistic.
@@ -620,16 +561,16 @@ impl Producer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_acquire(&mut self) -> Result<WriteSlot<'_>, TryAcquireError> {
-        let slot = self.try_claim()?;
+        let slot = self.try_claim(&mut no_hook())?;
         Ok(WriteSlot { producer: self, slot })
     }
 
     /// Claims the next slot if it is free now. Returns its index.
-    pub(crate) fn try_claim(&mut self) -> Result<usize, TryAcquireError> {
+    pub(crate) fn try_claim(&mut self, on_free: OnFree<'_>) -> Result<usize, TryAcquireError> {
         if self.map.segment().faulted() {
             return Err(TryAcquireError::Corrupt(Corruption::Truncated));
         }
-        self.reap_if_joined();
+        self.maintain(on_free).map_err(TryAcquireError::Corrupt)?;
         match self.core.try_claim(&self.map.ring()) {
             Ok(slot) => Ok(slot),
             Err(ClaimError::Blocked(_)) => Err(TryAcquireError::Full),
@@ -679,7 +620,7 @@ impl Producer {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<WriteSlot<'_>, AcquireTimeoutError> {
-        let slot = self.claim_until(deadline)?;
+        let slot = self.claim_until(deadline, &mut no_hook())?;
         Ok(WriteSlot { producer: self, slot })
     }
 
@@ -687,12 +628,13 @@ impl Producer {
     pub(crate) fn claim_until(
         &mut self,
         deadline: Option<Instant>,
+        on_free: OnFree<'_>,
     ) -> Result<usize, AcquireTimeoutError> {
         if self.map.segment().faulted() {
             return Err(AcquireTimeoutError::Corrupt(Corruption::Truncated));
         }
-        self.reap_if_joined();
-        let Producer { map, core, wait, reaped, .. } = self;
+        self.maintain(on_free).map_err(AcquireTimeoutError::Corrupt)?;
+        let Producer { map, core, wait, last_reap, .. } = self;
         let ring = map.ring();
         let claim = |core: &mut ProducerCore| match core.try_claim(&ring) {
             Ok(slot) => Some(Ok(slot)),
@@ -707,18 +649,23 @@ impl Producer {
                 let core = std::cell::RefCell::new(core);
                 // Every liveness tick spent waiting: look for dead consumers to reclaim, then
                 // try again at once.
-                let mut last_reap = started;
                 let tick = wait.tick;
                 let idle = || {
                     // Wake-ups also end here: look for the dead once per liveness interval.
                     if last_reap.elapsed() < tick {
                         return None;
                     }
-                    last_reap = Instant::now();
+                    *last_reap = Instant::now();
                     let mut core = core.borrow_mut();
-                    match reap(&ring, reaped) {
-                        Ok(0) => None,
-                        Ok(_) => {
+                    match reap(&ring, on_free).and_then(|r| {
+                        let (lowered, wake) = audit(&ring, ring.slot_of(core.next_seq()))?;
+                        if wake {
+                            wait::wake_all(ring.consumer_wake);
+                        }
+                        Ok(r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered)
+                    }) {
+                        Ok(false) => None,
+                        Ok(true) => {
                             core.forget_min_cursor();
                             claim(&mut core)
                         }
@@ -750,29 +697,61 @@ impl Producer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reap(&mut self) -> Result<usize, Corruption> {
-        let n = reap(&self.map.ring(), &mut self.reaped)?;
-        if n > 0 {
+        Ok(self.reap_with(&mut no_hook())?.freed as usize)
+    }
+
+    /// [`reap`](Self::reap), telling the transport about each entry it frees.
+    /// Also audits the next slot's held count (`ring::reclaim::audit`), so a count that a
+    /// damaged segment left too high cannot hold the producer back for ever.
+    pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
+        self.last_reap = Instant::now();
+        let ring = self.map.ring();
+        let r = reap(&ring, on_free)?;
+        let (lowered, wake) = audit(&ring, ring.slot_of(self.core.next_seq()))?;
+        if wake {
+            wait::wake_all(ring.consumer_wake);
+        }
+        if r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered {
             self.core.forget_min_cursor();
         }
-        Ok(n)
+        Ok(r)
     }
 
-    /// Reaps when the table changed since the last look (a consumer joined), so a joiner that
-    /// found the table full of dead entries gets one next time.
-    fn reap_if_joined(&mut self) {
-        // Relaxed: a hint to look; `reap` reads the entries with Acquire.
-        let joins = self.map.ring().producer.joins.load(Ordering::Relaxed);
-        if joins != self.joins_seen {
-            self.joins_seen = joins;
-            let _ = self.reap();
+    /// Reaps when the consumer table changed since the last look (a consumer joined or
+    /// retired) or a liveness interval has passed: dead consumers are noticed while the
+    /// producer runs, not only when it is blocked, and retiring consumers are let go quickly.
+    pub(crate) fn maintain(&mut self, on_free: OnFree<'_>) -> Result<(), Corruption> {
+        let line = self.map.ring().producer;
+        // Relaxed: hints to look; `reap` reads the entries with Acquire.
+        let seen = (line.joins.load(Ordering::Relaxed), line.retires.load(Ordering::Relaxed));
+        if seen != self.table_seen || self.last_reap.elapsed() >= self.wait.tick {
+            self.table_seen = seen;
+            self.reap_with(on_free)?;
         }
+        Ok(())
     }
 
-    /// Consumer table entries freed by reaping since the last call (the CUDA layer drops what it
-    /// opened of them).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn take_reaped(&mut self) -> Vec<usize> {
-        self.reaped.as_mut().map(std::mem::take).unwrap_or_default()
+    /// Evicts the consumer of entry `entry`, whose lease was seen as `seen`, for `reason` (a
+    /// `ring::lease::evict_reason`): a failure the producer met was attributable to that entry
+    /// alone, so that consumer goes and the others are served on. Returns whether it evicted.
+    pub(crate) fn evict(
+        &mut self,
+        entry: usize,
+        seen: u64,
+        reason: u32,
+    ) -> Result<bool, Corruption> {
+        let ring = self.map.ring();
+        let (evicted, wake) = crate::ring::evict(&ring, entry, seen, reason)?;
+        if evicted {
+            let why = crate::ring::lease::evict_reason::describe(reason);
+            let pid = crate::ring::lease::pid(seen);
+            tracing::warn!(ring = %self.name(), entry, pid, "consumer evicted: {why}");
+            self.core.forget_min_cursor();
+        }
+        if wake {
+            wait::wake_all(ring.consumer_wake);
+        }
+        Ok(evicted)
     }
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as

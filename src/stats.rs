@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::ring::layout::entry_state;
+use crate::ring::lease;
 use crate::ring::Ring;
 use crate::shm::process::ProcessId;
 
@@ -38,6 +38,9 @@ pub struct ConsumerInfo {
     pub holding: u64,
     /// Whether it is parked: an async receive waiting on its doorbell.
     pub parked: bool,
+    /// Whether the producer evicted it (see `gpuring stat`): it gates and holds nothing, and
+    /// its process gets an error at its next call.
+    pub evicted: bool,
 }
 
 /// Number of active consumers.
@@ -45,23 +48,22 @@ pub(crate) fn consumer_count(ring: &Ring<'_>) -> usize {
     ring.consumers
         .iter()
         // Relaxed: a snapshot for display or polling; nothing is read through it.
-        .filter(|e| e.state.load(Ordering::Relaxed) == entry_state::ACTIVE)
+        .filter(|e| lease::state(e.lease.load(Ordering::Relaxed)) == lease::ACTIVE)
         .count()
 }
 
-/// A snapshot of every active consumer.
+/// A snapshot of every active or evicted consumer.
 pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
     // Relaxed throughout: statistics, each value read once and only displayed.
     let head = ring.producer.head.load(Ordering::Relaxed);
     ring.consumers
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.state.load(Ordering::Relaxed) == entry_state::ACTIVE)
-        .map(|(index, e)| {
-            let id = ProcessId {
-                pid: e.pid.load(Ordering::Relaxed),
-                start_time: e.start_time.load(Ordering::Relaxed),
-            };
+        .map(|(index, e)| (index, e, e.lease.load(Ordering::Relaxed)))
+        .filter(|(_, _, l)| matches!(lease::state(*l), lease::ACTIVE | lease::EVICTED))
+        .map(|(index, e, l)| {
+            let id =
+                ProcessId { pid: lease::pid(l), start_time: e.start_time.load(Ordering::Relaxed) };
             let cursor = e.cursor.load(Ordering::Relaxed);
             ConsumerInfo {
                 index,
@@ -73,6 +75,7 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
                 lost: e.lost.load(Ordering::Relaxed),
                 holding: e.holding.load(Ordering::Relaxed),
                 parked: e.parked.load(Ordering::Relaxed) != 0,
+                evicted: lease::state(l) == lease::EVICTED,
             }
         })
         .collect()

@@ -88,6 +88,43 @@ pub(crate) fn wait_until<T>(
     }
 }
 
+/// Waits until `poll` returns `Some`, or `deadline` passes (then `None`), for a condition
+/// nobody wakes us for (a GPU event's completion, a peer's store we only poll): spin for
+/// `cfg.spin`, yield for three times that, then nap, from 10 µs doubling up to 1 ms. `poll`'s
+/// argument is true once per `cfg.tick`: the time for its slower checks (liveness).
+pub(crate) fn poll_until<T>(
+    cfg: WaitConfig,
+    deadline: Option<Instant>,
+    mut poll: impl FnMut(bool) -> Option<T>,
+) -> Option<T> {
+    let start = Instant::now();
+    let mut last_tick = start;
+    let mut nap = Duration::from_micros(10);
+    loop {
+        let tick = last_tick.elapsed() >= cfg.tick;
+        if tick {
+            last_tick = Instant::now();
+        }
+        if let Some(v) = poll(tick) {
+            return Some(v);
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return None;
+        }
+        let waited = now - start;
+        if waited < cfg.spin {
+            std::hint::spin_loop();
+        } else if waited < cfg.spin * 4 {
+            std::thread::yield_now();
+        } else {
+            let left = deadline.map_or(nap, |d| d.saturating_duration_since(now));
+            std::thread::sleep(nap.min(left));
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
 /// `FUTEX_WAIT` on `line.word` while it holds `word`, for at most `nap`.
 fn sleep(line: &WakeLine, word: u32, nap: Duration) {
     let ts =

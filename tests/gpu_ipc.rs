@@ -38,6 +38,7 @@ fn gpu_mismatches(k: &PatternKernels, s: &Stream, src: u64, seq: u64) -> u64 {
 fn ipc_pool_and_event_across_processes() {
     if role().is_some() {
         let ctx = Context::new(0).unwrap();
+        ctx.make_current().unwrap(); // the raw driver calls below run in it
         let k = PatternKernels::get(&ctx).unwrap();
         let s = Stream::new(&ctx).unwrap();
         let size: usize = env("SIZE");
@@ -58,6 +59,7 @@ fn ipc_pool_and_event_across_processes() {
         return;
     }
     let ctx = Context::new(0).unwrap();
+    ctx.make_current().unwrap(); // the raw driver calls below run in it
     let k = PatternKernels::get(&ctx).unwrap();
     let s = Stream::new(&ctx).unwrap();
     let pool = DevicePool::new(&ctx, LEN as usize).unwrap();

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use gpuring::ring::producer::ClaimError;
 use gpuring::ring::{
-    hold, reclaim, ConsumerCore, HeapRing, Policy, ProducerCore, Reclaim, StartAt,
+    hold, lease, reap, ConsumerCore, HeapRing, Leave, Policy, ProducerCore, StartAt,
 };
 
 struct Shared {
@@ -78,7 +78,7 @@ fn model(policy: Policy, capacity: u32, messages: u64) {
                             }
                         }
                     }
-                    core.leave(&ring);
+                    core.leave(&ring, Leave::Free);
                     shared.producer_wait.notify();
                 })
             })
@@ -160,7 +160,7 @@ fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
                     }
                 }
             }
-            live.leave(&ring);
+            live.leave(&ring, Leave::Free);
             s.producer_wait.notify();
         });
         let s = shared.clone();
@@ -194,7 +194,13 @@ fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
                         // dead process has, reclaim it.
                         Some(h) => {
                             h.join().unwrap();
-                            while reclaim(&ring, dead_index).unwrap() == Reclaim::Incomplete {
+                            // Pid 2 is the dead one; reap until its entry is free.
+                            let free = |ring: &gpuring::ring::Ring<'_>| {
+                                let l = ring.consumers[dead_index].lease.load(SeqCst);
+                                lease::state(l) == lease::FREE
+                            };
+                            while !free(&ring) {
+                                reap(&ring, |pid, _| pid != 2, |_, _| {}).unwrap();
                                 thread::yield_now();
                             }
                             // Consumers that found a slot frozen by the reclaim may wait.
@@ -274,7 +280,7 @@ fn parked_waiters_are_always_rung() {
                         shared.producer_wait.notify();
                     }
                 }
-                core.leave(&ring);
+                core.leave(&ring, Leave::Free);
             })
         };
         let ring = shared.ring.ring();
@@ -305,5 +311,73 @@ fn parked_waiters_are_always_rung() {
             }
         }
         consumer.join().unwrap();
+    });
+}
+
+/// The reaper (`ring::reclaim::reap`, with a liveness oracle standing in for /proc) runs while a
+/// live consumer (pid 2) joins. Whatever the interleaving, the joiner must end up owning an
+/// active entry: a reaper that mistakes a half-joined entry for a dead one frees it under the
+/// joiner.
+#[test]
+fn reap_never_frees_a_live_joiner() {
+    use loom::sync::atomic::AtomicBool;
+    builder().check(|| {
+        let shared = Shared::new(1, Policy::Block);
+        let joined = Arc::new(AtomicBool::new(false));
+        let (s, j) = (shared.clone(), joined.clone());
+        let joiner = thread::spawn(move || {
+            let core = ConsumerCore::join(&s.ring.ring(), StartAt::Next, 2, 2).unwrap();
+            j.store(true, SeqCst);
+            core.index()
+        });
+        let ring = shared.ring.ring();
+        // A start time not yet stored (None) is judged by the pid, as `shm::process` does.
+        let alive = |pid: u32, start: Option<u64>| pid == 2 && start.is_none_or(|s| s == 2);
+        while !joined.load(SeqCst) {
+            reap(&ring, alive, |_, _| {}).unwrap();
+            thread::yield_now();
+        }
+        reap(&ring, alive, |_, _| {}).unwrap();
+        let index = joiner.join().unwrap();
+        let l = ring.consumers[index].lease.load(SeqCst);
+        assert_eq!(lease::state(l), lease::ACTIVE, "a live joiner's entry was freed by the reaper");
+        assert_eq!(lease::pid(l), 2);
+    });
+}
+
+/// A consumer (pid 3) leaves and then dies while another (pid 2, alive) joins into the entry it
+/// left; the reaper runs throughout. The reaper may free pid 3's entry only while pid 3 owns
+/// it: the live joiner must end up owning an active entry.
+#[test]
+fn reap_never_frees_a_reused_entry() {
+    use loom::sync::atomic::AtomicBool;
+    builder().check(|| {
+        let shared = Shared::new(1, Policy::Block);
+        let dead3 = Arc::new(AtomicBool::new(false));
+        let first = ConsumerCore::join(&shared.ring.ring(), StartAt::Next, 3, 3).unwrap();
+        let s = shared.clone();
+        let d = dead3.clone();
+        let joiner = thread::spawn(move || {
+            let ring = s.ring.ring();
+            first.leave(&ring, Leave::Free);
+            d.store(true, SeqCst); // pid 3 exits
+            loop {
+                match ConsumerCore::join(&ring, StartAt::Next, 2, 2) {
+                    Ok(core) => return core.index(),
+                    Err(_) => thread::yield_now(),
+                }
+            }
+        });
+        let ring = shared.ring.ring();
+        let alive = |pid: u32, start: Option<u64>| match pid {
+            2 => start.is_none_or(|s| s == 2),
+            3 => start.is_none_or(|s| s == 3) && !dead3.load(SeqCst),
+            _ => false,
+        };
+        reap(&ring, alive, |_, _| {}).unwrap();
+        let index = joiner.join().unwrap();
+        let l = ring.consumers[index].lease.load(SeqCst);
+        assert_eq!(lease::state(l), lease::ACTIVE, "a live joiner's entry was freed by the reaper");
+        assert_eq!(lease::pid(l), 2);
     });
 }

@@ -367,6 +367,7 @@ pub fn raw_consumer(
 ) -> HashMap<&'static str, f64> {
     let sh = Shared::open(name);
     let ctx = Context::new(device).unwrap();
+    ctx.make_current().unwrap(); // the raw driver calls below run in it
     let stream = Stream::new(&ctx).unwrap();
     let k = Kernels::load(&ctx, &stream);
     sh.wait_flag(1);
@@ -448,6 +449,7 @@ pub fn launch_ceiling(o: &Opts, procs: usize, size: usize) -> f64 {
 pub fn launcher(start_ns: u128, size: usize, device: i32) -> HashMap<&'static str, f64> {
     let seconds: f64 = std::env::var("GPURING_GPU_BENCH_SECONDS").unwrap().parse().unwrap();
     let ctx = Context::new(device).unwrap();
+    ctx.make_current().unwrap(); // the raw driver calls below run in it
     let stream = Stream::new(&ctx).unwrap();
     let k = Kernels::load(&ctx, &stream);
     let buf = DevicePool::new(&ctx, size).unwrap();

@@ -138,6 +138,7 @@ fn main() {
         std::process::exit(2);
     }
     let ctx = Context::new(o.device).unwrap();
+    ctx.make_current().unwrap(); // the raw driver calls below run in it
     let stream = Stream::new(&ctx).unwrap();
     let k = kernels::Kernels::load(&ctx, &stream);
     let mut rep = report::Report::new(&o);

@@ -168,6 +168,7 @@ pub fn run_cell(
 /// The consumer process of a cell: prints one `RESULT` line.
 pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f64> {
     let ctx = Context::new(device).unwrap();
+    ctx.make_current().unwrap(); // the raw driver calls below run in it
     let setup = Stream::new(&ctx).unwrap();
     let k = Kernels::load(&ctx, &setup);
     setup.synchronize().unwrap();

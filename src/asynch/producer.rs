@@ -26,7 +26,7 @@ impl Producer {
     /// # Ok(()) }
     /// ```
     pub async fn acquire_async(&mut self) -> Result<WriteSlot<'_>, AcquireError> {
-        let slot = self.claim_async().await?;
+        let slot = self.claim_async(&mut crate::producer::no_hook()).await?;
         Ok(WriteSlot::new(self, slot))
     }
 
@@ -50,12 +50,15 @@ impl Producer {
     }
 
     /// Claims the next slot, awaiting it. Returns its index.
-    pub(crate) async fn claim_async(&mut self) -> Result<usize, AcquireError> {
+    pub(crate) async fn claim_async(
+        &mut self,
+        on_free: crate::producer::OnFree<'_>,
+    ) -> Result<usize, AcquireError> {
         let started = Instant::now();
         let mut last_reap = started;
         let mut waited = false;
         let claimed = loop {
-            match self.try_claim() {
+            match self.try_claim(on_free) {
                 Ok(slot) => break Ok(slot),
                 Err(TryAcquireError::Full) => {}
                 Err(TryAcquireError::Corrupt(c)) => break Err(AcquireError::Corrupt(c)),
@@ -73,7 +76,7 @@ impl Producer {
             drop(parked);
             if last_reap.elapsed() >= tick {
                 last_reap = Instant::now();
-                if let Err(c) = self.reap() {
+                if let Err(c) = self.reap_with(on_free) {
                     break Err(AcquireError::Corrupt(c));
                 }
             }

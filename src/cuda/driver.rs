@@ -176,6 +176,27 @@ pub unsafe fn primary_ctx_release(dev: CUdevice) -> DriverResult<()> {
     check("cuDevicePrimaryCtxRelease", unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) })
 }
 
+/// `cuCtxCreate_v2`: a new (non-primary) context of `dev`, current on the calling thread. For
+/// tests that stand in for a framework with a context of its own.
+///
+/// # Safety
+/// 1. The caller destroys it with [`ctx_destroy`] once nothing created in it is used any more.
+pub unsafe fn ctx_create(dev: CUdevice) -> DriverResult<CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `dev` came from `device`; (1) covers its lifetime.
+    check("cuCtxCreate_v2", unsafe { sys::cuCtxCreate_v2(&mut ctx, 0, dev) })?;
+    Ok(ctx)
+}
+
+/// `cuCtxDestroy_v2`.
+///
+/// # Safety
+/// 1. `ctx` must come from [`ctx_create`], and nothing created in it may be used afterwards.
+pub unsafe fn ctx_destroy(ctx: CUcontext) -> DriverResult<()> {
+    // SAFETY: by (1).
+    check("cuCtxDestroy_v2", unsafe { sys::cuCtxDestroy_v2(ctx) })
+}
+
 /// The calling thread's current context (null if none).
 pub fn ctx_get_current() -> DriverResult<CUcontext> {
     let mut ctx = std::ptr::null_mut();
@@ -401,6 +422,19 @@ pub unsafe fn stream_create() -> DriverResult<CUstream> {
 pub unsafe fn stream_destroy(s: CUstream) -> DriverResult<()> {
     // SAFETY: by (1).
     check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(s) })
+}
+
+/// `cuStreamQuery`: whether all work queued on `s` has completed. Never blocks.
+///
+/// # Safety
+/// 1. `s` must be a live stream.
+pub unsafe fn stream_query(s: CUstream) -> DriverResult<bool> {
+    // SAFETY: by (1).
+    match unsafe { sys::cuStreamQuery(s) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        code => Err(DriverError { call: "cuStreamQuery", code }),
+    }
 }
 
 /// `cuStreamSynchronize`. Never on the steady-state path: setup, teardown and tests only.

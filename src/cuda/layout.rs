@@ -1,13 +1,12 @@
 //! The shared structures a CUDA-memory segment adds to the host layout, and the checks a
 //! consumer makes on them before it forms a device pointer.
 //!
-//! * a [`GpuHeader`]: the producer's device and the flag that keeps consumers from destroying
-//!   events while the producer uses them;
+//! * a [`GpuHeader`]: the producer's device and how GPU work is fenced;
 //! * a pool table: which device allocations carry payload, by IPC handle;
 //! * per slot, a [`GpuSlotLine`]: the message's descriptor (pool, offset) and the 64-byte
 //!   handle of the slot's ready event;
 //! * per consumer and slot, a [`ConsumerSlot`]: that consumer's release event handle and the
-//!   sequence number it last released there, so the producer waits only on the consumers that
+//!   sequence number it last released there, so the producer waits only for the consumers that
 //!   read a slot's previous message.
 //!
 //! Like every shared structure, all fields are atomics; handles are stored as eight `u64`s.
@@ -48,11 +47,6 @@ impl Handle64 {
 pub struct GpuHeader {
     /// UUID of the producer's device (two little-endian halves). Written before `magic`.
     pub device_uuid: [AtomicU64; 2],
-    /// Nonzero while the producer is opening or waiting on consumers' release events. A leaving
-    /// consumer, after marking its entry free, waits for zero before destroying its events
-    /// (opening or waiting on an IPC event whose exporter destroyed it is undefined). Both
-    /// sides fence SeqCst between their store and their load; see `docs/gpu.md`.
-    pub producer_busy: AtomicU32,
     /// How GPU work is ordered across processes: a [`fence_kind`]. Written before `magic`.
     pub fence: AtomicU32,
     /// With [`fence_kind::MEMORY`]: the pool table entry that holds the fence words
@@ -70,20 +64,15 @@ pub mod fence_kind {
 }
 
 /// Bytes of fence words of a ring: per slot a *ready* word (the last published seq + 1 whose
-/// writes are complete), then per consumer entry and slot a *done* word (the last seq + 1 that
-/// consumer finished reading there).
-pub fn fence_bytes(capacity: usize, max_consumers: usize) -> usize {
-    8 * (capacity + capacity * max_consumers)
+/// writes are complete). There are no words the other way: the producer waits for its readers
+/// on the CPU, through their release events (docs/gpu.md, "Reusing a slot").
+pub fn fence_bytes(capacity: usize) -> usize {
+    8 * capacity
 }
 
 /// Offset of slot `slot`'s ready word in the fence words.
 pub fn ready_word(slot: usize) -> u64 {
     8 * slot as u64
-}
-
-/// Offset of consumer entry `entry`'s done word for slot `slot`.
-pub fn done_word(capacity: usize, entry: usize, slot: usize) -> u64 {
-    8 * (capacity + entry * capacity + slot) as u64
 }
 
 /// Loads a UUID kept as two little-endian halves.
@@ -151,9 +140,9 @@ pub struct ConsumerSlot {
     /// `seq + 1` of the message this consumer last released in this slot (0: none). Stored with
     /// Release after the release event was recorded.
     pub released: AtomicU64,
-    /// The consumer table entry's generation when its occupant wrote `release_event` (0:
-    /// never). The producer keys the events it opened by it. Stored with Release after the
-    /// handle, while no producer scan is running (see [`GpuHeader::producer_busy`]).
+    /// The consumer table entry's generation (see `ring::lease`) when its occupant wrote
+    /// `release_event`, while JOINING. Stored with Release after the handle; the producer opens
+    /// the handle only for an ACTIVE entry of that generation, and keys its import by it.
     pub generation: AtomicU32,
     /// The consumer's release event for this slot, recorded on its stream at release. Written
     /// when the consumer joins.

@@ -110,7 +110,10 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    /// Retains device `ordinal`'s primary context and makes it current on this thread.
+    /// Retains device `ordinal`'s primary context. The thread's current context is left as it
+    /// was (PyTorch's, another device's, or none): every gpuring call binds its context around
+    /// its own driver calls ([`bind`](Self::bind)). Call [`make_current`](Self::make_current) to
+    /// run driver calls of your own in it.
     ///
     /// ```no_run
     /// let ctx = gpuring::cuda::Context::new(0)?; // GPU 0
@@ -121,9 +124,7 @@ impl Context {
         driver::available().map_err(CudaError::Unavailable)?;
         let dev = driver::device(ordinal)?;
         let ctx = driver::primary_ctx_retain(dev)?;
-        let c = Context { dev, ordinal, ctx };
-        c.make_current()?;
-        Ok(Arc::new(c))
+        Ok(Arc::new(Context { dev, ordinal, ctx }))
     }
 
     /// Makes this context current on the calling thread, and leaves it so.

@@ -88,6 +88,20 @@ impl Stream {
         &self.ctx
     }
 
+    /// Whether everything queued on the stream has completed (`cuStreamQuery`); never blocks.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// assert!(stream.is_idle()?); // nothing queued yet
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_idle(&self) -> Result<bool, DriverError> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: `raw` is live by the invariant.
+        unsafe { driver::stream_query(self.raw) }
+    }
+
     /// Blocks the calling thread until the stream's work is done. For setup, teardown and tests:
     /// gpuring's steady-state path never calls it.
     ///

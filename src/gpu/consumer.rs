@@ -9,46 +9,24 @@ use super::error::GpuRecvError;
 use super::fence::order_after;
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::layout::{
-    check_descriptor, done_word, fence_bytes, fence_kind, load_uuid, pool_state, ready_word,
-    KnownPool, MAX_POOLS,
+    check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, KnownPool,
+    MAX_POOLS,
 };
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
 use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
 use crate::mapped::MappedRing;
-use crate::ring::Pinned;
-use crate::shm::process::ProcessId;
+use crate::ring::{Leave, Pinned};
 use crate::shm::{MemoryKind, Params};
+use crate::wait;
 use crate::{Consumer, ConsumerBuilder};
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
 const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
 
-/// How long a joining or leaving consumer waits for a live producer to finish a scan of the
-/// release events before it gives up (a scan takes microseconds; only a hung producer is
-/// slower).
-const BUSY_PATIENCE: Duration = Duration::from_secs(10);
-
-/// Waits until the producer is not scanning release events (`producer_busy == 0`), while
-/// `producer_alive` says it could be. Returns false if it gave up after [`BUSY_PATIENCE`].
-fn wait_not_busy(map: &MappedRing, mut producer_alive: impl FnMut() -> bool) -> bool {
-    let busy = &map.gpu().header.producer_busy;
-    let started = Instant::now();
-    let mut checked = started;
-    // Acquire: pairs with the producer's Release store of 0 after its waits were enqueued.
-    while busy.load(Ordering::Acquire) != 0 {
-        if checked.elapsed() > Duration::from_millis(10) {
-            checked = Instant::now();
-            if !producer_alive() {
-                return true;
-            }
-            if started.elapsed() > BUSY_PATIENCE {
-                return false;
-            }
-        }
-        std::thread::yield_now();
-    }
-    true
-}
+/// How long a leaving consumer waits for the producer to drop its imports of the consumer's
+/// release events before it gives up and leaves the events to process exit (docs/gpu.md,
+/// "Leaving"). A producer that acquires, or is closing, answers within a liveness interval.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
 
 impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
@@ -64,11 +42,11 @@ impl ConsumerBuilder {
     /// ```
     pub fn open_gpu(self) -> Result<GpuConsumer, OpenError> {
         let (device, poll) = (self.device, self.gpu_poll);
-        let (inner, side) = self.open_kind(MemoryKind::Cuda, |map, entry| {
+        let (inner, side) = self.open_kind(MemoryKind::Cuda, |map, entry, generation| {
             driver::available().map_err(|why| OpenError::MemoryUnavailable {
                 reason: format!("CUDA unavailable: {why}"),
             })?;
-            GpuSide::join(map, entry, device)
+            GpuSide::join(map, entry, generation, device)
         })?;
         Ok(GpuConsumer { inner, side, poll })
     }
@@ -155,7 +133,12 @@ fn uuid_hex(u: &[u8; 16]) -> String {
 impl GpuSide {
     /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device,
     /// creates and publishes our release events, opens the ready events and the live pools.
-    fn join(map: &MappedRing, entry: usize, device: Option<i32>) -> Result<GpuSide, OpenError> {
+    fn join(
+        map: &MappedRing,
+        entry: usize,
+        generation: u32,
+        device: Option<i32>,
+    ) -> Result<GpuSide, OpenError> {
         let tables = map.gpu();
         let ring_uuid = load_uuid(&tables.header.device_uuid);
         let ordinal = match device {
@@ -194,30 +177,22 @@ impl GpuSide {
             });
         }
         let ctx = Context::new(ordinal).map_err(cuda_err)?;
-        // Our entry is JOINING. SeqCst, against the fences of the producer's scan and of its
-        // close: either the producer sees our entry taken (it skips a JOINING entry, and a
-        // closing producer waits for us), or we see its `busy` flag (and wait below before
-        // writing the release lines a scan that began earlier may still be reading) and its
-        // `closed` (and give up, as its memory is about to go).
+        // Our entry is JOINING. SeqCst, against the fence of the producer's close: either the
+        // closing producer sees our entry taken (and waits for us), or we see `closed` (and
+        // give up, as its memory is about to go).
         fence(Ordering::SeqCst);
-        let p = map.params();
-        let producer = ProcessId { pid: p.producer_pid, start_time: p.producer_start_time };
-        if !wait_not_busy(map, || producer.is_alive()) {
-            let reason = "the producer has been busy for 10 s (hung in the driver?)".to_owned();
-            return Err(OpenError::MemoryUnavailable { reason });
-        }
         // Acquire: pairs with the producer's Release store of `closed`.
         if map.header().closed.load(Ordering::Acquire) != 0 {
             return Err(OpenError::Disconnected);
         }
-        // Relaxed: our own entry, bumped by our claim.
-        let generation = map.ring().consumers[entry].generation.load(Ordering::Relaxed);
+        // Our release lines: the producer reads them only once our entry is ACTIVE in this
+        // generation, so nobody reads them while we write.
         let mut release = Vec::with_capacity(tables.capacity);
         for line in tables.releases_of(entry) {
             let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
             let handle = ev.ipc_handle().map_err(cuda_err)?;
             line.release_event.store(&driver::event_handle_bytes(&handle));
-            // Relaxed: published by the Release store of ACTIVE when we join.
+            // Relaxed: published by the Release CAS to ACTIVE when we join.
             line.released.store(0, Ordering::Relaxed);
             // Release: a producer that Acquire-loads this generation sees the handle above.
             line.generation.store(generation, Ordering::Release);
@@ -268,7 +243,7 @@ impl GpuSide {
                     return Err(bad("gpu.fence_pool", p as u64));
                 };
                 let params = map.params();
-                let need = fence_bytes(params.capacity as usize, params.max_consumers as usize);
+                let need = fence_bytes(params.capacity as usize);
                 if (pool.known.size as usize) < need {
                     return Err(bad("gpu.fence_pool size", pool.known.size));
                 }
@@ -670,23 +645,10 @@ impl GpuConsumer {
         unsafe { order_after(&self.side.ready[m.slot], word, self.poll, &self.side.ctx, stream) }
     }
 
-    /// With `Fence::Memory`: queues on `stream` the write of our done word for `m`'s slot
-    /// (`m.seq + 1`), before the release event is recorded.
-    fn write_done(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
-        let Some(words) = self.side.words else { return Ok(()) };
-        let cap = self.inner.capacity() as usize;
-        let word = words + done_word(cap, self.inner.entry(), m.slot);
-        let _bound = self.side.ctx.bind()?;
-        // SAFETY: the word lies in the fence pool we mapped (size checked at join for every
-        // entry and slot), kept mapped while we live; the stream is live.
-        unsafe { driver::stream_write_value64(stream.raw(), word, m.seq + 1) }
-    }
-
-    /// Records the release event of `m`'s slot on `stream` (after the done word, with
-    /// `Fence::Memory`), then releases the slot.
+    /// Records the release event of `m`'s slot on `stream`, then releases the slot. The
+    /// producer polls that event before it rewrites the slot.
     fn release(&self, m: &Pinned, stream: &Stream) -> Result<(), CudaError> {
-        let recorded =
-            self.write_done(m, stream).and_then(|()| self.side.release[m.slot].record(stream));
+        let recorded = self.side.release[m.slot].record(stream);
         if recorded.is_err() {
             // Without the event the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
@@ -695,7 +657,7 @@ impl GpuConsumer {
             let _ = stream.synchronize();
         }
         let line = &self.inner.map().gpu().releases_of(self.inner.entry())[m.slot];
-        // Release: pairs with the producer's Acquire load; it waits on the event recorded
+        // Release: pairs with the producer's Acquire load; it waits for the event recorded
         // above only when it sees this value.
         line.released.store(m.seq + 1, Ordering::Release);
         self.inner.release(m.slot);
@@ -704,23 +666,92 @@ impl GpuConsumer {
 }
 
 impl Drop for GpuConsumer {
+    /// Leaves in the order that keeps every CUDA object valid while someone uses it
+    /// (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the producer
+    /// (mappings, ready events); we give back what we hold and retire the entry; the producer
+    /// drops its imports of our release events and frees the entry; only then do we destroy
+    /// those events.
     fn drop(&mut self) {
-        // Our reads end before we leave: the producer stops waiting on our events then.
-        for ev in &self.side.release {
-            let _ = ev.synchronize();
+        if !self.wait_idle() {
+            // Our stream waits on a fence of a dead producer that will never complete: nothing
+            // it queued may be closed or destroyed under it. Leave it all to process exit.
+            tracing::warn!(ring = %self.name(), "the producer died with our GPU work waiting on it");
+            self.inner.leave(Leave::Free);
+            let side = std::mem::replace(&mut self.side.pools, RefCell::new(Vec::new()));
+            std::mem::forget(side);
+            std::mem::forget(std::mem::take(&mut self.side.ready));
+            std::mem::forget(std::mem::take(&mut self.side.release));
+            return;
         }
-        let _ = self.side.stream.synchronize();
-        self.inner.leave();
-        // SeqCst, against the producer's fence between raising `producer_busy` and loading
-        // entry states: it either saw us FREE or we see its flag and wait for it to finish
-        // with our events before they are destroyed (when `side` drops after this).
-        fence(Ordering::SeqCst);
-        let inner = &self.inner;
-        if !wait_not_busy(inner.map(), || inner.producer_alive()) {
-            // A live producer that stays busy this long is hung in the driver; destroying
-            // events it may be using is undefined, so leave them to process exit.
+        let (entry, generation) = (self.inner.entry(), self.inner.generation());
+        self.side.pools.borrow_mut().clear();
+        self.side.ready.clear();
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
+        let left = self.inner.leave(Leave::Retire);
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer retiring");
+        let Some(retiring) = left.and_then(|l| l.retiring) else {
+            // The entry was not ours any more: nobody acknowledges it. Keep the events alive
+            // in case the producer still has them open.
+            std::mem::forget(std::mem::take(&mut self.side.release));
+            return;
+        };
+        if self.wait_retired(retiring) {
+            self.side.release.clear();
+            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer release events destroyed");
+        } else {
+            let ring = self.inner.map().ring();
+            crate::ring::consumer::give_up_retiring(&ring, entry, retiring);
+            tracing::info!(
+                ring = %self.name(), entry,
+                "the producer did not let go of our release events in time: they stay until exit"
+            );
             std::mem::forget(std::mem::take(&mut self.side.release));
         }
+    }
+}
+
+impl GpuConsumer {
+    /// Waits until our GPU work is done: the stream and every release event complete. Polls,
+    /// checking the producer's liveness once per liveness interval; false if the producer died
+    /// and our work still waits (on a fence of its that will never complete).
+    fn wait_idle(&self) -> bool {
+        let idle = || {
+            self.side.stream.is_idle().unwrap_or(true)
+                && self.side.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
+        };
+        let mut producer_dead_since = None;
+        let config = self.inner.wait_config();
+        wait::poll_until(config, None, |tick| {
+            if idle() {
+                return Some(true);
+            }
+            if tick && producer_dead_since.is_none() && !self.inner.producer_alive() {
+                producer_dead_since = Some(Instant::now());
+            }
+            // Grace for work that was about to complete when the producer died.
+            let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            gone.then_some(false)
+        })
+        .unwrap_or(false)
+    }
+
+    /// After retiring our entry as `retiring`: waits until the producer has let go of it (it
+    /// dropped its imports of our release events), or is closed and gone, or is dead; false
+    /// after [`LEAVE_PATIENCE`] without that.
+    fn wait_retired(&self, retiring: u64) -> bool {
+        let ring = self.inner.map().ring();
+        let entry = self.inner.entry();
+        let config = self.inner.wait_config();
+        let deadline = Some(Instant::now() + LEAVE_PATIENCE);
+        let mut first = true;
+        wait::poll_until(config, deadline, |tick| {
+            if crate::ring::consumer::retire_done(&ring, entry, retiring) {
+                return Some(());
+            }
+            let look = std::mem::replace(&mut first, false) || tick;
+            (look && !self.inner.producer_alive()).then_some(())
+        })
+        .is_some()
     }
 }
 

@@ -4,8 +4,9 @@
 //! fenced. Each slot is a region of a dedicated device allocation, shared once per consumer with
 //! a legacy IPC handle. Publishing records the slot's ready event on the producer's stream; a
 //! consumer's stream waits on it before its kernels read. Releasing records the consumer's own
-//! release event; the producer's stream waits on those before it rewrites the slot. The CPU
-//! never waits for the GPU. See `docs/gpu.md`.
+//! release event; the producer polls those (on the CPU, a lap later) before it rewrites the
+//! slot, so its stream never depends on work another process may never run. Consumers never
+//! wait for the GPU on the CPU. See `docs/gpu.md`.
 
 mod consumer;
 mod error;

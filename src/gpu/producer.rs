@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 use super::error::{GpuAcquireError, GpuPublishError, RegisterError};
 use super::Fence;
 use crate::cuda::driver::{self, CUdeviceptr};
-use crate::cuda::layout::{
-    done_word, fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS,
-};
+use crate::cuda::layout::{fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS};
 use crate::cuda::{Context, CudaError, DevicePool, IpcEvent, Stream};
 use crate::error::{AcquireTimeoutError, CreateError, PublishError, TryAcquireError};
 use crate::mapped::MappedRing;
-use crate::ring::layout::entry_state;
+use crate::ring::lease::{self, evict_reason};
+use crate::ring::Ring;
 use crate::shm::process::ProcessId;
 use crate::shm::MemoryKind;
-use crate::{wait, Policy, Producer, ProducerBuilder};
+use crate::wait::{self, WaitConfig};
+use crate::{Policy, Producer, ProducerBuilder};
 
 /// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
 ///
@@ -59,14 +59,15 @@ impl ProducerBuilder {
         self.create_gpu_inner(ordinal)
     }
 
-    /// CUDA rings: how long `acquire` polls a pending release event of a slot's previous
-    /// readers on the CPU (`cuEventQuery`) before it makes the stream wait for it on the GPU
-    /// instead. Default [`crate::DEFAULT_GPU_POLL`].
+    /// CUDA rings: how long `acquire` spins on a pending release event of a slot's previous
+    /// readers (`cuEventQuery`, ~50 ns a look) before it starts yielding the CPU and napping.
+    /// Default [`crate::DEFAULT_GPU_POLL`]. (The producer waits for its readers on the CPU,
+    /// never on the GPU: see docs/gpu.md, "Reusing a slot".)
     ///
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// // Hand every pending wait to the GPU at once: lowest latency for a mostly idle ring.
+    /// // Yield at once: for a producer thread that shares its core with other work.
     /// let tx = gpuring::Producer::builder("cam0").gpu_poll(Duration::ZERO).create_gpu(0)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -159,8 +160,7 @@ impl PoolMemory {
 
 /// A consumer's release event for one slot, opened in our context.
 struct ReaderEvent {
-    /// The release line's `generation` when it was opened: which occupant of the consumer table
-    /// entry exported it.
+    /// The consumer table entry's generation when it was opened: which occupant exported it.
     generation: u32,
     event: IpcEvent,
 }
@@ -177,10 +177,12 @@ struct GpuSide {
     stride: usize,
     ready: Vec<IpcEvent>,
     /// Per consumer table entry and slot, the release event we opened (`capacity` per entry).
+    /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
+    /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
     readers: Vec<Option<ReaderEvent>>,
     capacity: usize,
-    /// With `Fence::Memory`: the device address of the fence words (in `pools[fence_pool]`,
-    /// zeroed at creation; `cuda::layout::fence_bytes` long).
+    /// With `Fence::Memory`: the device address of the slots' ready words (in
+    /// `pools[fence_pool]`, zeroed at creation; `cuda::layout::fence_bytes` long).
     words: Option<CUdeviceptr>,
 }
 
@@ -226,7 +228,7 @@ impl GpuSide {
                         .into(),
                 ));
             }
-            let bytes = fence_bytes(capacity, map.params().max_consumers as usize);
+            let bytes = fence_bytes(capacity);
             let words = DevicePool::new(ctx, bytes)?;
             {
                 let _bound = ctx.bind()?;
@@ -287,72 +289,89 @@ impl GpuSide {
         Ok(PoolId(index as u32))
     }
 
-    /// Makes `stream` wait for the release events of every active consumer that read message
-    /// `prev` (in slot `slot`): their last record there is that read's release.
-    fn wait_for_readers(
+    /// Drops our imports of entry `entry`'s release events: the producer is about to free the
+    /// entry (its consumer retired, died or was evicted), after which its owner may destroy
+    /// them.
+    fn forget_reader(&mut self, entry: usize, generation: u32) {
+        let cap = self.capacity;
+        let mine = &mut self.readers[entry * cap..(entry + 1) * cap];
+        if mine.iter().any(Option::is_some) {
+            mine.iter_mut().for_each(|r| *r = None);
+            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "producer imports dropped");
+        }
+    }
+
+    /// The release event of consumer `entry` (whose lease we saw as `seen`, ACTIVE) for
+    /// `slot`, opened once per occupant. `Err(None)`: the entry moved on meanwhile (skip it);
+    /// `Err(Some(e))`: its handle is bad (evict it).
+    fn reader_event(
         &mut self,
         map: &MappedRing,
+        entry: usize,
+        seen: u64,
         slot: usize,
-        prev: u64,
-        stream: &Stream,
-        poll: Duration,
-    ) -> Result<(), CudaError> {
-        let ring = map.ring();
-        let tables = map.gpu();
-        let busy = &tables.header.producer_busy;
-        // Relaxed, then the SeqCst fence: a consumer that leaves (or joins) stores FREE (or
-        // JOINING), fences SeqCst and then loads `busy`. Either its load sees our 1 (and it
-        // waits for our 0 before destroying or writing events) or our state load below sees
-        // its store (and we skip the entry).
-        busy.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let result = (|| {
-            for (e, entry) in ring.consumers.iter().enumerate() {
-                // Acquire: pairs with the consumer's Release store of ACTIVE, after it wrote its
-                // release-event handles.
-                if entry.state.load(Ordering::Acquire) != entry_state::ACTIVE {
-                    continue;
-                }
-                let line = &tables.releases_of(e)[slot];
-                // Acquire: pairs with the consumer's Release store made after it recorded its
-                // release event for `prev`.
-                if line.released.load(Ordering::Acquire) != prev + 1 {
-                    continue;
-                }
-                // Acquire: pairs with the consumer's Release store after the handle. While we
-                // are busy no consumer writes a release line (joiners wait for `busy == 0`), so
-                // the handle and this generation belong together.
-                let generation = line.generation.load(Ordering::Acquire);
-                let cached = &mut self.readers[e * self.capacity + slot];
-                if cached.as_ref().is_none_or(|r| r.generation != generation) {
-                    *cached = None; // a former occupant's import, dropped before the new open
-                    let h = driver::event_handle_from_bytes(&line.release_event.load());
-                    let event = IpcEvent::open(&self.ctx, h)?;
-                    *cached = Some(ReaderEvent { generation, event });
-                }
-                // A reader whose release already completed needs no wait (see `wait_if_pending`).
-                let event = &cached.as_ref().expect("opened above").event;
-                let word = self.words.map(|w| (w + done_word(self.capacity, e, slot), prev + 1));
-                // SAFETY: the done word lies in our fence words, alive as long as the producer
-                // (and left to process exit if the producer cannot wait for its work); consumer
-                // `e` writes prev + 1 there after reading message `prev`.
-                unsafe { super::fence::order_after(event, word, poll, &self.ctx, stream) }?;
+    ) -> Result<&IpcEvent, Option<CudaError>> {
+        let generation = lease::generation(seen);
+        let cached = &mut self.readers[entry * self.capacity + slot];
+        if cached.as_ref().is_none_or(|r| r.generation != generation) {
+            *cached = None; // a former occupant's import, dropped before the new open
+            let line = &map.gpu().releases_of(entry)[slot];
+            // Acquire: pairs with the consumer's Release store after it wrote the handle,
+            // while it was JOINING. An ACTIVE entry's lines all carry its generation; another
+            // value is a damaged line.
+            if line.generation.load(Ordering::Acquire) != generation {
+                return Err(Some(CudaError::Unavailable(
+                    "a release line of another generation".into(),
+                )));
             }
-            Ok(())
-        })();
-        // Release: our waits are enqueued before a leaving consumer sees 0 and destroys events.
-        busy.store(0, Ordering::Release);
-        result
+            let handle = driver::event_handle_from_bytes(&line.release_event.load());
+            // Acquire: the handle was read while the entry still had the lease we saw (it
+            // cannot have been rewritten by a new occupant: that needs the entry freed, which
+            // only we do, or given up by a retiring owner long after).
+            if map.ring().consumers[entry].lease.load(Ordering::Acquire) != seen {
+                return Err(None);
+            }
+            let event = IpcEvent::open(&self.ctx, handle).map_err(|e| Some(e.into()))?;
+            *cached = Some(ReaderEvent { generation, event });
+        }
+        Ok(&cached.as_ref().expect("opened above").event)
     }
+}
+
+/// Whether every owned entry of `ring` is gone for a closing producer: free, retired (its owner
+/// closed what it mapped before retiring), or owned by a dead process.
+fn consumers_gone(ring: &Ring<'_>) -> bool {
+    ring.consumers.iter().all(|e| {
+        // Acquire: pairs with a retiring consumer's Release CAS, made after it closed its
+        // mappings of our memory.
+        let l = e.lease.load(Ordering::Acquire);
+        match lease::state(l) {
+            lease::FREE | lease::RETIRING => true,
+            _ => {
+                // Relaxed: identifies a process to probe; nothing is read through it.
+                let start_time = e.start_time.load(Ordering::Relaxed);
+                let owner = ProcessId { pid: lease::pid(l), start_time };
+                if start_time == 0 {
+                    !crate::shm::process::is_running(owner.pid)
+                } else {
+                    !owner.is_alive()
+                }
+            }
+        }
+    })
 }
 
 /// The single producer of a CUDA-memory ring. Create it with [`ProducerBuilder::create_gpu`].
 ///
-/// Each slot is a region of device memory. [`acquire`](Self::acquire) hands one out with a
-/// stream that already waits (on the GPU) for the consumers still reading the slot's previous
-/// message; write the frame on that stream, then [`publish`](GpuWriteSlot::publish), which
-/// records the slot's ready event on it. Nothing here blocks in the driver; `acquire` polls the
-/// slot's previous ready event so that the CPU stays at most one lap ahead of the GPU.
+/// Each slot is a region of device memory. [`acquire`](Self::acquire) hands one out once the
+/// consumers that read the slot's previous message have finished reading it on their GPUs
+/// (their release events, polled on the CPU); write the frame on the slot's stream, then
+/// [`publish`](GpuWriteSlot::publish), which records the slot's ready event on it. The
+/// producer's stream never waits on a consumer's fence, so a consumer killed with its work
+/// queued cannot stall it (docs/gpu.md, "Reusing a slot"). Nothing here blocks in the driver;
+/// `acquire` also polls the slot's previous ready event so that the CPU stays at most one lap
+/// ahead of the GPU. While it waits it reaps dead consumers and evicts one whose release event
+/// cannot be opened or queried.
 ///
 /// Dropping it closes the ring, waits up to the linger time (default 5 s, see
 /// [`set_linger`](Self::set_linger)) for consumers to leave, and frees the device memory. If a
@@ -381,7 +400,7 @@ pub struct GpuProducer {
     stream: Stream,
     unfenced: bool,
     linger: Duration,
-    /// How long `acquire` polls a reader's pending release event before a GPU-side wait.
+    /// How long `acquire` spins on a pending event before it yields and naps.
     poll: Duration,
 }
 
@@ -505,7 +524,8 @@ impl GpuProducer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reap(&mut self) -> Result<usize, crate::Corruption> {
-        self.inner.reap()
+        let GpuProducer { inner, gpu, .. } = self;
+        Ok(inner.reap_with(&mut |e, g| gpu.forget_reader(e, g))?.freed as usize)
     }
 
     /// The ring instance's epoch.
@@ -623,8 +643,9 @@ impl GpuProducer {
         Some((p.ptr(), p.size()))
     }
 
-    /// The next slot if one is free now, its stream waiting for the slot's last readers.
-    /// `Full` leaves nothing claimed.
+    /// The next slot if it is free now: its previous message's readers are done with it.
+    /// After `Full` the next acquire picks up where this one stopped (the slot may already be
+    /// claimed, which costs a consumer of an `Overwrite` ring that message, no more).
     ///
     /// ```no_run
     /// use gpuring::gpu::GpuAcquireError;
@@ -641,14 +662,14 @@ impl GpuProducer {
         self.acquire_with(None, Patience::Now)
     }
 
-    /// The next slot, waiting as long as it takes; the producer's stream waits for the slot's
-    /// last readers.
+    /// The next slot, waiting as long as it takes (for the slowest consumer under `Block`, and
+    /// for the GPU reads of the consumers of the slot's previous message).
     ///
     /// ```no_run
     /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
     /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
     /// let slot = tx.acquire()?;
-    /// render(slot.ptr(), 4096, slot.stream()); // already waits for the slot's last readers
+    /// render(slot.ptr(), 4096, slot.stream()); // the slot's last readers are done with it
     /// slot.publish(4096, b"")?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -666,7 +687,8 @@ impl GpuProducer {
         self.acquire_with(None, Patience::Forever)
     }
 
-    /// The next slot, waiting at most `timeout`. `Timeout` leaves nothing claimed.
+    /// The next slot, waiting at most `timeout`. After `Timeout` the next acquire picks up
+    /// where this one stopped, as after [`try_acquire`](Self::try_acquire)'s `Full`.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -687,16 +709,15 @@ impl GpuProducer {
         self.acquire_with(None, Patience::Until(Instant::now() + timeout))
     }
 
-    /// Like [`acquire`](Self::acquire), but the wait for the slot's readers goes on `stream`
-    /// (your decoder's or kernel's stream, of this producer's device), and `publish` records
-    /// the ready event there.
+    /// Like [`acquire`](Self::acquire), but the slot is written on `stream` (your decoder's or
+    /// kernel's stream, of this producer's device): `publish` records the ready event there.
     ///
     /// ```no_run
     /// use gpuring::cuda::Stream;
     /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
     /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
     /// let decoder_stream = Stream::new(tx.context())?;
-    /// let slot = tx.acquire_on(&decoder_stream)?; // `decoder_stream` waits for the old readers
+    /// let slot = tx.acquire_on(&decoder_stream)?; // the old readers are done with the slot
     /// render(slot.ptr(), 4096, &decoder_stream);
     /// slot.publish(4096, b"")?; // the ready event is recorded on `decoder_stream`
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -709,8 +730,8 @@ impl GpuProducer {
         self.acquire_with(Some(stream), Patience::Forever)
     }
 
-    /// [`acquire_on`](Self::acquire_on), waiting at most `timeout`. `Timeout` leaves nothing
-    /// claimed.
+    /// [`acquire_on`](Self::acquire_on), waiting at most `timeout` (see
+    /// [`acquire_timeout`](Self::acquire_timeout)).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -748,8 +769,8 @@ impl GpuProducer {
     }
 
     /// Waits (as `patience` allows) for the GPU to have finished writing the next slot's
-    /// previous message (see `docs/gpu.md`, "Run-ahead"), claims the slot, makes the stream
-    /// wait for the readers of that previous message, and hands the slot out.
+    /// previous message (see `docs/gpu.md`, "Run-ahead"), claims the slot, waits for the
+    /// readers of that previous message, and hands the slot out.
     fn acquire_with<'a>(
         &'a mut self,
         stream: Option<&'a Stream>,
@@ -759,79 +780,117 @@ impl GpuProducer {
         let cap = self.inner.capacity() as u64;
         let next_slot = (seq % cap) as usize;
         if seq >= cap {
-            self.wait_written(next_slot, patience)?;
+            self.wait_until_done(patience, |p| p.written(next_slot))?;
         }
+        let GpuProducer { inner, gpu, .. } = &mut *self;
+        let on_free = &mut |e, g| gpu.forget_reader(e, g);
         let slot = match patience {
-            Patience::Now => self.inner.try_claim().map_err(|e| match e {
+            Patience::Now => inner.try_claim(on_free).map_err(|e| match e {
                 TryAcquireError::Full => GpuAcquireError::Full,
                 TryAcquireError::Corrupt(c) => GpuAcquireError::Corrupt(c),
             })?,
-            Patience::Until(d) => self.claim(Some(d))?,
-            Patience::Forever => self.claim(None)?,
+            Patience::Until(d) => claim_error(inner.claim_until(Some(d), on_free))?,
+            Patience::Forever => claim_error(inner.claim_until(None, on_free))?,
         };
         debug_assert_eq!(slot, next_slot);
-        self.finish_acquire(seq, slot, stream)
-    }
-
-    /// After claiming `slot` for message `seq`: forgets the events of reaped consumers, makes
-    /// the stream wait for the readers of the slot's previous message, and hands the slot out.
-    fn finish_acquire<'a>(
-        &'a mut self,
-        seq: u64,
-        slot: usize,
-        stream: Option<&'a Stream>,
-    ) -> Result<GpuWriteSlot<'a>, GpuAcquireError> {
-        let cap = self.inner.capacity() as u64;
-        for entry in self.inner.take_reaped() {
-            // A dead consumer's events: never waited on again (its entry is no longer ACTIVE);
-            // drop our imports of them.
-            let cap = self.gpu.capacity;
-            self.gpu.readers[entry * cap..(entry + 1) * cap].iter_mut().for_each(|r| *r = None);
-        }
         if seq >= cap && !self.unfenced {
-            let s = stream.unwrap_or(&self.stream);
-            self.gpu
-                .wait_for_readers(self.inner.map(), slot, seq - cap, s, self.poll)
-                .map_err(GpuAcquireError::Cuda)?;
+            self.wait_until_done(patience, |p| p.readers_done(slot, seq - cap))?;
         }
         Ok(GpuWriteSlot { producer: self, slot, stream })
     }
 
-    /// Polls (never blocks in the driver) until slot `slot`'s ready event, recorded when its
-    /// previous message was published, has completed on the GPU. This bounds how far the CPU
-    /// runs ahead of the GPU to one lap of the ring; without it, a producer faster than the GPU
-    /// fills the driver's launch queue and latency grows to tens of milliseconds.
-    fn wait_written(&self, slot: usize, patience: Patience) -> Result<(), GpuAcquireError> {
-        let ev = &self.gpu.ready[slot];
-        // Poll hard for the producer's spin time (a GPU a few microseconds behind is the common
-        // case, and an OS sleep costs tens of microseconds), then yield, then nap briefly.
-        let start = Instant::now();
-        let spin = self.inner.wait_config().spin;
-        let mut polls = 0u32;
-        while !ev.is_complete()? {
-            match patience {
-                Patience::Now => return Err(GpuAcquireError::Full),
-                Patience::Until(d) if Instant::now() >= d => return Err(GpuAcquireError::Timeout),
-                _ => {}
+    /// Polls `done` until it says yes, as `patience` allows, reaping the consumer table once
+    /// per liveness interval meanwhile (dead consumers are noticed, retiring ones let go).
+    /// Through the one polling wait of `crate::wait`: spin for `gpu_poll`, then yield and nap.
+    fn wait_until_done(
+        &mut self,
+        patience: Patience,
+        mut done: impl FnMut(&mut Self) -> Result<bool, GpuAcquireError>,
+    ) -> Result<(), GpuAcquireError> {
+        if done(self)? {
+            return Ok(());
+        }
+        let deadline = match patience {
+            Patience::Now => return Err(GpuAcquireError::Full),
+            Patience::Until(d) => Some(d),
+            Patience::Forever => None,
+        };
+        let config = WaitConfig { spin: self.poll, ..self.inner.wait_config() };
+        let r = wait::poll_until(config, deadline, |tick| {
+            if tick {
+                if let Err(c) = self.reap_now() {
+                    return Some(Err(c));
+                }
             }
-            polls += 1;
-            let waited = start.elapsed();
-            if waited < spin {
-                std::hint::spin_loop();
-            } else if waited < spin * 4 || polls % 16 != 0 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
+            match done(self) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            }
+        });
+        r.unwrap_or(Err(GpuAcquireError::Timeout))
+    }
+
+    /// Reaps the consumer table now, dropping our imports of the entries it frees.
+    fn reap_now(&mut self) -> Result<(), GpuAcquireError> {
+        let GpuProducer { inner, gpu, .. } = self;
+        inner.reap_with(&mut |e, g| gpu.forget_reader(e, g)).map_err(GpuAcquireError::Corrupt)?;
+        Ok(())
+    }
+
+    /// Whether slot `slot`'s ready event, recorded when its previous message was published,
+    /// has completed on the GPU. Waiting for it bounds how far the CPU runs ahead of the GPU
+    /// to one lap of the ring; without it, a producer faster than the GPU fills the driver's
+    /// launch queue and latency grows to tens of milliseconds.
+    fn written(&mut self, slot: usize) -> Result<bool, GpuAcquireError> {
+        Ok(self.gpu.ready[slot].is_complete()?)
+    }
+
+    /// Whether every active consumer that read message `prev` in slot `slot` (its release line
+    /// says so) has finished reading it on its GPU: its release event for the slot completed.
+    /// A consumer whose event cannot be opened or queried is evicted (the failure is its entry's
+    /// alone) and no longer waited for.
+    fn readers_done(&mut self, slot: usize, prev: u64) -> Result<bool, GpuAcquireError> {
+        let mut busy = false;
+        for e in 0..self.inner.map().ring().consumers.len() {
+            let map = self.inner.map();
+            // Acquire: pairs with the consumer's Release CAS to ACTIVE, after it wrote its
+            // release lines.
+            let seen = map.ring().consumers[e].lease.load(Ordering::Acquire);
+            if lease::state(seen) != lease::ACTIVE {
+                continue;
+            }
+            let line = &map.gpu().releases_of(e)[slot];
+            // Acquire: pairs with the consumer's Release store made after it recorded its
+            // release event for `prev`.
+            if line.released.load(Ordering::Acquire) != prev + 1 {
+                continue;
+            }
+            let looked = match self.gpu.reader_event(map, e, seen, slot) {
+                Ok(event) => event.is_complete().map_err(|e| Some(e.into())),
+                Err(why) => Err(why),
+            };
+            match looked {
+                Ok(true) | Err(None) => {}
+                Ok(false) => busy = true,
+                Err(Some(why)) => {
+                    let generation = lease::generation(seen);
+                    tracing::warn!(entry = e, generation, %why, "a consumer's release event failed");
+                    self.gpu.forget_reader(e, generation);
+                    self.inner
+                        .evict(e, seen, evict_reason::RELEASE_EVENT)
+                        .map_err(GpuAcquireError::Corrupt)?;
+                }
             }
         }
-        Ok(())
+        Ok(!busy)
     }
 
     /// [`acquire`](Self::acquire), awaiting the slot without blocking the thread (feature
     /// `tokio`): the wait for consumers parks the task like
-    /// [`Producer::acquire_async`](crate::Producer::acquire_async). The wait for the GPU to
-    /// finish writing the slot's previous message (run-ahead) yields to the runtime while it
-    /// polls, then sleeps 100 µs at a time (tokio's timer rounds that up to a millisecond).
+    /// [`Producer::acquire_async`](crate::Producer::acquire_async). The waits for the GPU (the
+    /// slot's previous message written, its readers done) yield to the runtime while they
+    /// poll, then sleep 100 µs at a time (tokio's timer rounds that up to a millisecond).
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -845,64 +904,78 @@ impl GpuProducer {
     pub async fn acquire_async(&mut self) -> Result<GpuWriteSlot<'_>, GpuAcquireError> {
         let seq = self.inner.published();
         let cap = self.inner.capacity() as u64;
+        let next_slot = (seq % cap) as usize;
         if seq >= cap {
-            let ev = &self.gpu.ready[(seq % cap) as usize];
-            let start = Instant::now();
-            let spin = self.inner.wait_config().spin;
-            while !ev.is_complete()? {
-                if start.elapsed() < spin * 4 {
-                    tokio::task::yield_now().await;
-                } else {
-                    tokio::time::sleep(Duration::from_micros(100)).await;
-                }
-            }
+            self.poll_async(|p| p.written(next_slot)).await?;
         }
-        let slot = self
-            .inner
-            .claim_async()
+        let GpuProducer { inner, gpu, .. } = &mut *self;
+        let slot = inner
+            .claim_async(&mut |e, g| gpu.forget_reader(e, g))
             .await
             .map_err(|crate::AcquireError::Corrupt(c)| GpuAcquireError::Corrupt(c))?;
-        self.finish_acquire(seq, slot, None)
+        if seq >= cap && !self.unfenced {
+            self.poll_async(|p| p.readers_done(slot, seq - cap)).await?;
+        }
+        Ok(GpuWriteSlot { producer: self, slot, stream: None })
     }
 
-    fn claim(&mut self, deadline: Option<Instant>) -> Result<usize, GpuAcquireError> {
-        self.inner.claim_until(deadline).map_err(|e| match e {
-            AcquireTimeoutError::Timeout => GpuAcquireError::Timeout,
-            AcquireTimeoutError::Corrupt(c) => GpuAcquireError::Corrupt(c),
-        })
+    /// [`wait_until_done`](Self::wait_until_done) for an async task: yields to the runtime
+    /// for the spin time, then sleeps 100 µs at a time, reaping once per liveness interval.
+    #[cfg(feature = "tokio")]
+    async fn poll_async(
+        &mut self,
+        mut done: impl FnMut(&mut Self) -> Result<bool, GpuAcquireError>,
+    ) -> Result<(), GpuAcquireError> {
+        let start = Instant::now();
+        let mut last_reap = start;
+        let config = self.inner.wait_config();
+        while !done(self)? {
+            if last_reap.elapsed() >= config.tick {
+                last_reap = Instant::now();
+                self.reap_now()?;
+            }
+            if start.elapsed() < config.spin * 4 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+            }
+        }
+        Ok(())
     }
+}
+
+/// A claim's error as the GPU producer's.
+fn claim_error<T>(r: Result<T, AcquireTimeoutError>) -> Result<T, GpuAcquireError> {
+    r.map_err(|e| match e {
+        AcquireTimeoutError::Timeout => GpuAcquireError::Timeout,
+        AcquireTimeoutError::Corrupt(c) => GpuAcquireError::Corrupt(c),
+    })
 }
 
 impl Drop for GpuProducer {
     fn drop(&mut self) {
         self.inner.close();
         // SeqCst, against the fence a joining consumer makes between claiming its entry and
-        // loading `closed`: either it sees `closed` (and gives up) or `gone` below sees its
-        // entry taken (and waits for it).
+        // loading `closed`: either it sees `closed` (and gives up) or `consumers_gone` below
+        // sees its entry taken (and waits for it).
         fence(Ordering::SeqCst);
         // Consumers still map our memory while they drain: give them the linger time to leave.
-        let map = self.inner.map();
-        let ring = map.ring();
-        let gone = || {
-            ring.consumers.iter().all(|e| {
-                // Acquire: pairs with a leaving consumer's Release store of FREE, made after its
-                // stream finished with our memory.
-                let state = e.state.load(Ordering::Acquire);
-                // Relaxed: the pid identifies a process to probe, nothing is read through it.
-                let who = ProcessId {
-                    pid: e.pid.load(Ordering::Relaxed),
-                    start_time: e.start_time.load(Ordering::Relaxed),
-                };
-                state == entry_state::FREE || !who.is_alive()
-            })
-        };
-        let config = self.inner.wait_config();
-        let config = wait::WaitConfig { tick: Duration::from_millis(10), ..config };
+        // Meanwhile reap every tick: retiring consumers are let go (our imports of their
+        // events dropped first), dead ones reclaimed.
+        let config = WaitConfig { tick: Duration::from_millis(10), ..self.inner.wait_config() };
         let deadline = Some(Instant::now() + self.linger);
-        let left = || gone().then_some(());
-        let all_left = wait::wait_until(ring.producer_wake, config, deadline, left, left).is_some();
+        let all_left = {
+            let GpuProducer { inner, gpu, .. } = &mut *self;
+            wait::poll_until(config, deadline, |tick| {
+                if tick {
+                    let _ = inner.reap_with(&mut |e, g| gpu.forget_reader(e, g));
+                }
+                consumers_gone(&inner.map().ring()).then_some(())
+            })
+            .is_some()
+        };
         // Our own writes must end before the memory is freed. Poll rather than synchronize: a
-        // stream waiting on a dead consumer's event might never finish.
+        // wedged GPU must not hang the process here.
         let written_by = Instant::now() + Duration::from_secs(1);
         let written = loop {
             let done = self.gpu.ready.iter().all(|ev| ev.is_complete().unwrap_or(true));
@@ -911,6 +984,12 @@ impl Drop for GpuProducer {
             }
             std::thread::sleep(Duration::from_micros(200));
         };
+        // Whoever is still there may destroy its events once we are gone: close our imports
+        // of them first, always.
+        let entries = self.gpu.readers.len() / self.gpu.capacity.max(1);
+        for e in 0..entries {
+            self.gpu.forget_reader(e, 0);
+        }
         if !all_left || !written {
             tracing::warn!(
                 ring = %self.name(), all_left, written,
@@ -920,7 +999,10 @@ impl Drop for GpuProducer {
             // write it: freeing it now could corrupt a reader. Leave it to process exit.
             std::mem::forget(std::mem::take(&mut self.gpu.pools));
             std::mem::forget(std::mem::take(&mut self.gpu.ready));
+            return;
         }
+        drop(std::mem::take(&mut self.gpu.pools));
+        tracing::debug!(target: "gpuring::lifecycle", ring = %self.name(), "producer pools freed");
     }
 }
 

@@ -3,7 +3,7 @@
 use std::cell::Cell;
 
 use super::atomic::{fence, Ordering};
-use super::layout::entry_state;
+use super::lease::{self, evict_reason};
 use super::producer::wants_wake;
 use super::{hold, stamp};
 use super::{Policy, Ring, RingCorrupt};
@@ -26,6 +26,9 @@ pub enum StartAt {
 pub enum JoinError {
     /// Every consumer table entry is taken.
     Full,
+    /// The claimed entry was taken from the joiner before it became active: its lease changed
+    /// (only a damaged segment, or a producer that took the joiner for dead, does that).
+    Lost,
 }
 
 /// A message pinned by a consumer: the slot cannot be overwritten until it is released.
@@ -44,12 +47,37 @@ pub struct Pinned {
     pub lag: u64,
 }
 
+/// How a consumer lets go of its entry (see [`ConsumerCore::leave`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leave {
+    /// Free the entry at once: the producer keeps nothing of ours (host memory).
+    Free,
+    /// Hand the entry to the producer (RETIRING), which drops what it opened of it (our
+    /// release events) before freeing it; we wait for that before destroying them.
+    Retire,
+}
+
+/// What [`ConsumerCore::leave`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Left {
+    /// Messages we still held (leaked read slots) and gave back.
+    pub released: u32,
+    /// The lease the entry now has if we retired it (wait with [`retire_done`] until it
+    /// changes); `None` if we freed it, or it was no longer ours.
+    pub retiring: Option<u64>,
+    /// Whether the producer sleeps and must be woken.
+    pub wake: bool,
+}
+
 /// A consumer's private state. `Cell`s, because a consumer may hold several messages at once
 /// (`&self` receive); it is `!Sync`.
 #[derive(Debug)]
 pub struct ConsumerCore {
     /// Its consumer table entry.
     index: usize,
+    /// The entry's lease while we own it and are active. Everything we write to shared slot
+    /// state we write only after checking that the entry still has it.
+    lease: u64,
     /// Copy of the entry's cursor; the entry's is the shared one.
     cursor: Cell<u64>,
     /// Losses not yet reported with a message.
@@ -58,16 +86,22 @@ pub struct ConsumerCore {
     received: Cell<u64>,
     lost: Cell<u64>,
     holding: Cell<u64>,
+    /// Set once the lease is found no longer ours: from then on every pin and release fails
+    /// with it at once, without touching shared slot state.
+    lost_lease: Cell<Option<RingCorrupt>>,
     /// Whether the producer slept when this consumer joined and must be woken by the caller.
     join_wake: bool,
 }
 
 /// A claimed consumer table entry that is not active yet. Activate it, or give it back with
-/// [`Joining::abandon`]; dropping it leaves the entry claimed.
+/// [`Joining::abandon`]; dropping it leaves the entry claimed (a reaper frees it once our
+/// process is gone).
 #[derive(Debug)]
 #[must_use = "activate or abandon the claimed entry"]
 pub struct Joining {
     index: usize,
+    /// The JOINING lease our claim wrote.
+    lease: u64,
 }
 
 impl Joining {
@@ -76,15 +110,20 @@ impl Joining {
         self.index
     }
 
+    /// The entry's generation under this claim.
+    pub fn generation(&self) -> u32 {
+        lease::generation(self.lease)
+    }
+
     /// Frees the entry again (the caller's setup failed).
     pub fn abandon(self, ring: &Ring<'_>) {
-        // Release: our writes to the entry happen before a new owner's.
-        ring.consumers[self.index].state.store(entry_state::FREE, Ordering::Release);
+        free_own(ring, self.index, self.lease);
     }
 
     /// Sets the cursor from `start` and makes the consumer active (see the module docs and
-    /// docs/protocol.md, "Joining and leaving").
-    pub fn activate(self, ring: &Ring<'_>, start: StartAt) -> ConsumerCore {
+    /// docs/protocol.md, "Joining and leaving"). Fails with `Lost` if the entry was taken from
+    /// us meanwhile.
+    pub fn activate(self, ring: &Ring<'_>, start: StartAt) -> Result<ConsumerCore, JoinError> {
         let index = self.index;
         let entry = &ring.consumers[index];
         let cursor_at = |head: u64| {
@@ -104,8 +143,16 @@ impl Joining {
         // Acquire: pairs with the producer's Release head store.
         let head = ring.producer.head.load(Ordering::Acquire);
         entry.cursor.store(cursor_at(head), Ordering::Relaxed);
-        // Release: the producer's Acquire state load then sees the fields above.
-        entry.state.store(entry_state::ACTIVE, Ordering::Release);
+        let active = lease::with_state(self.lease, lease::ACTIVE);
+        // Release: the producer's Acquire lease load then sees the fields above. A CAS, not a
+        // store: the entry is ours only while it has the lease our claim wrote.
+        if entry
+            .lease
+            .compare_exchange(self.lease, active, Ordering::Release, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(JoinError::Lost);
+        }
         // Release: pairs with the producer's Acquire load; tells it to rescan cursors.
         ring.producer.joins.fetch_add(1, Ordering::Release);
         // SeqCst fence, against the one in each publish: a producer claim whose `joins`
@@ -120,16 +167,47 @@ impl Joining {
         entry.cursor.store(cursor, Ordering::Release);
         // The producer may have gone to sleep on our first, lower cursor: wake it.
         let join_wake = wants_wake(ring.producer_wake);
-        ConsumerCore {
+        Ok(ConsumerCore {
             index,
+            lease: active,
             cursor: Cell::new(cursor),
             lag: Cell::new(0),
             received: Cell::new(0),
             lost: Cell::new(0),
             holding: Cell::new(0),
+            lost_lease: Cell::new(None),
             join_wake,
-        }
+        })
     }
+}
+
+/// Frees entry `index`, which we own under lease `owned` and in which we hold nothing: zero the
+/// start time (see `ConsumerEntry::start_time`), then CAS the lease to FREE. Returns whether the
+/// CAS succeeded (it fails if the entry was taken from us; it is then its taker's).
+fn free_own(ring: &Ring<'_>, index: usize, owned: u64) -> bool {
+    let entry = &ring.consumers[index];
+    // Relaxed: published by the Release CAS below.
+    entry.start_time.store(0, Ordering::Relaxed);
+    // Release: our writes to the entry happen before a new owner's (its claim CAS acquires).
+    entry
+        .lease
+        .compare_exchange(owned, lease::freed(owned), Ordering::Release, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// After [`ConsumerCore::leave`] retired an entry as `retiring`: whether the producer has let
+/// go of it (the lease moved on), so its owner may destroy what the producer had opened.
+pub fn retire_done(ring: &Ring<'_>, index: usize, retiring: u64) -> bool {
+    // Acquire: pairs with the producer's Release CAS to FREE, made after it dropped what it
+    // opened of the entry.
+    ring.consumers[index].lease.load(Ordering::Acquire) != retiring
+}
+
+/// After waiting for [`retire_done`] in vain (the producer is not looking): frees the entry
+/// ourselves. The caller must then keep alive whatever the producer may still have opened.
+/// Returns whether the entry was still ours to free.
+pub fn give_up_retiring(ring: &Ring<'_>, index: usize, retiring: u64) -> bool {
+    free_own(ring, index, retiring)
 }
 
 impl ConsumerCore {
@@ -141,33 +219,35 @@ impl ConsumerCore {
         pid: u32,
         start_time: u64,
     ) -> Result<ConsumerCore, JoinError> {
-        Ok(Self::claim(ring, pid, start_time)?.activate(ring, start))
+        Self::claim(ring, pid, start_time)?.activate(ring, start)
     }
 
-    /// Claims a free consumer table entry (state `JOINING`: the producer ignores it). The caller
-    /// may fill in transport state for the entry (the CUDA layer writes its release-event handles)
-    /// before [`Joining::activate`].
+    /// Claims a free consumer table entry (state `JOINING`: the producer ignores it but for
+    /// reaping). The caller may fill in transport state for the entry (the CUDA layer writes its
+    /// release-event handles) before [`Joining::activate`].
     pub fn claim(ring: &Ring<'_>, pid: u32, start_time: u64) -> Result<Joining, JoinError> {
         for (index, entry) in ring.consumers.iter().enumerate() {
-            if entry.state.load(Ordering::Relaxed) != entry_state::FREE {
+            // Relaxed: only decides whether to try; the CAS below acquires.
+            let free = entry.lease.load(Ordering::Relaxed);
+            if lease::state(free) != lease::FREE {
                 continue;
             }
-            // Acquire: a previous owner's last writes to the entry happen before ours.
+            // Our pid goes in with the claim: a reaper never sees the entry taken by nobody.
+            let claimed = lease::claimed(free, pid);
+            // Acquire: a previous owner's last writes to the entry (and its zeroed start time)
+            // happen before ours.
             if entry
-                .state
-                .compare_exchange(
-                    entry_state::FREE,
-                    entry_state::JOINING,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
+                .lease
+                .compare_exchange(free, claimed, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
-            entry.generation.fetch_add(1, Ordering::Relaxed);
-            entry.pid.store(pid, Ordering::Relaxed);
+            // Relaxed: a reaper loads the start time after an Acquire load of the lease that
+            // reads our claim, which is in the release sequence of the last free: it sees 0
+            // ("not yet known") or ours, never a previous owner's.
             entry.start_time.store(start_time, Ordering::Relaxed);
+            entry.evicted_for.store(evict_reason::NONE, Ordering::Relaxed);
             entry.received.store(0, Ordering::Relaxed);
             entry.lost.store(0, Ordering::Relaxed);
             entry.holding.store(0, Ordering::Relaxed);
@@ -176,10 +256,10 @@ impl ConsumerCore {
             entry.parked.store(0, Ordering::Relaxed);
             entry.bell.store(0, Ordering::Relaxed);
             for slot in 0..ring.slots.len() {
-                // Relaxed: published by the Release store of ACTIVE; normally already 0.
+                // Relaxed: published by the Release CAS to ACTIVE; normally already 0.
                 ring.hold(index, slot).store(0, Ordering::Relaxed);
             }
-            return Ok(Joining { index });
+            return Ok(Joining { index, lease: claimed });
         }
         Err(JoinError::Full)
     }
@@ -195,14 +275,65 @@ impl ConsumerCore {
         self.index
     }
 
+    /// The entry's generation while we own it.
+    pub fn generation(&self) -> u32 {
+        lease::generation(self.lease)
+    }
+
     /// Sequence number of the next message it will receive.
     pub fn cursor(&self) -> u64 {
         self.cursor.get()
     }
 
+    /// `Err(Evicted)` if our entry is no longer ours: the producer evicted us, or something
+    /// overwrote the lease. From then on we change no shared slot state.
+    pub fn check_lease(&self, ring: &Ring<'_>) -> Result<(), RingCorrupt> {
+        if let Some(lost) = self.lost_lease.get() {
+            return Err(lost);
+        }
+        let entry = &ring.consumers[self.index];
+        // Acquire: pairs with the producer's Release CAS to EVICTED, so the reason it stored
+        // before is seen.
+        let now = entry.lease.load(Ordering::Acquire);
+        if now == self.lease {
+            return Ok(());
+        }
+        let evicted = now == lease::with_state(self.lease, lease::EVICTED);
+        // Relaxed: ordered by the Acquire load above.
+        let reason =
+            if evicted { entry.evicted_for.load(Ordering::Relaxed) } else { evict_reason::NONE };
+        let lost = RingCorrupt::Evicted { entry: self.index as u32, reason };
+        self.lost_lease.set(Some(lost));
+        Err(lost)
+    }
+
+    /// Stores our cursor into the entry again if something overwrote it there (a lower value
+    /// would hold a `Block` producer back for ever). Callers do it now and then while they
+    /// wait. Returns whether the producer sleeps and must be woken.
+    pub fn refresh_cursor(&self, ring: &Ring<'_>) -> bool {
+        if self.check_lease(ring).is_err() {
+            return false;
+        }
+        let entry = &ring.consumers[self.index];
+        // Relaxed: only we write it, so a value that differs was written by no correct peer.
+        if entry.cursor.load(Ordering::Relaxed) == self.cursor.get() {
+            return false;
+        }
+        // Release: as the cursor store in `try_pin`.
+        entry.cursor.store(self.cursor.get(), Ordering::Release);
+        ring.policy == Policy::Block && wants_wake(ring.producer_wake)
+    }
+
     /// Pins the next message if one is published. `Ok(None)`: nothing yet. The second value
     /// says whether the producer sleeps and must be woken (the cursor moved).
+    ///
+    /// The lease is checked once a message is pinned, before it is handed out: an evicted
+    /// consumer gets `Err(Evicted)` rather than a message whose slot may be overwritten under
+    /// it (its hold no longer counts), and its record stays for the producer to recount.
     pub fn try_pin(&self, ring: &Ring<'_>) -> Result<Option<(Pinned, bool)>, RingCorrupt> {
+        if let Some(lost) = self.lost_lease.get() {
+            return Err(lost);
+        }
         // Lag jumps allowed in one call. A producer lapping us again and again, or stamps from
         // a hostile segment that are all "ahead", would otherwise keep us here; the caller just
         // tries again (our cursor has moved on).
@@ -269,6 +400,7 @@ impl ConsumerCore {
             }
             // Release: a reclaimer that Acquire-loads HELD also sees our CAS on the stamp.
             record.store(hold::record(c, hold::HELD), Ordering::Release);
+            self.check_lease(ring)?;
             let pinned = Pinned {
                 slot: index,
                 seq: c,
@@ -290,8 +422,16 @@ impl ConsumerCore {
     }
 
     /// Releases a message pinned by this consumer. Returns whether the producer sleeps and must
-    /// be woken.
+    /// be woken. An evicted consumer changes nothing (the producer has given its holds back, or
+    /// will, from its records) and gets `Err(Evicted)`.
     pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
+        self.holding.set(self.holding.get().saturating_sub(1));
+        self.check_lease(ring)?;
+        self.release_slot(ring, slot)
+    }
+
+    /// The release itself (the lease was checked).
+    fn release_slot(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
         let line = &ring.slots[slot];
         let record = ring.hold(self.index, slot);
         // Relaxed: our own record.
@@ -305,7 +445,6 @@ impl ConsumerCore {
                 // Someone else zeroed our hold: report it rather than borrow into the tag.
                 // Relaxed: we hold nothing here, whatever the record says.
                 record.store(0, Ordering::Relaxed);
-                self.holding.set(self.holding.get().saturating_sub(1));
                 return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
             }
             // Release: our reads of the slot happen before the producer's claim (its Acquire
@@ -318,7 +457,6 @@ impl ConsumerCore {
         }
         // Release: a reclaimer that Acquire-loads 0 also sees our CAS on the stamp.
         record.store(0, Ordering::Release);
-        self.holding.set(self.holding.get().saturating_sub(1));
         Ok(wants_wake(ring.producer_wake))
     }
 
@@ -332,12 +470,52 @@ impl ConsumerCore {
         entry.holding.store(self.holding.get(), Ordering::Relaxed);
     }
 
-    /// Leaves the ring (every pinned message must have been released). Returns whether the
-    /// producer sleeps and must be woken: it may be blocked on this consumer.
-    pub fn leave(&self, ring: &Ring<'_>) -> bool {
-        debug_assert_eq!(self.holding.get(), 0, "leaving while holding slots");
-        // Release: our last reads of the ring happen before a new owner's writes.
-        ring.consumers[self.index].state.store(entry_state::FREE, Ordering::Release);
-        wants_wake(ring.producer_wake)
+    /// Leaves the ring. First gives back every message it still holds (read slots that were
+    /// leaked rather than dropped: their records say HELD), so that nothing stays pinned for
+    /// ever; the caller must be done reading them. Then frees the entry or retires it (`how`).
+    /// An evicted consumer always retires (the producer recounts what its records name).
+    pub fn leave(&self, ring: &Ring<'_>, how: Leave) -> Left {
+        let mut left = Left { released: 0, retiring: None, wake: false };
+        if self.check_lease(ring).is_ok() {
+            for slot in 0..ring.slots.len() {
+                // Relaxed: our own record; a live consumer's records are never transitional
+                // between its calls.
+                let r = ring.hold(self.index, slot).load(Ordering::Relaxed);
+                if hold::state(r) == hold::HELD {
+                    // A damaged stamp (underflow) is not ours to fix on the way out.
+                    left.wake |= self.release_slot(ring, slot).unwrap_or(false);
+                    left.released += 1;
+                }
+            }
+            self.holding.set(0);
+            match how {
+                Leave::Free => {
+                    free_own(ring, self.index, self.lease);
+                }
+                Leave::Retire => left.retiring = self.retire(ring, self.lease),
+            }
+        } else {
+            // Evicted: hand the entry back with what its records still name.
+            let evicted = lease::with_state(self.lease, lease::EVICTED);
+            left.retiring = self.retire(ring, evicted);
+        }
+        // The producer may be blocked on us.
+        left.wake |= wants_wake(ring.producer_wake);
+        left
+    }
+
+    /// CAS `owned` to RETIRING and tell the producer to look. Returns the new lease, or `None`
+    /// if the entry was not ours any more.
+    fn retire(&self, ring: &Ring<'_>, owned: u64) -> Option<u64> {
+        let retiring = lease::with_state(owned, lease::RETIRING);
+        // Release: our last stores to the entry and its records happen before the producer
+        // (Acquire load of the lease) finishes it.
+        let ok = ring.consumers[self.index]
+            .lease
+            .compare_exchange(owned, retiring, Ordering::Release, Ordering::Relaxed)
+            .is_ok();
+        // Relaxed: a hint; the producer loads the lease itself with Acquire.
+        ring.producer.retires.fetch_add(1, Ordering::Relaxed);
+        ok.then_some(retiring)
     }
 }

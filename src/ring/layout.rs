@@ -18,6 +18,13 @@ pub struct ProducerLine {
     /// Bumped by every consumer that joins, so a `Block` producer knows its cached lower bound
     /// of the cursors may be stale. Written by consumers, rarely.
     pub joins: AtomicU64,
+    /// Bumped by every consumer that moves its entry to RETIRING, so the producer looks at the
+    /// table at its next acquire. Written by consumers, rarely.
+    pub retires: AtomicU64,
+    /// Consumers the producer evicted (statistics; producer-only).
+    pub evictions: AtomicU64,
+    /// Entries of dead consumers the producer took back (statistics; producer-only).
+    pub reclaims: AtomicU64,
 }
 
 /// A futex word and the number of processes sleeping on it.
@@ -35,35 +42,23 @@ pub struct WakeLine {
     pub parked: AtomicU32,
 }
 
-/// Consumer table entry states.
-pub mod entry_state {
-    /// Nobody owns the entry.
-    pub const FREE: u32 = 0;
-    /// A consumer claimed it and is filling it in; the producer ignores it.
-    pub const JOINING: u32 = 1;
-    /// The consumer takes part: in `Block` its cursor gates the producer.
-    pub const ACTIVE: u32 = 2;
-    /// Its process died; the producer is giving back what it held (`ring::reclaim`). It no
-    /// longer gates the producer.
-    pub const RECLAIMING: u32 = 3;
-}
-
-/// One consumer's entry in the consumer table. Written only by its owner.
+/// One consumer's entry in the consumer table. Written by its owner, except the lease, which
+/// the producer moves on too (see [`super::lease`]).
 #[repr(C, align(128))]
 pub struct ConsumerEntry {
-    /// One of [`entry_state`].
-    pub state: AtomicU32,
-    /// Bumped each time the entry is claimed, so a stale reference to an old occupant can be
-    /// told apart from the new one.
-    pub generation: AtomicU32,
-    /// The owner's pid.
-    pub pid: AtomicU32,
+    /// State, generation and owner pid in one word: see [`super::lease`]. Every change is a CAS.
+    pub lease: AtomicU64,
     /// How many of the owner's waits are parked on its doorbell ([`super::park`]); usually 0
     /// or 1, more when one consumer is awaited from several tasks. The producer rings the
     /// doorbell of each entry where it is non-zero.
     pub parked: AtomicU32,
+    /// Why the producer evicted the owner: a [`super::lease::evict_reason`]. Written by the
+    /// producer before its CAS to EVICTED; reset by the next claim.
+    pub evicted_for: AtomicU32,
     /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), so that a
-    /// reused pid is not taken for the owner.
+    /// reused pid is not taken for the owner. 0 while not yet known: a new owner stores it right
+    /// after its claim, and whoever frees the entry zeroes it first, so a reaper never pairs a
+    /// new owner's pid with an old owner's start time.
     pub start_time: AtomicU64,
     /// Sequence number of the next message this consumer will receive. Never decreases while
     /// the entry is active; never exceeds the producer's head.
@@ -98,6 +93,9 @@ impl ProducerLine {
             head: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
             joins: AtomicU64::new(0),
+            retires: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            reclaims: AtomicU64::new(0),
         }
     }
 }
@@ -125,10 +123,9 @@ impl ConsumerEntry {
     /// Initial state: free.
     pub fn new() -> ConsumerEntry {
         ConsumerEntry {
-            state: AtomicU32::new(entry_state::FREE),
-            generation: AtomicU32::new(0),
-            pid: AtomicU32::new(0),
+            lease: AtomicU64::new(super::lease::pack(super::lease::FREE, 0, 0)),
             parked: AtomicU32::new(0),
+            evicted_for: AtomicU32::new(0),
             start_time: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
             received: AtomicU64::new(0),

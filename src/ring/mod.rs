@@ -80,15 +80,16 @@
 pub mod consumer;
 pub mod hold;
 pub mod layout;
+pub mod lease;
 pub mod park;
 pub mod producer;
 pub mod reclaim;
 pub mod stamp;
 
-pub use consumer::{ConsumerCore, JoinError, Joining, Pinned, StartAt};
+pub use consumer::{ConsumerCore, JoinError, Joining, Leave, Left, Pinned, StartAt};
 pub use layout::{ConsumerEntry, ProducerLine, SlotLine, WakeLine};
 pub use producer::{Blocked, ProducerCore};
-pub use reclaim::{reclaim, Reclaim};
+pub use reclaim::{audit, evict, reap, Reaped};
 
 use atomic::AtomicU64;
 
@@ -145,6 +146,14 @@ pub enum RingCorrupt {
         /// The slot.
         slot: u32,
     },
+    /// This consumer's table entry is no longer its own: the producer evicted it, or something
+    /// overwrote its lease. The consumer must reconnect.
+    Evicted {
+        /// The entry.
+        entry: u32,
+        /// Why (a [`lease::evict_reason`]).
+        reason: u32,
+    },
 }
 
 impl std::fmt::Display for RingCorrupt {
@@ -159,6 +168,11 @@ impl std::fmt::Display for RingCorrupt {
             RingCorrupt::ReleaseUnderflow { slot } => {
                 write!(f, "slot {slot} was released but no one held it")
             }
+            RingCorrupt::Evicted { entry, reason } => write!(
+                f,
+                "this consumer (entry {entry}) was evicted from the ring: {}",
+                lease::evict_reason::describe(*reason)
+            ),
         }
     }
 }

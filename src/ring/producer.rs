@@ -1,7 +1,8 @@
 //! The producer's side of the protocol: claim a slot, publish it.
 
 use super::atomic::{fence, Ordering};
-use super::layout::{entry_state, WakeLine};
+use super::layout::WakeLine;
+use super::lease;
 use super::stamp;
 use super::{Policy, Ring, RingCorrupt};
 
@@ -154,9 +155,9 @@ impl Default for ProducerCore {
 pub fn min_active_cursor(ring: &Ring<'_>, head: u64) -> u64 {
     let mut min = head;
     for entry in ring.consumers {
-        // Acquire: pairs with the consumer's Release store of ACTIVE, so its initial cursor is
+        // Acquire: pairs with the consumer's Release CAS to ACTIVE, so its initial cursor is
         // seen.
-        if entry.state.load(Ordering::Acquire) == entry_state::ACTIVE {
+        if lease::state(entry.lease.load(Ordering::Acquire)) == lease::ACTIVE {
             // Acquire: pairs with the consumer's Release cursor store, which follows its pin
             // CAS; so a claim CAS after this load sees the pin and cannot take a held slot.
             let c = entry.cursor.load(Ordering::Acquire);

@@ -1,17 +1,29 @@
-//! Taking a dead consumer out of the ring: it stops gating the producer, the holds it had are
-//! given back, its records are cleared and its table entry is freed.
+//! Taking consumers out of the ring from the producer's side: reaping the dead, finishing the
+//! retired and evicting the damaged. Only the producer calls these, one call at a time.
 //!
-//! A dead consumer's hold records cannot say whether its last CAS happened (see [`super::hold`]).
-//! So the reclaimer never subtracts the dead consumer's holds; it recounts each affected slot's
-//! holders from the records of the consumers that are not being reclaimed, and CASes the stamp's
-//! held count to that number:
+//! # Reaping
+//!
+//! [`reap`] looks at every entry's lease (see [`super::lease`]). For an owned entry it reads
+//! the owner's start time, asks the caller whether that process lives, and if it does not,
+//! CASes the lease it observed to RETIRING. The CAS is what makes the liveness probe safe: if
+//! the owner left and someone else claimed the entry while the probe read /proc, the lease has
+//! another generation (and pid) and the CAS fails. An owner whose start time is not stored yet
+//! (a joiner between its claim and its next store) is judged by its pid alone, which its
+//! claim wrote into the lease. RETIRING entries are then finished: holds given back, the
+//! transport told ([`reap`]'s `on_free`), lease freed.
+//!
+//! # Giving back holds
+//!
+//! A retiring owner's hold records cannot say whether its last CAS happened (see
+//! [`super::hold`]). So the reclaimer never subtracts them; it recounts each slot the records
+//! name from the records of the ACTIVE consumers, and CASes the stamp's held count to that:
 //!
 //! 0. freeze the slot: CAS `READY(t, h)` to the same value with WRITING set, so no consumer can
 //!    pin it (a pin needs READY); releases still lower `h`;
 //! 1. load the stamp (Acquire): tag `t`, held `h`;
-//! 2. for every other entry that is not FREE or RECLAIMING, load its record for the slot
-//!    (Acquire): `HELD(t)` counts one; `PINNING(t)` or `RELEASING(t)` means that consumer is
-//!    between its record and its CAS, so unfreeze and try this slot again later;
+//! 2. for every ACTIVE entry, load its record for the slot (Acquire): `HELD(t)` counts one;
+//!    `PINNING(t)` or `RELEASING(t)` means that consumer is between its record and its CAS, so
+//!    unfreeze and try this slot again later;
 //! 3. CAS the stamp from what step 1 read to `READY(t)` with held = that count (AcqRel), which
 //!    also unfreezes it; if a release changed the stamp meanwhile, go back to 1.
 //!
@@ -20,67 +32,203 @@
 //! record written before the CAS that produced it visible to step 2. While frozen the stamp only
 //! goes down, so it cannot change and come back between steps 1 and 3 (no ABA): a release whose
 //! CAS falls between them makes step 3 fail. A live consumer between record and CAS shows a
-//! transitional record. The producer is the only reclaimer, and reclaims only entries whose
-//! process is dead, which therefore make no more changes. Consumers that found the slot frozen
-//! may have gone to sleep: the caller wakes them afterwards.
+//! transitional record. Consumers that found the slot frozen may have gone to sleep: [`reap`]
+//! says when they must be woken.
+//!
+//! [`audit`] runs the same recount on the slot a producer has waited on for a while: a count
+//! that only a damaged segment can have left too high comes down (nothing else can lower it).
+//!
+//! An EVICTED owner may still be running: it stops changing slot state once it sees its lease
+//! (at its next call), but a pin CAS it had already begun can land after a recount. So while
+//! it lives its records are recounted at every reap, never cleared; the count excludes them.
 
 use super::atomic::Ordering;
-use super::layout::entry_state;
+use super::lease;
+use super::producer::wants_wake;
 use super::{hold, stamp, Ring, RingCorrupt};
 
-/// What [`reclaim()`] achieved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reclaim {
-    /// The entry is free; `slots` holds of the dead consumer were given back.
-    Done {
-        /// Slots whose held count went down.
-        slots: u32,
-    },
-    /// A live consumer was mid-pin or mid-release on a slot the dead one had a record for. The
-    /// entry stays RECLAIMING (it no longer gates the producer); call again later.
-    Incomplete,
+/// What one [`reap`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Entries whose owner was found dead (now RETIRING or FREE).
+    pub dead: u32,
+    /// Entries freed (dead or retired ones that are finished).
+    pub freed: u32,
+    /// Holds given back.
+    pub slots: u32,
+    /// Whether consumers sleep and must be woken (a recount froze a slot they may have found
+    /// empty).
+    pub wake_consumers: bool,
 }
 
-/// Takes consumer table entry `dead`, whose process is known to be dead, out of the ring. Only
-/// the producer may call it, one call at a time.
-pub fn reclaim(ring: &Ring<'_>, dead: usize) -> Result<Reclaim, RingCorrupt> {
-    let entry = &ring.consumers[dead];
-    // Acquire: pairs with the owner's Release state stores (join, leave).
-    match entry.state.load(Ordering::Acquire) {
-        entry_state::FREE => return Ok(Reclaim::Done { slots: 0 }),
-        // Release: the stats readers see the state with the entry's last values.
-        _ => entry.state.store(entry_state::RECLAIMING, Ordering::Release),
+/// Reaps the consumer table: entries whose owner is dead become RETIRING, RETIRING entries are
+/// finished and freed, and the holds of EVICTED ones are recounted.
+///
+/// `alive(pid, start_time)` says whether the process lives; `start_time` is `None` when the
+/// owner has not stored it yet (judge by the pid). `on_free(entry, generation)` runs before a
+/// RETIRING entry is freed: the caller drops what it opened of that entry then.
+pub fn reap(
+    ring: &Ring<'_>,
+    alive: impl Fn(u32, Option<u64>) -> bool,
+    mut on_free: impl FnMut(usize, u32),
+) -> Result<Reaped, RingCorrupt> {
+    let mut out = Reaped::default();
+    let mut froze = false;
+    for (index, entry) in ring.consumers.iter().enumerate() {
+        // Acquire: pairs with the owner's Release CASes (activate, leave), so its last writes
+        // to the entry and its records are seen.
+        let seen = entry.lease.load(Ordering::Acquire);
+        let retiring = match lease::state(seen) {
+            lease::FREE => continue,
+            lease::RETIRING => seen,
+            state @ (lease::JOINING | lease::ACTIVE | lease::EVICTED) => {
+                // Relaxed: ordered by the Acquire load above (see `ConsumerEntry::start_time`).
+                let start = entry.start_time.load(Ordering::Relaxed);
+                if alive(lease::pid(seen), (start != 0).then_some(start)) {
+                    if state == lease::EVICTED {
+                        let (given, f) = give_back(ring, index, false)?;
+                        out.slots += given.0;
+                        froze |= f;
+                    }
+                    continue;
+                }
+                let retiring = lease::with_state(seen, lease::RETIRING);
+                // AcqRel: Acquire as the load above; Release orders nothing of ours but keeps
+                // the transition in the lease's release sequence for stats readers. From the
+                // observed value only: if the owner left and the entry was claimed again
+                // meanwhile, this fails and the new owner is untouched.
+                if entry
+                    .lease
+                    .compare_exchange(seen, retiring, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    continue;
+                }
+                // Relaxed: a producer-only statistic.
+                let n = ring.producer.reclaims.load(Ordering::Relaxed);
+                ring.producer.reclaims.store(n + 1, Ordering::Relaxed);
+                out.dead += 1;
+                retiring
+            }
+            _ => {
+                // A state no peer writes: the lease was overwritten. Retire the entry so that
+                // what its records name is given back; an owner still running finds its lease
+                // changed at its next call and stops.
+                let retiring = lease::with_state(seen, lease::RETIRING);
+                // AcqRel: as above.
+                if entry
+                    .lease
+                    .compare_exchange(seen, retiring, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    continue;
+                }
+                retiring
+            }
+        };
+        let ((given, done), f) = give_back(ring, index, true)?;
+        out.slots += given;
+        froze |= f;
+        if !done {
+            continue; // a live consumer was mid-pin on a slot; next time
+        }
+        super::park::clear_dead(ring.consumer_wake, &entry.parked);
+        on_free(index, lease::generation(retiring));
+        // Relaxed: published by the Release CAS below.
+        entry.start_time.store(0, Ordering::Relaxed);
+        // Release: our clearing of the records happens before a new owner's writes. Fails if
+        // a retiring owner gave up waiting and freed the entry itself: it is free either way.
+        let _ = entry.lease.compare_exchange(
+            retiring,
+            lease::freed(retiring),
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+        out.freed += 1;
     }
-    let mut given_back = 0;
-    let mut incomplete = false;
+    out.wake_consumers = froze && wants_wake(ring.consumer_wake);
+    Ok(out)
+}
+
+/// Evicts the consumer of entry `index`, whose lease the caller observed as `seen` (ACTIVE),
+/// for `reason` (a [`lease::evict_reason`]): it stops gating the producer and its holds are given
+/// back. Returns whether it was evicted (false: the lease had moved on) and whether sleeping
+/// consumers must be woken.
+pub fn evict(
+    ring: &Ring<'_>,
+    index: usize,
+    seen: u64,
+    reason: u32,
+) -> Result<(bool, bool), RingCorrupt> {
+    if lease::state(seen) != lease::ACTIVE {
+        return Ok((false, false));
+    }
+    let entry = &ring.consumers[index];
+    // Relaxed: published by the Release CAS below.
+    entry.evicted_for.store(reason, Ordering::Relaxed);
+    let evicted = lease::with_state(seen, lease::EVICTED);
+    // AcqRel: Release publishes the reason to the owner's Acquire lease load; Acquire sees its
+    // records.
+    if entry.lease.compare_exchange(seen, evicted, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        return Ok((false, false));
+    }
+    // Relaxed: a producer-only statistic.
+    let n = ring.producer.evictions.load(Ordering::Relaxed);
+    ring.producer.evictions.store(n + 1, Ordering::Relaxed);
+    let (_, froze) = give_back(ring, index, false)?;
+    Ok((true, froze && wants_wake(ring.consumer_wake)))
+}
+
+/// Recounts slot `slot`'s holders from the records of the ACTIVE consumers: the producer does
+/// it when it has waited a liveness interval for a held slot. A count left too high (a
+/// consumer whose lease was overwritten, a damaged stamp) comes down; a right one stays.
+/// Returns whether the count went down and whether sleeping consumers must be woken.
+pub fn audit(ring: &Ring<'_>, slot: usize) -> Result<(bool, bool), RingCorrupt> {
+    let (result, froze) = recount(ring, slot)?;
+    Ok((result == Some(true), froze && wants_wake(ring.consumer_wake)))
+}
+
+/// Recounts every slot that entry `index`'s hold records name, excluding that entry. With
+/// `clear` (its owner makes no more changes) each record whose slot was recounted is cleared.
+/// Returns ((holds given back, whether every named slot was recounted), whether a slot was
+/// frozen).
+fn give_back(
+    ring: &Ring<'_>,
+    index: usize,
+    clear: bool,
+) -> Result<((u32, bool), bool), RingCorrupt> {
+    let mut given = 0;
+    let mut done = true;
+    let mut froze = false;
     for slot in 0..ring.slots.len() {
-        let record = ring.hold(dead, slot);
-        // Relaxed: the owner is dead; its last stores are what there is.
-        if record.load(Ordering::Relaxed) == 0 {
+        let record = ring.hold(index, slot);
+        // Acquire: an evicted owner may still write its records; a retired or dead one's last
+        // stores were published by its Release lease CAS (or it is dead), which we acquired.
+        if record.load(Ordering::Acquire) == 0 {
             continue;
         }
-        match recount(ring, slot)? {
+        let (result, f) = recount(ring, slot)?;
+        froze |= f;
+        match result {
             Some(lowered) => {
-                given_back += lowered as u32;
-                // Relaxed: nobody else reads a RECLAIMING entry's records.
-                record.store(0, Ordering::Relaxed);
+                given += lowered as u32;
+                if clear {
+                    // Relaxed: the owner makes no more changes; a new owner's claim is ordered
+                    // after our Release free of the lease.
+                    record.store(0, Ordering::Relaxed);
+                }
             }
-            None => incomplete = true,
+            None => done = false,
         }
     }
-    if incomplete {
-        return Ok(Reclaim::Incomplete);
-    }
-    super::park::clear_dead(ring.consumer_wake, &entry.parked);
-    // Release: our clearing of the records happens before a new owner's writes.
-    entry.state.store(entry_state::FREE, Ordering::Release);
-    Ok(Reclaim::Done { slots: given_back })
+    Ok(((given, done), froze))
 }
 
-/// Sets slot `slot`'s held count to the number of its holders among the entries that are not
-/// being reclaimed. `Some(true)`: it went down; `Some(false)`: it was right; `None`: a live
-/// consumer is mid-pin or mid-release, try later.
-fn recount(ring: &Ring<'_>, slot: usize) -> Result<Option<bool>, RingCorrupt> {
+/// Sets slot `slot`'s held count to the number of its holders among the ACTIVE entries.
+/// `Some(true)`: it went down; `Some(false)`: it was right (or could not be trusted, see
+/// below); `None`: a live consumer is mid-pin or mid-release, try later. The second value says
+/// whether the slot was frozen for a while.
+fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCorrupt> {
     let line = &ring.slots[slot];
     // Freeze: set WRITING so that no consumer pins the slot while we count (a pin needs READY).
     // Releases still happen, but they only lower the count, so no stamp value repeats while we
@@ -89,7 +237,7 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<Option<bool>, RingCorrupt> {
     let mut st = line.stamp.load(Ordering::Acquire);
     loop {
         if stamp::is_writing(st) || stamp::held(st) == 0 {
-            return Ok(Some(false));
+            return Ok((Some(false), false));
         }
         if stamp::held(st) > ring.consumers.len() as u64 {
             let held = stamp::held(st) as u32;
@@ -113,10 +261,10 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<Option<bool>, RingCorrupt> {
         let held = stamp::held(st);
         match count_live(ring, slot, tag) {
             None => break None,
-            Some(live) if live > held => {
-                let held = held as u32;
-                return Err(RingCorrupt::HeldCount { slot: slot as u32, held });
-            }
+            // More records say HELD than the stamp counts: a record or the stamp was
+            // overwritten. Raising the count could pin the slot for ever on a lying record;
+            // lowering it could expose a reader. Leave it as it is.
+            Some(live) if live > held => break Some(false),
             Some(live) => {
                 let target = (st & !stamp::HELD_MASK & !stamp::WRITING) | live;
                 // AcqRel: on success only our count stands, and the slot is READY again.
@@ -125,26 +273,23 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<Option<bool>, RingCorrupt> {
                     .compare_exchange(st, target, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    break Some(live < held);
+                    return Ok((Some(live < held), true));
                 }
             }
         }
     };
-    if result.is_none() {
-        // AcqRel: unfreeze; releases may have lowered the count meanwhile, so clear the bit.
-        line.stamp.fetch_and(!stamp::WRITING, Ordering::AcqRel);
-    }
-    Ok(result)
+    // AcqRel: unfreeze; releases may have lowered the count meanwhile, so clear the bit.
+    line.stamp.fetch_and(!stamp::WRITING, Ordering::AcqRel);
+    Ok((result, true))
 }
 
-/// Holders of message `tag` in `slot` among the entries not FREE or RECLAIMING, or `None` if
-/// one of them is between its record and its CAS.
+/// Holders of message `tag` in `slot` among the ACTIVE entries, or `None` if one of them is
+/// between its record and its CAS.
 fn count_live(ring: &Ring<'_>, slot: usize, tag: u64) -> Option<u64> {
     let mut live = 0u64;
     for (e, entry) in ring.consumers.iter().enumerate() {
-        // Acquire: pairs with the owner's Release state stores.
-        let state = entry.state.load(Ordering::Acquire);
-        if state == entry_state::FREE || state == entry_state::RECLAIMING {
+        // Acquire: pairs with the owner's Release lease CASes.
+        if lease::state(entry.lease.load(Ordering::Acquire)) != lease::ACTIVE {
             continue;
         }
         // Acquire: see the module docs, step 2.

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use proptest::prelude::*;
 
 use super::atomic::Ordering;
+use super::consumer::{give_up_retiring, retire_done};
 use super::producer::{Blocked, ClaimError};
 use super::*;
 
@@ -33,7 +34,7 @@ fn block_gates_on_slowest_consumer() {
     a.release(&ring, m.slot).unwrap();
     assert_eq!(publish(&mut p, &ring, &mut payload), Ok(4));
     // Leaving ungates the producer.
-    assert!(!a.leave(&ring));
+    assert!(!a.leave(&ring, Leave::Free).wake);
     for s in 5..20 {
         assert_eq!(publish(&mut p, &ring, &mut payload), Ok(s));
     }
@@ -87,7 +88,7 @@ fn table_full() {
     let ring = heap.ring();
     let a = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
     assert_eq!(ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap_err(), JoinError::Full);
-    a.leave(&ring);
+    a.leave(&ring, Leave::Free);
     assert!(ConsumerCore::join(&ring, StartAt::Next, 1, 1).is_ok());
 }
 
@@ -273,7 +274,7 @@ fn run_model(policy: Policy, cap: u32, ops: Vec<Op>) -> Result<(), TestCaseError
             Op::Leave(k) => {
                 if real[k].as_ref().is_some_and(|(_, pins)| pins.is_empty()) {
                     let (core, _) = real[k].take().unwrap();
-                    core.leave(&ring);
+                    core.leave(&ring, Leave::Free);
                     model.consumers[k] = None;
                 }
             }
@@ -310,7 +311,7 @@ fn hostile_head_does_not_panic() {
                     let _ = c.release(&ring, m.slot);
                 }
             }
-            c.leave(&ring);
+            c.leave(&ring, Leave::Free);
         }
         // A consumer at 0 whose slot shows a newer message takes the lag path with head MAX.
         ring.producer.head.store(0, atomic::Ordering::Relaxed);
@@ -341,10 +342,19 @@ fn joining_entries_do_not_gate_and_can_be_abandoned() {
     assert_eq!(c.cursor(), 5);
 }
 
-/// A consumer that dies holding a slot: reclaiming it ungates the producer under both
-/// policies, gives the slot back and leaves a live consumer's hold alone.
+/// Reaps with consumer pid `dead` taken for dead and every other pid for alive.
+fn reap_dead(ring: &Ring<'_>, dead: u32) -> Reaped {
+    reap(ring, |pid, _| pid != dead, |_, _| {}).unwrap()
+}
+
+fn lease_state(ring: &Ring<'_>, entry: usize) -> u32 {
+    lease::state(ring.consumers[entry].lease.load(Ordering::Relaxed))
+}
+
+/// A consumer that dies holding a slot: reaping it ungates the producer under both policies,
+/// gives the slot back and leaves a live consumer's hold alone.
 #[test]
-fn reclaim_gives_back_a_dead_consumers_holds() {
+fn reap_gives_back_a_dead_consumers_holds() {
     for policy in [Policy::Block, Policy::Overwrite] {
         let heap = HeapRing::new(2, 3, policy);
         let ring = heap.ring();
@@ -361,13 +371,15 @@ fn reclaim_gives_back_a_dead_consumers_holds() {
         live.release(&ring, l0.slot).unwrap();
         // `dead` dies holding slot 0 (and at cursor 1): the producer is stuck.
         assert!(publish(&mut p, &ring, &mut payload).is_err());
-        assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 1 }));
-        assert_eq!(ring.consumers[dead.index()].state.load(Ordering::Relaxed), 0);
+        let r = reap_dead(&ring, 1);
+        assert_eq!((r.dead, r.freed, r.slots), (1, 1, 1));
+        assert_eq!(lease_state(&ring, dead.index()), lease::FREE);
+        assert_eq!(ring.producer.reclaims.load(Ordering::Relaxed), 1);
         let (l1, _) = live.try_pin(&ring).unwrap().unwrap();
         assert_eq!(l1.seq, 1);
         assert_eq!(publish(&mut p, &ring, &mut payload), Ok(2));
-        // The live consumer's hold of slot 1 survives a second (idempotent) reclaim.
-        assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 0 }));
+        // The live consumer's hold of slot 1 survives a second reap.
+        assert_eq!(reap_dead(&ring, 1), Reaped::default());
         assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
         live.release(&ring, l1.slot).unwrap();
         assert_eq!(publish(&mut p, &ring, &mut payload), Ok(3));
@@ -377,7 +389,7 @@ fn reclaim_gives_back_a_dead_consumers_holds() {
 /// Death at every step of pin and release: the recount from live records is right whether or
 /// not the dead consumer's CAS happened.
 #[test]
-fn reclaim_handles_death_between_record_and_cas() {
+fn reap_handles_death_between_record_and_cas() {
     use super::hold::{record, HELD, PINNING, RELEASING};
     // (record the dead one leaves, whether its CAS on the stamp happened)
     let cases = [(PINNING, false), (PINNING, true), (HELD, true), (RELEASING, true)];
@@ -396,11 +408,8 @@ fn reclaim_handles_death_between_record_and_cas() {
         if holds_it {
             line.store(st + 1, Ordering::Relaxed);
         }
-        assert_eq!(
-            reclaim(&ring, dead.index()),
-            Ok(Reclaim::Done { slots: holds_it as u32 }),
-            "{state} {cas_done}"
-        );
+        let r = reap_dead(&ring, 1);
+        assert_eq!((r.freed, r.slots), (1, holds_it as u32), "{state} {cas_done}");
         assert_eq!(stamp::held(line.load(Ordering::Relaxed)), 0);
         assert_eq!(ring.hold(dead.index(), 0).load(Ordering::Relaxed), 0);
         assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
@@ -409,7 +418,7 @@ fn reclaim_handles_death_between_record_and_cas() {
 
 /// A live consumer caught between its record and its CAS makes the reclaim wait for it.
 #[test]
-fn reclaim_waits_for_a_live_consumer_mid_pin() {
+fn reap_waits_for_a_live_consumer_mid_pin() {
     use super::hold::{record, PINNING};
     let heap = HeapRing::new(1, 2, Policy::Overwrite);
     let ring = heap.ring();
@@ -422,13 +431,190 @@ fn reclaim_waits_for_a_live_consumer_mid_pin() {
     // `live` has CASed but not yet written HELD: its record still says PINNING.
     let (l, _) = live.try_pin(&ring).unwrap().unwrap();
     ring.hold(live.index(), 0).store(record(0, PINNING), Ordering::Relaxed);
-    assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Incomplete));
+    let r = reap_dead(&ring, 1);
+    assert_eq!((r.dead, r.freed), (1, 0));
     // The dead entry no longer gates, but is not free yet.
-    assert_eq!(ring.consumers[dead.index()].state.load(Ordering::Relaxed), 3);
+    assert_eq!(lease_state(&ring, dead.index()), lease::RETIRING);
     ring.hold(live.index(), 0).store(record(0, super::hold::HELD), Ordering::Relaxed);
-    assert_eq!(reclaim(&ring, dead.index()), Ok(Reclaim::Done { slots: 1 }));
+    let r = reap_dead(&ring, 1);
+    assert_eq!((r.dead, r.freed, r.slots), (0, 1, 1));
     assert_eq!(stamp::held(ring.slots[0].stamp.load(Ordering::Relaxed)), 1);
     live.release(&ring, l.slot).unwrap();
     assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
     let _ = d;
+}
+
+/// A joiner whose start time is not stored yet is judged by the pid in its lease: alive, it
+/// keeps its entry; a reaper never takes "no start time" for "dead".
+#[test]
+fn reap_judges_an_unfinished_claim_by_its_pid() {
+    let heap = HeapRing::new(1, 1, Policy::Block);
+    let ring = heap.ring();
+    let joining = ConsumerCore::claim(&ring, 7, 77).unwrap();
+    // As if the reaper looked between the claim CAS and the start time store.
+    ring.consumers[0].start_time.store(0, Ordering::Relaxed);
+    let seen = std::cell::Cell::new(None);
+    let r = reap(
+        &ring,
+        |pid, start| {
+            seen.set(Some((pid, start)));
+            pid == 7
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(seen.get(), Some((7, None)));
+    assert_eq!(r, Reaped::default());
+    assert!(joining.activate(&ring, StartAt::Next).is_ok());
+    assert_eq!(lease_state(&ring, 0), lease::ACTIVE);
+}
+
+/// A lease observed before its owner left and someone else joined is stale: reaping from it
+/// must not touch the new owner, even if the old owner is dead by now.
+#[test]
+fn reap_acts_only_on_the_lease_it_observed() {
+    let heap = HeapRing::new(1, 1, Policy::Block);
+    let ring = heap.ring();
+    let first = ConsumerCore::join(&ring, StartAt::Next, 3, 3).unwrap();
+    let old = ring.consumers[0].lease.load(Ordering::Relaxed);
+    // While a reaper probes pid 3, it leaves (and dies), and pid 2 joins the same entry.
+    let reaper = reap(
+        &ring,
+        |pid, _| {
+            if pid == 3 && lease_state(&ring, 0) == lease::ACTIVE {
+                first.leave(&ring, Leave::Free);
+                let _ = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+            }
+            pid == 2
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(reaper, Reaped::default());
+    let now = ring.consumers[0].lease.load(Ordering::Relaxed);
+    assert_ne!(now, old);
+    assert_eq!((lease::state(now), lease::pid(now)), (lease::ACTIVE, 2));
+}
+
+/// A recount that finds more holders in the records than in the stamp (a damaged record or
+/// stamp) leaves the slot READY, not frozen for ever, and is not fatal.
+#[test]
+fn a_recount_that_cannot_trust_the_count_unfreezes_the_slot() {
+    use super::hold::{record, HELD};
+    let heap = HeapRing::new(1, 3, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 1];
+    let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let a = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    let b = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    dead.try_pin(&ring).unwrap().unwrap();
+    // Two live records say HELD(0), but the stamp counts only the dead one's hold.
+    ring.hold(a.index(), 0).store(record(0, HELD), Ordering::Relaxed);
+    ring.hold(b.index(), 0).store(record(0, HELD), Ordering::Relaxed);
+    assert!(reap(&ring, |pid, _| pid != 1, |_, _| {}).is_ok());
+    let st = ring.slots[0].stamp.load(Ordering::Relaxed);
+    assert!(!stamp::is_writing(st), "the recount left slot 0 frozen");
+    assert_eq!(stamp::held(st), 1);
+}
+
+/// Consumers that found a slot frozen by a recount may have gone to sleep: a reap that froze
+/// one says to wake them, and bumps their futex word.
+#[test]
+fn a_reap_that_froze_a_slot_wakes_sleeping_consumers() {
+    let heap = HeapRing::new(2, 2, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 2];
+    let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    dead.try_pin(&ring).unwrap().unwrap();
+    // A consumer sleeps on the consumer line.
+    ring.consumer_wake.sleepers.fetch_add(1, Ordering::Relaxed);
+    let word = ring.consumer_wake.word.load(Ordering::Relaxed);
+    let r = reap_dead(&ring, 1);
+    assert!(r.wake_consumers);
+    assert_ne!(ring.consumer_wake.word.load(Ordering::Relaxed), word);
+}
+
+/// A consumer that leaks a read slot (never releases it) and then leaves gives it back: the
+/// producer is not wedged.
+#[test]
+fn leaving_gives_back_leaked_slots() {
+    for policy in [Policy::Block, Policy::Overwrite] {
+        let heap = HeapRing::new(1, 1, policy);
+        let ring = heap.ring();
+        let mut p = ProducerCore::new();
+        let mut payload = [u64::MAX; 1];
+        let c = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+        publish(&mut p, &ring, &mut payload).unwrap();
+        let _leaked = c.try_pin(&ring).unwrap().unwrap();
+        assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
+        let left = c.leave(&ring, Leave::Free);
+        assert_eq!((left.released, left.retiring), (1, None));
+        assert_eq!(lease_state(&ring, 0), lease::FREE);
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    }
+}
+
+/// An evicted consumer stops gating and holding at once, learns it at its next call, changes
+/// no slot state after, and its entry is freed once it lets go.
+#[test]
+fn eviction_gives_back_holds_and_the_owner_learns_it() {
+    let heap = HeapRing::new(1, 2, Policy::Block);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 1];
+    let bad = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let good = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    let (m, _) = bad.try_pin(&ring).unwrap().unwrap();
+    let (g, _) = good.try_pin(&ring).unwrap().unwrap();
+    good.release(&ring, g.slot).unwrap();
+    assert!(publish(&mut p, &ring, &mut payload).is_err());
+    let seen = ring.consumers[bad.index()].lease.load(Ordering::Relaxed);
+    let (evicted, _) = evict(&ring, bad.index(), seen, lease::evict_reason::RELEASE_EVENT).unwrap();
+    assert!(evicted);
+    assert_eq!(ring.producer.evictions.load(Ordering::Relaxed), 1);
+    // Its hold is given back and it no longer gates: the producer goes on.
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    let expect = RingCorrupt::Evicted {
+        entry: bad.index() as u32,
+        reason: lease::evict_reason::RELEASE_EVENT,
+    };
+    assert_eq!(bad.try_pin(&ring), Err(expect));
+    let before = ring.slots[0].stamp.load(Ordering::Relaxed);
+    assert_eq!(bad.release(&ring, m.slot), Err(expect));
+    assert_eq!(ring.slots[0].stamp.load(Ordering::Relaxed), before, "an evicted release CASed");
+    // While it lives its entry stays EVICTED; once it lets go, the producer frees it.
+    assert_eq!(reap(&ring, |_, _| true, |_, _| {}).unwrap().freed, 0);
+    let left = bad.leave(&ring, Leave::Free);
+    assert!(left.retiring.is_some());
+    let freed = std::cell::Cell::new(None);
+    let r = reap(&ring, |_, _| true, |e, g| freed.set(Some((e, g)))).unwrap();
+    assert_eq!(r.freed, 1);
+    assert_eq!(freed.get(), Some((bad.index(), bad.generation())));
+    assert_eq!(lease_state(&ring, bad.index()), lease::FREE);
+}
+
+/// A retiring consumer's entry is freed only after the producer dropped what it opened of it
+/// (`on_free`), and the owner can tell when; or it can give up and free it itself.
+#[test]
+fn retiring_waits_for_the_producer() {
+    let heap = HeapRing::new(1, 2, Policy::Block);
+    let ring = heap.ring();
+    let a = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let b = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    let retiring_a = a.leave(&ring, Leave::Retire).retiring.unwrap();
+    let retiring_b = b.leave(&ring, Leave::Retire).retiring.unwrap();
+    assert_eq!(ring.producer.retires.load(Ordering::Relaxed), 2);
+    assert!(!retire_done(&ring, a.index(), retiring_a));
+    assert!(give_up_retiring(&ring, b.index(), retiring_b));
+    assert!(retire_done(&ring, b.index(), retiring_b));
+    let freed = std::cell::RefCell::new(Vec::new());
+    let r = reap(&ring, |_, _| true, |e, _| freed.borrow_mut().push(e)).unwrap();
+    assert_eq!((r.dead, r.freed), (0, 1));
+    assert_eq!(*freed.borrow(), vec![a.index()]);
+    assert!(retire_done(&ring, a.index(), retiring_a));
 }

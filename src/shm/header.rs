@@ -13,8 +13,10 @@ use crate::error::{Corruption, OpenError};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 
 /// Bumped on any change to the header or region layout (2: hold records, CUDA tables; 3: memory
-/// fence words; 4: doorbell parking marks in the wake lines and consumer entries).
-pub const LAYOUT_VERSION: u32 = 4;
+/// fence words; 4: doorbell parking marks in the wake lines and consumer entries; 5: the
+/// consumer entry's lease word, eviction reason and table counters, no done words nor
+/// `producer_busy`).
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -33,6 +33,16 @@ impl ProcessId {
     }
 }
 
+/// Whether some process `pid` runs (not a zombie), whatever its start time. For an owner whose
+/// start time is not known yet; a pid reused by another process passes, so prefer
+/// [`ProcessId::is_alive`] once the start time is known.
+pub fn is_running(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    matches!(read_stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
+}
+
 /// The start time of `pid`, if it runs.
 pub fn start_time(pid: u32) -> Option<u64> {
     read_stat(pid).map(|(_, start)| start)
@@ -62,6 +72,8 @@ mod tests {
         assert!(!ProcessId { start_time: me.start_time + 1, ..me }.is_alive());
         assert!(!ProcessId { pid: 0, start_time: 0 }.is_alive());
         assert!(!ProcessId { pid: u32::MAX, start_time: 0 }.is_alive());
+        assert!(is_running(me.pid));
+        assert!(!is_running(0));
     }
 
     #[test]

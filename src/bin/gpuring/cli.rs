@@ -109,6 +109,10 @@ struct RingJson {
     /// Share of the sampling interval the producer spent blocked (`stat` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     blocked_share: Option<f64>,
+    /// Consumers evicted for a failure attributable to their own entry.
+    evictions: u64,
+    /// Dead consumers whose entries and slots the producer took back.
+    reclaims: u64,
     consumers: Vec<ConsumerJson>,
 }
 
@@ -122,6 +126,7 @@ struct ConsumerJson {
     lost: u64,
     holding: u64,
     parked: bool,
+    evicted: bool,
 }
 
 fn memory_name(m: MemoryKind) -> &'static str {
@@ -155,6 +160,8 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         rate,
         blocked_ns: s.blocked_ns,
         blocked_share,
+        evictions: s.evictions,
+        reclaims: s.reclaims,
         consumers: s
             .consumers
             .iter()
@@ -167,6 +174,7 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
                 lost: c.lost,
                 holding: c.holding,
                 parked: c.parked,
+                evicted: c.evicted,
             })
             .collect(),
     }
@@ -260,6 +268,7 @@ fn print_stat(
         100.0 * blocked.min(1.0),
         now.blocked_ns as f64 / 1e9
     );
+    println!("dead consumers reclaimed {}, consumers evicted {}", now.reclaims, now.evictions);
     println!(
         "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5}  WAIT",
         "ENTRY", "PID", "ALIVE", "LAG", "RECEIVED", "RATE/S", "LOST", "HELD"
@@ -277,7 +286,13 @@ fn print_stat(
             rate_c,
             c.lost,
             c.holding,
-            if c.parked { "async" } else { "-" }
+            if c.evicted {
+                "EVICTED"
+            } else if c.parked {
+                "async"
+            } else {
+                "-"
+            }
         );
     }
     if now.consumers.is_empty() {

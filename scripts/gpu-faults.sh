@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with a bundle made by ../shared/gpu-bundle: the
+# fault tests of tests/gpu_faults.rs with MPS off and on, then the GPU soak with MPS on (victims
+# killed holding slots or right after a release whose GPU work is still queued). Logs go to OUT.
+#
+#   scripts/gpu-faults.sh OUT [BUNDLE] [SOAK_MINUTES]
+#
+# If BUNDLE/old/gpu_faults exists (the same test built against an older gpuring, to show what
+# the fix changed), its kill tests run too, each bounded by a timeout: a producer stalled for
+# good shows as a timeout or a test failure there.
+set -uo pipefail
+out=${1:?usage: scripts/gpu-faults.sh OUT [BUNDLE] [SOAK_MINUTES]}
+bundle=${2:-target/gpu-bundle}
+minutes=${3:-3}
+mkdir -p "$out"
+kills='consumers_killed_right_after_release'
+
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control || true
+  sleep 1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+faults() { # label
+  timeout 240 "$bundle/tests/gpu_faults" --include-ignored --test-threads 1 --nocapture "$kills" \
+    > "$out/faults-$1.log" 2>&1
+  echo "faults $1: exit $? | $(grep -h 'killed right after release' "$out/faults-$1.log" | tr '\n' ' ')"
+  if [ -x "$bundle/old/gpu_faults" ]; then
+    for t in "${kills}_do_not_stall_the_producer_events" "${kills}_do_not_stall_the_producer_memory"; do
+      timeout 90 "$bundle/old/gpu_faults" --include-ignored --exact --nocapture "$t" \
+        > "$out/old-$1-${t##*_}.log" 2>&1
+      rc=$?
+      echo "old code, $t, $1: exit $rc$( [ $rc = 124 ] && echo ' (timed out: stalled)') | $(grep -h -m1 -E 'stuck|panicked|killed right' "$out/old-$1-${t##*_}.log")"
+    done
+  fi
+}
+
+faults mps-off
+mps_start
+faults mps-on
+timeout $((minutes * 60 + 120)) "$bundle/bin/soak" --memory cuda --minutes "$minutes" \
+  --kill-every-ms 60 > "$out/soak-gpu-mps-on.log" 2>&1
+echo "soak (MPS on): exit $?"
+tail -5 "$out/soak-gpu-mps-on.log"
+grep -h -i -m5 "mps\|rpc" "$out/soak-gpu-mps-on.log" || true
+mps_stop

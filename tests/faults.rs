@@ -1,0 +1,230 @@
+//! Faults a host-memory ring must survive: consumers that churn against an eager reaper, leak
+//! a slot and leave, or have their table entry overwritten while the stream runs. (The CUDA
+//! ones are in `gpu_faults.rs`; killed consumers and producers in `conformance.rs`.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{env, role, spawn, unique_name};
+use gpuring::shm::{OpenOptions, Params, Segment, ShmName};
+use gpuring::{Consumer, OpenError, Policy, Producer, RecvTimeoutError, StartAt};
+
+/// A payload that says which message it is.
+fn payload(seq: u64) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p[..8].copy_from_slice(&seq.to_le_bytes());
+    p[8..].copy_from_slice(&(!seq).to_le_bytes());
+    p
+}
+
+fn check(bytes: &[u8], seq: u64) {
+    assert_eq!(bytes, payload(seq), "payload of message {seq}");
+}
+
+fn open_when_created(name: &str) -> Consumer {
+    let t = Instant::now();
+    loop {
+        match Consumer::builder(name).start_at(StartAt::Next).open() {
+            Ok(rx) => return rx,
+            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
+                if t.elapsed() < Duration::from_secs(30) =>
+            {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
+/// Consumer processes join, read a few messages and leave, over and over, and some finally
+/// die joined and holding a message, while the producer reaps after every message and
+/// every millisecond. Whatever the interleaving, no consumer may find its entry taken from it
+/// or another's holds mixed with its own (a shared entry shows as `Evicted`, a release
+/// underflow or a wrong payload), the producer never errs nor wedges, and at the end nothing
+/// is held and nobody is joined.
+#[test]
+fn join_leave_churn_against_an_eager_reaper() {
+    const WORKERS: usize = 4;
+    const ROUNDS: u64 = 400;
+    if let Some(role) = role() {
+        assert_eq!(role, "churn");
+        let name: String = env("RING");
+        let me: u64 = env("WORKER");
+        for round in 0..ROUNDS {
+            let rx = open_when_created(&name);
+            for _ in 0..1 + (round + me) % 3 {
+                match rx.recv_timeout(Duration::from_secs(10)) {
+                    Ok(m) => check(&m, m.seq()),
+                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(e) => panic!("worker {me} round {round}: {e}"),
+                }
+            }
+            drop(rx);
+        }
+        // The last act of some workers: die while joined and holding a message.
+        if me % 2 == 0 {
+            let rx = open_when_created(&name);
+            let m = rx.recv_timeout(Duration::from_secs(10));
+            std::mem::forget(m);
+            std::mem::forget(rx);
+            std::process::exit(0);
+        }
+        return;
+    }
+    let name = unique_name("churn");
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(16)
+        .max_consumers(WORKERS as u32)
+        .policy(Policy::Block)
+        .liveness_interval(Duration::from_millis(1))
+        .create()
+        .unwrap();
+    let children: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let env = [("RING", name.clone()), ("WORKER", w.to_string())];
+            spawn("join_leave_churn_against_an_eager_reaper", "churn", &env)
+        })
+        .collect();
+    let mut children: Vec<_> = children.into_iter().map(Some).collect();
+    let started = Instant::now();
+    let mut seq = 0;
+    while children.iter().any(Option::is_some) {
+        assert!(started.elapsed() < Duration::from_secs(120), "churn took too long");
+        match tx.acquire_timeout(Duration::from_millis(5)) {
+            Ok(mut slot) => {
+                slot[..16].copy_from_slice(&payload(seq));
+                slot.publish(16, b"").unwrap();
+                seq += 1;
+            }
+            Err(gpuring::AcquireTimeoutError::Timeout) => {}
+            Err(e) => panic!("producer: {e}"),
+        }
+        tx.reap().unwrap();
+        for c in children.iter_mut() {
+            if let Some(status) = c.as_mut().and_then(|ch| ch.try_wait().unwrap()) {
+                assert!(status.success(), "a churning consumer failed: {status}");
+                *c = None;
+            }
+        }
+    }
+    // Everyone is gone: the dead ones' entries and holds come back.
+    let t = Instant::now();
+    while tx.consumer_count() > 0 || tx.held_slots() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "left behind: {:?}", tx.consumers());
+        tx.reap().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("churn: {seq} messages, {} joins", WORKERS as u64 * (ROUNDS + 1));
+}
+
+/// A consumer that leaks a read slot (`mem::forget`) and then leaves must not wedge the
+/// producer: leaving gives back what it still holds.
+#[test]
+fn a_consumer_that_leaks_a_slot_and_leaves_does_not_wedge_the_producer() {
+    for policy in [Policy::Block, Policy::Overwrite] {
+        let name = unique_name("leak-leave");
+        let mut tx = Producer::builder(&name).capacity(2).policy(policy).create().unwrap();
+        let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+        tx.send(b"a", b"").unwrap();
+        tx.send(b"b", b"").unwrap();
+        std::mem::forget(rx.recv().unwrap());
+        drop(rx);
+        assert_eq!(tx.held_slots(), 0, "{policy:?}: the leaked slot is still held");
+        for _ in 0..4 {
+            let slot = tx.acquire_timeout(Duration::from_secs(2));
+            assert!(slot.is_ok(), "{policy:?}: the producer is wedged");
+            slot.unwrap().publish(0, b"").unwrap();
+        }
+    }
+}
+
+/// Random words written over one consumer's table entry and hold records while the stream
+/// runs (a buggy or hostile process of the same user): the producer goes on, the other
+/// consumers receive every message intact, and the victim is either unharmed or told.
+#[test]
+fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
+    const MESSAGES: u64 = 3000;
+    if let Some(role) = role() {
+        let rx = open_when_created(&env::<String>("RING"));
+        let mut next = None;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(m) => {
+                    check(&m, m.seq());
+                    if role == "steady" {
+                        if let Some(n) = next {
+                            assert_eq!(m.seq(), n, "a steady consumer lost messages");
+                        }
+                    }
+                    next = Some(m.seq() + 1);
+                    if m.seq() + 1 == MESSAGES {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    assert_eq!(role, "victim", "a steady consumer was cut off");
+                    return;
+                }
+                // The victim may learn that its entry is no longer its own: that is the point.
+                Err(e) if role == "victim" => {
+                    eprintln!("victim: {e}");
+                    return;
+                }
+                Err(e) => panic!("{role}: {e}"),
+            }
+        }
+    }
+    let name = unique_name("scribble");
+    let mut tx = Producer::builder(&name)
+        .capacity(8)
+        .slot_size(16)
+        .policy(Policy::Block)
+        .liveness_interval(Duration::from_millis(10))
+        .create()
+        .unwrap();
+    let test = "an_overwritten_consumer_entry_does_not_stop_the_stream";
+    let env = [("RING", name.clone())];
+    let steady: Vec<_> = (0..2).map(|_| spawn(test, "steady", &env)).collect();
+    let mut victim = spawn(test, "victim", &env);
+    let t = Instant::now();
+    while tx.consumer_count() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(30), "consumers did not join");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let victim_entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
+    // The victim's entry and hold records, as offsets in the segment.
+    let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+    let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
+    let stride = gpuring::ring::hold::stride(params.capacity as usize) * 8;
+    let regions = [
+        (layout.consumers + victim_entry * 128, 128),
+        (layout.holds + victim_entry * stride, stride),
+    ];
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for seq in 0..MESSAGES {
+        if (1000..1100).contains(&seq) {
+            for &(start, len) in &regions {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let at = start + (rng as usize % (len / 8)) * 8;
+                // SAFETY: `at` is 8-byte aligned (regions start on 128-byte lines) and lies
+                // inside the mapping (the layout was checked against the file size); every
+                // shared word is an atomic, so a racy store is what a hostile peer does.
+                let word = unsafe { &*(seg.base().add(at) as *const std::sync::atomic::AtomicU64) };
+                word.store(rng, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let mut slot = tx.acquire_timeout(Duration::from_secs(10)).expect("the producer wedged");
+        slot[..16].copy_from_slice(&payload(seq));
+        slot.publish(16, b"").unwrap();
+    }
+    for c in steady {
+        common::expect_success(c, "a steady consumer");
+    }
+    let status = victim.wait().unwrap();
+    eprintln!("victim: {status}; producer saw {:?}", tx.consumers());
+    drop(tx);
+}

@@ -1,0 +1,446 @@
+//! Faults of CUDA rings: consumers killed with their GPU work queued right after a release,
+//! the order of teardown across processes, the caller's CUDA context, and a consumer whose
+//! release-event handle is damaged. Every test needs a GPU and is ignored without one.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::{env, expect_success, role, spawn, unique_name};
+use gpuring::cuda::driver;
+use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
+use gpuring::gpu::GpuRecvError;
+use gpuring::shm::{OpenOptions, Params, Segment, ShmName};
+use gpuring::{Consumer, Fence, GpuConsumer, GpuProducer, OpenError, Policy, Producer, StartAt};
+
+const LEN: u64 = 1 << 20;
+
+fn open_when_created(name: &str) -> GpuConsumer {
+    let t = Instant::now();
+    loop {
+        match Consumer::builder(name).start_at(StartAt::Next).open_gpu() {
+            Ok(rx) => return rx,
+            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
+                if t.elapsed() < Duration::from_secs(60) =>
+            {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
+fn wait_for_consumers(tx: &GpuProducer, n: usize) {
+    let t = Instant::now();
+    while tx.consumer_count() < n {
+        assert!(t.elapsed() < Duration::from_secs(60), "consumers did not join");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks every message on the GPU until disconnected (or `until` messages); asserts that none
+/// was lost (Block) and no byte differed. Returns the messages checked.
+fn check_all(rx: &GpuConsumer, until: Option<u64>) -> u64 {
+    let k = PatternKernels::get(rx.context()).unwrap();
+    let bad = MismatchCounter::new(rx.stream()).unwrap();
+    let (mut n, mut next) = (0, None);
+    loop {
+        let m = match rx.recv() {
+            Ok(m) => m,
+            Err(GpuRecvError::Disconnected) => break,
+            Err(e) => panic!("recv: {e}"),
+        };
+        if let Some(next) = next {
+            assert_eq!(m.seq(), next, "a steady consumer lost messages");
+        }
+        next = Some(m.seq() + 1);
+        // SAFETY: the bytes stay readable on the message's stream until the release that
+        // dropping `m` records after this kernel.
+        unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
+        n += 1;
+        if until.is_some_and(|u| n >= u) {
+            break;
+        }
+    }
+    assert_eq!(bad.read(rx.stream()).unwrap(), 0, "mismatching bytes");
+    n
+}
+
+/// Publishes `seq` with the test pattern, waiting at most 20 s for a slot.
+fn publish(tx: &mut GpuProducer, k: &PatternKernels, seq: u64) {
+    let slot = match tx.acquire_timeout(Duration::from_secs(20)) {
+        Ok(slot) => slot,
+        Err(e) => panic!("the producer is stuck at message {seq}: {e}; {:?}", tx.consumers()),
+    };
+    // SAFETY: the slot holds LEN bytes and is ours until publish.
+    unsafe { k.fill(slot.stream(), slot.ptr(), LEN, seq) }.unwrap();
+    slot.publish(LEN as usize, b"").unwrap();
+}
+
+/// Consumers that queue a long kernel on a message (50 ms), release it, and are SIGKILLed at
+/// once (they kill themselves right after the release, before their stream has run the release
+/// record). The producer must notice them dead and stop depending on their fences: it keeps
+/// publishing, and two steady consumers receive every message intact. `KILLS` per fence kind;
+/// run it with MPS on and off (scripts/gpu-faults.sh).
+fn killed_after_release(test: &str, fence: Fence) {
+    const KILLS: u64 = 100;
+    const WAVE: u64 = 8;
+    match role().as_deref() {
+        Some("steady") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            let n = check_all(&rx, None);
+            eprintln!("steady consumer: {n} messages checked");
+            return;
+        }
+        Some("killed") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            let k = PatternKernels::get(rx.context()).unwrap();
+            let bad = MismatchCounter::new(rx.stream()).unwrap();
+            let m = rx.recv().unwrap();
+            // SAFETY: as in `check_all`; the kernel spins 50 ms before it reads.
+            unsafe { k.check(m.stream(), m.ptr(), LEN, m.seq(), bad.ptr(), 50_000_000) }.unwrap();
+            m.release().unwrap();
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            unreachable!("killed");
+        }
+        _ => {}
+    }
+    let name = unique_name("killed");
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(LEN as usize)
+        .policy(Policy::Block)
+        .fence(fence)
+        .liveness_interval(Duration::from_millis(20))
+        .create_gpu(0)
+        .unwrap();
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let env = [("RING", name.clone())];
+    let steady: Vec<_> = (0..2).map(|_| spawn(test, "steady", &env)).collect();
+    wait_for_consumers(&tx, 2);
+    let (mut seq, mut killed) = (0, 0);
+    let started = Instant::now();
+    while killed < KILLS {
+        let wave: Vec<_> = (0..WAVE).map(|_| spawn(test, "killed", &env)).collect();
+        // Keep publishing while they join, read, release and die.
+        let mut wave: Vec<_> = wave.into_iter().map(Some).collect();
+        while wave.iter().any(Option::is_some) {
+            publish(&mut tx, &k, seq);
+            seq += 1;
+            for w in wave.iter_mut() {
+                if let Some(status) = w.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                    use std::os::unix::process::ExitStatusExt;
+                    assert_eq!(status.signal(), Some(9), "a killed consumer ended otherwise");
+                    killed += 1;
+                    *w = None;
+                }
+            }
+        }
+    }
+    // A few more laps after the last death: nothing may be wedged.
+    for _ in 0..64 {
+        publish(&mut tx, &k, seq);
+        seq += 1;
+    }
+    let t = Instant::now();
+    while tx.consumer_count() > 2 || tx.held_slots() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "left behind: {:?}", tx.consumers());
+        tx.reap().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{fence:?}: {killed} consumers killed right after release, {seq} messages in {secs:.1} s"
+    );
+    eprintln!(
+        "{fence:?}: {killed} consumers killed right after release, {seq} messages in {secs:.1} s"
+    );
+    drop(tx);
+    for c in steady {
+        expect_success(c, "a steady consumer");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn consumers_killed_right_after_release_do_not_stall_the_producer_events() {
+    let test = "consumers_killed_right_after_release_do_not_stall_the_producer_events";
+    killed_after_release(test, Fence::Events);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn consumers_killed_right_after_release_do_not_stall_the_producer_memory() {
+    let test = "consumers_killed_right_after_release_do_not_stall_the_producer_memory";
+    killed_after_release(test, Fence::Memory);
+}
+
+/// One line of the lifecycle log: (monotonic ns, pid, message, entry, generation).
+#[derive(Debug, Clone)]
+struct Event {
+    ns: u64,
+    pid: u32,
+    what: String,
+    entry: Option<u64>,
+}
+
+/// Logs gpuring's lifecycle events (target `gpuring::lifecycle`) of this process to `path`,
+/// one line each: `<monotonic ns> <pid> <fields>`.
+fn log_lifecycle_to(path: &str) {
+    struct Mono;
+    impl tracing_subscriber::fmt::time::FormatTime for Mono {
+        fn format_time(
+            &self,
+            w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+        ) -> std::fmt::Result {
+            write!(w, "{} {}", gpuring::monotonic_ns(), std::process::id())
+        }
+    }
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("gpuring::lifecycle=debug"))
+        .with_timer(Mono)
+        .with_ansi(false)
+        .with_level(false)
+        .with_target(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .init();
+}
+
+fn read_log(path: &str) -> Vec<Event> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|line| {
+            let mut w = line.split_whitespace();
+            let ns = w.next().unwrap().parse().unwrap();
+            let pid = w.next().unwrap().parse().unwrap();
+            let rest: Vec<&str> = w.collect();
+            let entry = rest.iter().find_map(|f| f.strip_prefix("entry=")?.parse().ok());
+            let what = rest.iter().filter(|f| !f.contains('=')).copied().collect::<Vec<_>>();
+            Event { ns, pid, what: what.join(" "), entry }
+        })
+        .collect()
+}
+
+/// Teardown order across processes, read from the lifecycle log of a producer and two
+/// consumers (docs/gpu.md, "Leaving"): each consumer closes its mappings of the producer's
+/// memory and its ready-event imports before it retires its entry; the producer drops its
+/// imports of a consumer's release events before that consumer destroys them; the producer
+/// frees its memory only after every consumer closed its mappings.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn teardown_closes_before_it_leaves_and_frees_after_everyone() {
+    const TEST: &str = "teardown_closes_before_it_leaves_and_frees_after_everyone";
+    let log: String = std::env::var("LOG").unwrap_or_default();
+    if role().is_some() {
+        log_lifecycle_to(&log);
+        let rx = open_when_created(&env::<String>("RING"));
+        // Read for a while, so the producer has opened our release events, then leave while
+        // it still publishes.
+        check_all(&rx, Some(64));
+        return;
+    }
+    let name = unique_name("teardown");
+    let log = std::env::temp_dir().join(format!("{name}.log")).display().to_string();
+    let _ = std::fs::remove_file(&log);
+    log_lifecycle_to(&log);
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(LEN as usize)
+        .policy(Policy::Overwrite)
+        .create_gpu(0)
+        .unwrap();
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let env = [("RING", name.clone()), ("LOG", log.clone())];
+    let mut children: Vec<_> = (0..2).map(|_| Some(spawn(TEST, "consumer", &env))).collect();
+    wait_for_consumers(&tx, 2);
+    let mut seq = 0;
+    while children.iter().any(Option::is_some) {
+        publish(&mut tx, &k, seq);
+        seq += 1;
+        std::thread::sleep(Duration::from_micros(500));
+        for c in children.iter_mut() {
+            if let Some(status) = c.as_mut().and_then(|ch| ch.try_wait().unwrap()) {
+                assert!(status.success(), "a consumer failed: {status}");
+                *c = None;
+            }
+        }
+    }
+    drop(tx);
+    let events = read_log(&log);
+    let me = std::process::id();
+    let at = |pid: u32, what: &str, entry: Option<u64>| -> Option<u64> {
+        events
+            .iter()
+            .find(|e| {
+                e.pid == pid && e.what.contains(what) && (entry.is_none() || e.entry == entry)
+            })
+            .map(|e| e.ns)
+    };
+    let freed = at(me, "producer pools freed", None).expect("the producer freed its pools");
+    let consumers: std::collections::BTreeSet<u32> =
+        events.iter().filter(|e| e.pid != me).map(|e| e.pid).collect();
+    assert_eq!(consumers.len(), 2, "events: {events:?}");
+    for pid in consumers {
+        let entry = events.iter().find(|e| e.pid == pid).and_then(|e| e.entry);
+        let closed = at(pid, "consumer mappings closed", None).expect("closed");
+        let retiring = at(pid, "consumer retiring", None).expect("retiring");
+        let destroyed = at(pid, "consumer release events destroyed", None)
+            .expect("the consumer destroyed its release events (the producer let go in time)");
+        let dropped = at(me, "producer imports dropped", entry).expect("the producer dropped");
+        println!(
+            "consumer {pid} (entry {entry:?}): closed {closed}, retiring +{} ns, producer \
+             dropped imports +{} ns, events destroyed +{} ns; pools freed +{} ns",
+            retiring - closed,
+            dropped - closed,
+            destroyed - closed,
+            freed - closed
+        );
+        assert!(closed < retiring, "consumer {pid} retired before closing its mappings");
+        assert!(dropped < destroyed, "consumer {pid} destroyed events the producer had open");
+        assert!(closed < freed, "the producer freed memory consumer {pid} still mapped");
+    }
+}
+
+/// The caller's current CUDA context is left as it was by creating a producer and opening a
+/// consumer: none on a fresh thread, and a context of the caller's own (as PyTorch has) where
+/// one is current.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_callers_context_stays_current() {
+    const TEST: &str = "the_callers_context_stays_current";
+    if role().is_some() {
+        let mut tx = Producer::builder(&env::<String>("RING"))
+            .slot_size(LEN as usize)
+            .create_gpu(0)
+            .unwrap();
+        let k = PatternKernels::get(tx.context()).unwrap();
+        let mut seq = 0;
+        // Publish until the parent is done (it removes the flag file).
+        while std::path::Path::new(&env::<String>("FLAG")).exists() {
+            publish(&mut tx, &k, seq);
+            seq += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return;
+    }
+    let current = || driver::ctx_get_current().unwrap() as usize;
+    // A producer made on a thread with no current context.
+    std::thread::spawn(move || {
+        assert_eq!(current(), 0);
+        let tx = Producer::builder(&unique_name("ctx-tx")).create_gpu(0).unwrap();
+        assert_eq!(current(), 0, "create_gpu left a context current");
+        drop(tx);
+        assert_eq!(current(), 0, "dropping a producer left a context current");
+    })
+    .join()
+    .unwrap();
+    // Consumers of a ring in another process, opened with no context and with one of ours.
+    let name = unique_name("ctx");
+    let flag = std::env::temp_dir().join(format!("{name}.flag")).display().to_string();
+    std::fs::write(&flag, b"").unwrap();
+    let child = spawn(TEST, "producer", &[("RING", name.clone()), ("FLAG", flag.clone())]);
+    std::thread::spawn(move || {
+        assert_eq!(current(), 0);
+        let rx = open_when_created(&name);
+        assert_eq!(current(), 0, "open_gpu left a context current");
+        check_all(&rx, Some(8));
+        assert_eq!(current(), 0, "receiving left a context current");
+        drop(rx);
+        let dev = driver::device(0).unwrap();
+        // SAFETY: a fresh context of device 0, destroyed below after the last use.
+        let mine = unsafe { driver::ctx_create(dev) }.unwrap();
+        assert_eq!(current(), mine as usize);
+        let rx = open_when_created(&name);
+        assert_eq!(current(), mine as usize, "open_gpu replaced the caller's context");
+        check_all(&rx, Some(8));
+        drop(rx);
+        assert_eq!(current(), mine as usize, "dropping a consumer replaced the caller's context");
+        // SAFETY: ours, current on this thread, not used after.
+        unsafe { driver::ctx_destroy(mine) }.unwrap();
+    })
+    .join()
+    .unwrap();
+    std::fs::remove_file(&flag).unwrap();
+    expect_success(child, "producer");
+}
+
+/// One consumer's release-event handles are overwritten with random bytes (a buggy or hostile
+/// process of the same user). The producer's open of them fails: it must evict that consumer
+/// (counted, visible in its consumer list) and go on serving the two others, which receive
+/// every message intact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_consumer_with_a_damaged_release_event_is_evicted() {
+    const TEST: &str = "a_consumer_with_a_damaged_release_event_is_evicted";
+    const MESSAGES: u64 = 400;
+    match role().as_deref() {
+        Some("steady") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            assert_eq!(check_all(&rx, Some(MESSAGES)), MESSAGES);
+            return;
+        }
+        Some("victim") => {
+            let rx = open_when_created(&env::<String>("RING"));
+            loop {
+                match rx.recv() {
+                    Ok(m) => drop(m),
+                    Err(GpuRecvError::Corrupt(c)) => {
+                        eprintln!("victim: {c}");
+                        assert!(c.to_string().contains("evicted"), "victim: {c}");
+                        return;
+                    }
+                    Err(e) => panic!("victim: {e}"),
+                }
+            }
+        }
+        _ => {}
+    }
+    let name = unique_name("evict");
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(LEN as usize)
+        .policy(Policy::Block)
+        .create_gpu(0)
+        .unwrap();
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let env = [("RING", name.clone())];
+    let steady: Vec<_> = (0..2).map(|_| spawn(TEST, "steady", &env)).collect();
+    let victim = spawn(TEST, "victim", &env);
+    wait_for_consumers(&tx, 3);
+    let entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
+    // Its release lines' handles: 16 bytes into each 128-byte line (see cuda::layout).
+    let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+    let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
+    let cap = params.capacity as usize;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for slot in 0..cap {
+        let line = layout.release_slots + (entry * cap + slot) * 128;
+        for w in 0..8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // SAFETY: an 8-byte-aligned word of the victim's release line, inside the mapping
+            // (the layout was checked against the file size); shared words are atomics.
+            let word = unsafe {
+                &*(seg.base().add(line + 16 + 8 * w) as *const std::sync::atomic::AtomicU64)
+            };
+            word.store(x, Relaxed);
+        }
+    }
+    for seq in 0..MESSAGES {
+        publish(&mut tx, &k, seq);
+    }
+    let evicted: Vec<_> = tx.consumers().into_iter().filter(|c| c.evicted).collect();
+    println!("evicted: {evicted:?}");
+    for c in steady {
+        expect_success(c, "a steady consumer");
+    }
+    expect_success(victim, "the victim");
+    let status = gpuring::inspect::status(&name).unwrap();
+    assert_eq!(status.evictions, 1, "evictions counted: {}", status.evictions);
+    drop(tx);
+}
