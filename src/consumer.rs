@@ -586,7 +586,18 @@ impl Consumer {
             // Closed: anything published before the close is visible now; look once more.
             Ok(None) => match self.pin() {
                 Ok(Some(m)) => Some(Ok(m)),
-                Ok(None) => Some(Err(TryRecvError::Disconnected)),
+                Ok(None) => {
+                    let ring = self.map.ring();
+                    if !self.core.next_is_frozen(&ring) {
+                        return Some(Err(TryRecvError::Disconnected));
+                    }
+                    // Our next message is there, frozen for a moment by a producer's recount:
+                    // not "nothing left". A producer killed during the recount never thaws it.
+                    if self.producer_dead.get() {
+                        crate::ring::thaw(&ring, self.core.next_slot(&ring));
+                    }
+                    None
+                }
                 Err(c) => Some(Err(TryRecvError::Corrupt(c))),
             },
         }

@@ -9,7 +9,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::mapped::MappedRing;
-use crate::ring::{evict, reap, ConsumerCore, Leave, ProducerCore, StartAt};
+use crate::ring::{evict, reap, ConsumerCore, Leave, ProducerCore, Recount, StartAt};
 use crate::shm::{Header, Layout, MemoryKind, Params, Segment, MAGIC};
 
 /// Runs the readers of a segment over `data`.
@@ -55,8 +55,8 @@ pub fn segment(data: &[u8]) {
         let _ = evict(&ring, entry, seen, 1);
     }
     // Every owner taken for dead, then for alive: both paths of the reaper.
-    let _ = reap(&ring, |_, _| false, |_, _| {});
-    let _ = reap(&ring, |_, _| true, |_, _| {});
+    let _ = reap(&ring, |_, _| false, |_, _| {}, Recount::Yes);
+    let _ = reap(&ring, |_, _| true, |_, _| {}, Recount::No);
     let mut producer = ProducerCore::new();
     for _ in 0..4 {
         if producer.try_claim(&ring).is_err() {

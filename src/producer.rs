@@ -11,7 +11,7 @@ use crate::error::{
 };
 use crate::mapped::MappedRing;
 use crate::ring::producer::{wants_wake, ClaimError};
-use crate::ring::{audit, park, stamp, Policy, ProducerCore, Reaped, RingCorrupt};
+use crate::ring::{audit, park, stamp, Policy, ProducerCore, Reaped, Recount, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::{MemoryKind, Params, ShmName, MAGIC};
 use crate::stats::ConsumerInfo;
@@ -336,18 +336,36 @@ fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
 
 /// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
 /// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze slots.
-fn reap(ring: &crate::ring::Ring<'_>, on_free: OnFree<'_>) -> Result<Reaped, RingCorrupt> {
-    let r = crate::ring::reap(ring, owner_alive, |entry, generation| {
-        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "entry freed");
-        on_free(entry, generation)
-    })?;
+fn reap(
+    ring: &crate::ring::Ring<'_>,
+    bells: &mut ProducerBells,
+    on_free: OnFree<'_>,
+    recount: Recount,
+) -> Result<Reaped, RingCorrupt> {
+    let r = crate::ring::reap(
+        ring,
+        owner_alive,
+        |entry, generation| {
+            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "entry freed");
+            on_free(entry, generation)
+        },
+        recount,
+    )?;
     if r.dead > 0 || r.slots > 0 {
         tracing::info!(dead = r.dead, freed = r.freed, slots = r.slots, "dead consumers reclaimed");
     }
     if r.wake_consumers {
-        wait::wake_all(ring.consumer_wake);
+        wake_consumers(ring, bells);
     }
     Ok(r)
+}
+
+/// Wakes the consumers that sleep (futex) or are parked (doorbells); `wants_wake` said yes.
+fn wake_consumers(ring: &crate::ring::Ring<'_>, bells: &mut ProducerBells) {
+    wait::wake_all(ring.consumer_wake);
+    if park::has_parked(ring.consumer_wake) {
+        bells.ring_parked(ring);
+    }
 }
 
 /// Adds the time since `started` to the producer's blocked-time statistic.
@@ -634,7 +652,7 @@ impl Producer {
             return Err(AcquireTimeoutError::Corrupt(Corruption::Truncated));
         }
         self.maintain(on_free).map_err(AcquireTimeoutError::Corrupt)?;
-        let Producer { map, core, wait, last_reap, .. } = self;
+        let Producer { map, core, wait, last_reap, bells, .. } = self;
         let ring = map.ring();
         let claim = |core: &mut ProducerCore| match core.try_claim(&ring) {
             Ok(slot) => Some(Ok(slot)),
@@ -657,10 +675,10 @@ impl Producer {
                     }
                     *last_reap = Instant::now();
                     let mut core = core.borrow_mut();
-                    match reap(&ring, on_free).and_then(|r| {
+                    match reap(&ring, bells, on_free, Recount::Yes).and_then(|r| {
                         let (lowered, wake) = audit(&ring, ring.slot_of(core.next_seq()))?;
                         if wake {
-                            wait::wake_all(ring.consumer_wake);
+                            wake_consumers(&ring, bells);
                         }
                         Ok(r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered)
                     }) {
@@ -706,10 +724,15 @@ impl Producer {
     pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
         self.last_reap = Instant::now();
         let ring = self.map.ring();
-        let r = reap(&ring, on_free)?;
+        // Closed: nothing is published any more, and a recount's freeze could make a draining
+        // consumer take a published message for none (`ring::reclaim`).
+        if self.closed {
+            return Ok(reap(&ring, &mut self.bells, on_free, Recount::No)?);
+        }
+        let r = reap(&ring, &mut self.bells, on_free, Recount::Yes)?;
         let (lowered, wake) = audit(&ring, ring.slot_of(self.core.next_seq()))?;
         if wake {
-            wait::wake_all(ring.consumer_wake);
+            wake_consumers(&ring, &mut self.bells);
         }
         if r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered {
             self.core.forget_min_cursor();
@@ -722,8 +745,9 @@ impl Producer {
     /// producer runs, not only when it is blocked, and retiring consumers are let go quickly.
     pub(crate) fn maintain(&mut self, on_free: OnFree<'_>) -> Result<(), Corruption> {
         let line = self.map.ring().producer;
-        // Relaxed: hints to look; `reap` reads the entries with Acquire.
-        let seen = (line.joins.load(Ordering::Relaxed), line.retires.load(Ordering::Relaxed));
+        // Acquire: pairs with the consumers' Release bumps, made after their lease CASes, so a
+        // reap that follows a moved count sees the entry that moved it.
+        let seen = (line.joins.load(Ordering::Acquire), line.retires.load(Ordering::Acquire));
         if seen != self.table_seen || self.last_reap.elapsed() >= self.wait.tick {
             self.table_seen = seen;
             self.reap_with(on_free)?;
@@ -734,24 +758,16 @@ impl Producer {
     /// Evicts the consumer of entry `entry`, whose lease was seen as `seen`, for `reason` (a
     /// `ring::lease::evict_reason`): a failure the producer met was attributable to that entry
     /// alone, so that consumer goes and the others are served on. Returns whether it evicted.
-    pub(crate) fn evict(
-        &mut self,
-        entry: usize,
-        seen: u64,
-        reason: u32,
-    ) -> Result<bool, Corruption> {
+    pub(crate) fn evict(&mut self, entry: usize, seen: u64, reason: u32) -> bool {
         let ring = self.map.ring();
-        let (evicted, wake) = crate::ring::evict(&ring, entry, seen, reason)?;
+        let evicted = crate::ring::evict(&ring, entry, seen, reason);
         if evicted {
             let why = crate::ring::lease::evict_reason::describe(reason);
             let pid = crate::ring::lease::pid(seen);
             tracing::warn!(ring = %self.name(), entry, pid, "consumer evicted: {why}");
             self.core.forget_min_cursor();
         }
-        if wake {
-            wait::wake_all(ring.consumer_wake);
-        }
-        Ok(evicted)
+        evicted
     }
 
     /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as
@@ -819,11 +835,7 @@ impl Producer {
 
     /// Wakes the consumers that sleep (futex) or are parked (doorbells); `wants_wake` said yes.
     fn wake_consumers(&mut self) {
-        let ring = self.map.ring();
-        wait::wake_all(ring.consumer_wake);
-        if park::has_parked(ring.consumer_wake) {
-            self.bells.ring_parked(&ring);
-        }
+        wake_consumers(&self.map.ring(), &mut self.bells);
     }
 
     /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.

@@ -327,6 +327,7 @@ fn the_callers_context_stays_current() {
         }
         return;
     }
+    driver::available().expect("a CUDA driver"); // cuInit, before any other driver call
     let current = || driver::ctx_get_current().unwrap() as usize;
     // A producer made on a thread with no current context.
     std::thread::spawn(move || {

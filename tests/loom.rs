@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use gpuring::ring::producer::ClaimError;
 use gpuring::ring::{
-    hold, lease, reap, ConsumerCore, HeapRing, Leave, Policy, ProducerCore, StartAt,
+    evict, hold, lease, reap, ConsumerCore, HeapRing, Leave, Policy, ProducerCore, Recount, StartAt,
 };
 
 struct Shared {
@@ -200,7 +200,7 @@ fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
                                 lease::state(l) == lease::FREE
                             };
                             while !free(&ring) {
-                                reap(&ring, |pid, _| pid != 2, |_, _| {}).unwrap();
+                                reap(&ring, |pid, _| pid != 2, |_, _| {}, Recount::Yes).unwrap();
                                 thread::yield_now();
                             }
                             // Consumers that found a slot frozen by the reclaim may wait.
@@ -334,10 +334,10 @@ fn reap_never_frees_a_live_joiner() {
         // A start time not yet stored (None) is judged by the pid, as `shm::process` does.
         let alive = |pid: u32, start: Option<u64>| pid == 2 && start.is_none_or(|s| s == 2);
         while !joined.load(SeqCst) {
-            reap(&ring, alive, |_, _| {}).unwrap();
+            reap(&ring, alive, |_, _| {}, Recount::Yes).unwrap();
             thread::yield_now();
         }
-        reap(&ring, alive, |_, _| {}).unwrap();
+        reap(&ring, alive, |_, _| {}, Recount::Yes).unwrap();
         let index = joiner.join().unwrap();
         let l = ring.consumers[index].lease.load(SeqCst);
         assert_eq!(lease::state(l), lease::ACTIVE, "a live joiner's entry was freed by the reaper");
@@ -374,10 +374,75 @@ fn reap_never_frees_a_reused_entry() {
             3 => start.is_none_or(|s| s == 3) && !dead3.load(SeqCst),
             _ => false,
         };
-        reap(&ring, alive, |_, _| {}).unwrap();
+        reap(&ring, alive, |_, _| {}, Recount::Yes).unwrap();
         let index = joiner.join().unwrap();
         let l = ring.consumers[index].lease.load(SeqCst);
         assert_eq!(lease::state(l), lease::ACTIVE, "a live joiner's entry was freed by the reaper");
         assert_eq!(lease::pid(l), 2);
+    });
+}
+
+/// The producer evicts a consumer while that consumer releases a message another consumer
+/// still holds (its release may be in flight past any check), then reaps and recounts the slot
+/// (`audit`): the held count must come down by that one release only, never by a recount too.
+#[test]
+fn eviction_never_takes_a_hold_twice() {
+    use gpuring::ring::stamp;
+    builder().check(|| {
+        let shared = Shared::new(1, Policy::Overwrite);
+        let ring = shared.ring.ring();
+        let evicted = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+        let reader = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+        let mut p = ProducerCore::new();
+        p.try_claim(&ring).unwrap();
+        p.publish(&ring, 1, 0);
+        let (e, _) = evicted.try_pin(&ring).unwrap().unwrap();
+        let (r, _) = reader.try_pin(&ring).unwrap().unwrap();
+        let index = evicted.index();
+        let s = shared.clone();
+        let releaser = thread::spawn(move || {
+            let _ = evicted.release(&s.ring.ring(), e.slot);
+        });
+        let seen = ring.consumers[index].lease.load(SeqCst);
+        evict(&ring, index, seen, lease::evict_reason::RELEASE_EVENT);
+        reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
+        // A producer blocked on the slot recounts it.
+        gpuring::ring::audit(&ring, 0).unwrap();
+        releaser.join().unwrap();
+        reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
+        let held = stamp::held(ring.slots[0].stamp.load(SeqCst));
+        assert_eq!(held, 1, "the other reader's hold was taken away");
+        reader.release(&ring, r.slot).unwrap();
+    });
+}
+
+/// A retiring consumer gives up waiting for the producer and frees its entry itself, then joins
+/// again at once (the same process reconnecting), while the producer finishes the entry.
+/// Whoever wins, the new owner's entry must be ACTIVE with its own start time.
+#[test]
+fn giving_up_a_retired_entry_never_races_the_producer() {
+    builder().check(|| {
+        let shared = Shared::new(1, Policy::Block);
+        let ring = shared.ring.ring();
+        let first = ConsumerCore::join(&ring, StartAt::Next, 1, 11).unwrap();
+        let index = first.index();
+        let retiring = first.leave(&ring, Leave::Retire).retiring.unwrap();
+        let s = shared.clone();
+        let leaver = thread::spawn(move || {
+            let ring = s.ring.ring();
+            gpuring::ring::consumer::give_up_retiring(&ring, index, retiring);
+            loop {
+                match ConsumerCore::join(&ring, StartAt::Next, 1, 22) {
+                    Ok(core) => return core.index(),
+                    Err(_) => thread::yield_now(),
+                }
+            }
+        });
+        reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
+        let again = leaver.join().unwrap();
+        let l = ring.consumers[again].lease.load(SeqCst);
+        assert_eq!(lease::state(l), lease::ACTIVE);
+        let start = ring.consumers[again].start_time.load(SeqCst);
+        assert_eq!(start, 22, "the new owner's start time was overwritten");
     });
 }

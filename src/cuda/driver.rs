@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 pub use sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUresult, CUstream,
 };
 
 /// A CUDA driver call that failed.

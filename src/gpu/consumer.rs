@@ -28,6 +28,11 @@ const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
 /// "Leaving"). A producer that acquires, or is closing, answers within a liveness interval.
 const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
 
+/// How long a dropped consumer waits for its own GPU work to finish while the producer lives,
+/// before it leaves everything to process exit (its stream may wait on a fence the producer's
+/// failed context will never write).
+const IDLE_PATIENCE: Duration = Duration::from_secs(30);
+
 impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
@@ -673,9 +678,10 @@ impl Drop for GpuConsumer {
     /// those events.
     fn drop(&mut self) {
         if !self.wait_idle() {
-            // Our stream waits on a fence of a dead producer that will never complete: nothing
-            // it queued may be closed or destroyed under it. Leave it all to process exit.
-            tracing::warn!(ring = %self.name(), "the producer died with our GPU work waiting on it");
+            // Our stream waits on a fence that will never complete (its producer died, or its
+            // context failed): nothing it queued may be closed or destroyed under it. Leave it
+            // all to process exit.
+            tracing::warn!(ring = %self.name(), "our GPU work did not finish: leaving it to exit");
             self.inner.leave(Leave::Free);
             let side = std::mem::replace(&mut self.side.pools, RefCell::new(Vec::new()));
             std::mem::forget(side);
@@ -713,7 +719,8 @@ impl Drop for GpuConsumer {
 impl GpuConsumer {
     /// Waits until our GPU work is done: the stream and every release event complete. Polls,
     /// checking the producer's liveness once per liveness interval; false if the producer died
-    /// and our work still waits (on a fence of its that will never complete).
+    /// and our work still waits (on a fence of its that will never complete), or if it is not
+    /// done after [`IDLE_PATIENCE`] (a producer whose context failed never writes its fences).
     fn wait_idle(&self) -> bool {
         let idle = || {
             self.side.stream.is_idle().unwrap_or(true)
@@ -721,7 +728,8 @@ impl GpuConsumer {
         };
         let mut producer_dead_since = None;
         let config = self.inner.wait_config();
-        wait::poll_until(config, None, |tick| {
+        let deadline = Some(Instant::now() + IDLE_PATIENCE);
+        wait::poll_until(config, deadline, |tick| {
             if idle() {
                 return Some(true);
             }

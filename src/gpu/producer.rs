@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{GpuAcquireError, GpuPublishError, RegisterError};
 use super::Fence;
-use crate::cuda::driver::{self, CUdeviceptr};
+use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::layout::{fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS};
 use crate::cuda::{Context, CudaError, DevicePool, IpcEvent, Stream};
 use crate::error::{AcquireTimeoutError, CreateError, PublishError, TryAcquireError};
@@ -302,15 +302,14 @@ impl GpuSide {
     }
 
     /// The release event of consumer `entry` (whose lease we saw as `seen`, ACTIVE) for
-    /// `slot`, opened once per occupant. `Err(None)`: the entry moved on meanwhile (skip it);
-    /// `Err(Some(e))`: its handle is bad (evict it).
+    /// `slot`, opened once per occupant.
     fn reader_event(
         &mut self,
         map: &MappedRing,
         entry: usize,
         seen: u64,
         slot: usize,
-    ) -> Result<&IpcEvent, Option<CudaError>> {
+    ) -> Result<&IpcEvent, EventFault> {
         let generation = lease::generation(seen);
         let cached = &mut self.readers[entry * self.capacity + slot];
         if cached.as_ref().is_none_or(|r| r.generation != generation) {
@@ -320,33 +319,57 @@ impl GpuSide {
             // while it was JOINING. An ACTIVE entry's lines all carry its generation; another
             // value is a damaged line.
             if line.generation.load(Ordering::Acquire) != generation {
-                return Err(Some(CudaError::Unavailable(
-                    "a release line of another generation".into(),
-                )));
+                let why = "its release line carries another generation than its lease";
+                return Err(EventFault::Theirs(CudaError::Unavailable(why.into())));
             }
             let handle = driver::event_handle_from_bytes(&line.release_event.load());
             // Acquire: the handle was read while the entry still had the lease we saw (it
             // cannot have been rewritten by a new occupant: that needs the entry freed, which
             // only we do, or given up by a retiring owner long after).
             if map.ring().consumers[entry].lease.load(Ordering::Acquire) != seen {
-                return Err(None);
+                return Err(EventFault::Moved);
             }
-            let event = IpcEvent::open(&self.ctx, handle).map_err(|e| Some(e.into()))?;
+            let event = IpcEvent::open(&self.ctx, handle).map_err(EventFault::of)?;
             *cached = Some(ReaderEvent { generation, event });
         }
         Ok(&cached.as_ref().expect("opened above").event)
     }
 }
 
-/// Whether every owned entry of `ring` is gone for a closing producer: free, retired (its owner
-/// closed what it mapped before retiring), or owned by a dead process.
+/// Why a consumer's release event could not be looked at.
+enum EventFault {
+    /// The entry moved on while we read its line: skip it.
+    Moved,
+    /// Its handle or line is bad (what a damaged entry gives): evict that consumer.
+    Theirs(CudaError),
+    /// Our own context failed: report it.
+    Ours(CudaError),
+}
+
+impl EventFault {
+    /// Whose a driver error on an imported event is: the codes a bad handle produces are the
+    /// consumer's; anything else (sticky context errors, out of memory) is ours.
+    fn of(e: DriverError) -> EventFault {
+        use driver::CUresult as R;
+        match e.code {
+            R::CUDA_ERROR_INVALID_VALUE
+            | R::CUDA_ERROR_INVALID_HANDLE
+            | R::CUDA_ERROR_MAP_FAILED
+            | R::CUDA_ERROR_NOT_FOUND => EventFault::Theirs(e.into()),
+            _ => EventFault::Ours(e.into()),
+        }
+    }
+}
+
+/// Whether every owned entry of `ring` is gone for a closing producer: free, or owned by a
+/// dead process. (A retiring entry is freed by the closing producer's reaps.)
 fn consumers_gone(ring: &Ring<'_>) -> bool {
     ring.consumers.iter().all(|e| {
-        // Acquire: pairs with a retiring consumer's Release CAS, made after it closed its
+        // Acquire: pairs with a leaving consumer's Release CAS, made after it closed its
         // mappings of our memory.
         let l = e.lease.load(Ordering::Acquire);
         match lease::state(l) {
-            lease::FREE | lease::RETIRING => true,
+            lease::FREE => true,
             _ => {
                 // Relaxed: identifies a process to probe; nothing is read through it.
                 let start_time = e.start_time.load(Ordering::Relaxed);
@@ -867,19 +890,20 @@ impl GpuProducer {
                 continue;
             }
             let looked = match self.gpu.reader_event(map, e, seen, slot) {
-                Ok(event) => event.is_complete().map_err(|e| Some(e.into())),
+                Ok(event) => event.is_complete().map_err(EventFault::of),
                 Err(why) => Err(why),
             };
             match looked {
-                Ok(true) | Err(None) => {}
+                Ok(true) | Err(EventFault::Moved) => {}
                 Ok(false) => busy = true,
-                Err(Some(why)) => {
+                // A failure of our own context (a sticky error, out of memory): not the
+                // consumer's doing, so it ends this acquire rather than evict anyone.
+                Err(EventFault::Ours(why)) => return Err(GpuAcquireError::Cuda(why)),
+                Err(EventFault::Theirs(why)) => {
                     let generation = lease::generation(seen);
                     tracing::warn!(entry = e, generation, %why, "a consumer's release event failed");
                     self.gpu.forget_reader(e, generation);
-                    self.inner
-                        .evict(e, seen, evict_reason::RELEASE_EVENT)
-                        .map_err(GpuAcquireError::Corrupt)?;
+                    self.inner.evict(e, seen, evict_reason::RELEASE_EVENT);
                 }
             }
         }
@@ -985,11 +1009,12 @@ impl Drop for GpuProducer {
             std::thread::sleep(Duration::from_micros(200));
         };
         // Whoever is still there may destroy its events once we are gone: close our imports
-        // of them first, always.
+        // of them first, always; then let go of every retiring entry.
         let entries = self.gpu.readers.len() / self.gpu.capacity.max(1);
         for e in 0..entries {
             self.gpu.forget_reader(e, 0);
         }
+        let _ = self.inner.reap_with(&mut crate::producer::no_hook());
         if !all_left || !written {
             tracing::warn!(
                 ring = %self.name(), all_left, written,

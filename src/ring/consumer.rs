@@ -196,18 +196,36 @@ fn free_own(ring: &Ring<'_>, index: usize, owned: u64) -> bool {
 }
 
 /// After [`ConsumerCore::leave`] retired an entry as `retiring`: whether the producer has let
-/// go of it (the lease moved on), so its owner may destroy what the producer had opened.
+/// go of it (the entry was freed, or is another generation's), so its owner may destroy what
+/// the producer had opened.
 pub fn retire_done(ring: &Ring<'_>, index: usize, retiring: u64) -> bool {
     // Acquire: pairs with the producer's Release CAS to FREE, made after it dropped what it
     // opened of the entry.
-    ring.consumers[index].lease.load(Ordering::Acquire) != retiring
+    let now = ring.consumers[index].lease.load(Ordering::Acquire);
+    lease::state(now) == lease::FREE || lease::generation(now) != lease::generation(retiring)
 }
 
 /// After waiting for [`retire_done`] in vain (the producer is not looking): frees the entry
-/// ourselves. The caller must then keep alive whatever the producer may still have opened.
-/// Returns whether the entry was still ours to free.
+/// ourselves, through FINISHING so that a producer that starts finishing it at the same time
+/// cannot also write it. The caller must then keep alive whatever the producer may still have
+/// opened. Returns whether we freed it (false: the producer is finishing it, or did).
 pub fn give_up_retiring(ring: &Ring<'_>, index: usize, retiring: u64) -> bool {
-    free_own(ring, index, retiring)
+    let finishing = lease::with_state(retiring, lease::FINISHING);
+    // Acquire: the entry is ours from here; nothing of the producer's to see but its absence.
+    if ring.consumers[index]
+        .lease
+        .compare_exchange(retiring, finishing, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return false;
+    }
+    for slot in 0..ring.slots.len() {
+        // Relaxed: our own records (all 0 already: we released before retiring); published
+        // by the Release free below.
+        ring.hold(index, slot).store(0, Ordering::Relaxed);
+    }
+    super::reclaim::free_finishing(ring, index, finishing);
+    true
 }
 
 impl ConsumerCore {
@@ -285,26 +303,49 @@ impl ConsumerCore {
         self.cursor.get()
     }
 
-    /// `Err(Evicted)` if our entry is no longer ours: the producer evicted us, or something
-    /// overwrote the lease. From then on we change no shared slot state.
+    /// `Err(Evicted)` if we may not take messages any more: the producer evicted us, or
+    /// something overwrote our lease. Remembered: every later pin fails the same way.
     pub fn check_lease(&self, ring: &Ring<'_>) -> Result<(), RingCorrupt> {
         if let Some(lost) = self.lost_lease.get() {
             return Err(lost);
         }
-        let entry = &ring.consumers[self.index];
-        // Acquire: pairs with the producer's Release CAS to EVICTED, so the reason it stored
-        // before is seen.
-        let now = entry.lease.load(Ordering::Acquire);
+        let (now, _) = self.owned(ring);
         if now == self.lease {
             return Ok(());
         }
+        let entry = &ring.consumers[self.index];
         let evicted = now == lease::with_state(self.lease, lease::EVICTED);
-        // Relaxed: ordered by the Acquire load above.
+        // Relaxed: ordered by the Acquire lease load in `owned`, which pairs with the
+        // producer's Release CAS to EVICTED made after it stored the reason.
         let reason =
             if evicted { entry.evicted_for.load(Ordering::Relaxed) } else { evict_reason::NONE };
         let lost = RingCorrupt::Evicted { entry: self.index as u32, reason };
         self.lost_lease.set(Some(lost));
         Err(lost)
+    }
+
+    /// The entry's lease now, and whether it is still ours: ACTIVE as we made it, or EVICTED
+    /// by the producer (an evicted consumer still owns its holds and releases them).
+    fn owned(&self, ring: &Ring<'_>) -> (u64, bool) {
+        // Acquire: pairs with the producer's Release CASes (evict), see `check_lease`.
+        let now = ring.consumers[self.index].lease.load(Ordering::Acquire);
+        (now, now == self.lease || now == lease::with_state(self.lease, lease::EVICTED))
+    }
+
+    /// Whether the slot of our next message holds that message frozen by a producer's recount
+    /// (WRITING with a held count above 0, which a producer's claim never has): the message is
+    /// there, only not pinnable for a moment. A consumer that finds the ring closed must not
+    /// take this for "nothing left".
+    pub fn next_is_frozen(&self, ring: &Ring<'_>) -> bool {
+        let c = self.cursor.get();
+        // Relaxed: a hint for the caller, who retries the pin.
+        let st = ring.slots[ring.slot_of(c)].stamp.load(Ordering::Relaxed);
+        stamp::is_writing(st) && stamp::held(st) > 0 && stamp::tag_diff(stamp::tag(st), c) == 0
+    }
+
+    /// The slot of our next message (for [`super::reclaim::thaw`]).
+    pub fn next_slot(&self, ring: &Ring<'_>) -> usize {
+        ring.slot_of(self.cursor.get())
     }
 
     /// Stores our cursor into the entry again if something overwrote it there (a lower value
@@ -400,7 +441,15 @@ impl ConsumerCore {
             }
             // Release: a reclaimer that Acquire-loads HELD also sees our CAS on the stamp.
             record.store(hold::record(c, hold::HELD), Ordering::Release);
-            self.check_lease(ring)?;
+            // Evicted (or lease gone): the message is not handed out. An evicted owner still
+            // owns its holds: it gives this one back at once; a lost lease leaves the record for
+            // the producer's recount.
+            if let Err(lost) = self.check_lease(ring) {
+                if self.owned(ring).1 {
+                    let _ = self.release_slot(ring, index);
+                }
+                return Err(lost);
+            }
             let pinned = Pinned {
                 slot: index,
                 seq: c,
@@ -422,11 +471,13 @@ impl ConsumerCore {
     }
 
     /// Releases a message pinned by this consumer. Returns whether the producer sleeps and must
-    /// be woken. An evicted consumer changes nothing (the producer has given its holds back, or
-    /// will, from its records) and gets `Err(Evicted)`.
+    /// be woken. An evicted consumer still releases (its holds count until it does); one whose
+    /// lease is gone altogether changes nothing and gets `Err(Evicted)`.
     pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
         self.holding.set(self.holding.get().saturating_sub(1));
-        self.check_lease(ring)?;
+        if !self.owned(ring).1 {
+            self.check_lease(ring)?;
+        }
         self.release_slot(ring, slot)
     }
 
@@ -471,33 +522,43 @@ impl ConsumerCore {
     }
 
     /// Leaves the ring. First gives back every message it still holds (read slots that were
-    /// leaked rather than dropped: their records say HELD), so that nothing stays pinned for
-    /// ever; the caller must be done reading them. Then frees the entry or retires it (`how`).
-    /// An evicted consumer always retires (the producer recounts what its records name).
+    /// leaked rather than dropped: their records say HELD, and the slot still carries that
+    /// message), so that nothing stays pinned for ever; the caller must be done reading them.
+    /// Then frees the entry or retires it (`how`). An evicted consumer always retires; one
+    /// whose lease is gone changes nothing.
     pub fn leave(&self, ring: &Ring<'_>, how: Leave) -> Left {
         let mut left = Left { released: 0, retiring: None, wake: false };
-        if self.check_lease(ring).is_ok() {
-            for slot in 0..ring.slots.len() {
-                // Relaxed: our own record; a live consumer's records are never transitional
-                // between its calls.
-                let r = ring.hold(self.index, slot).load(Ordering::Relaxed);
-                if hold::state(r) == hold::HELD {
-                    // A damaged stamp (underflow) is not ours to fix on the way out.
-                    left.wake |= self.release_slot(ring, slot).unwrap_or(false);
-                    left.released += 1;
-                }
+        let mut released = false;
+        loop {
+            let (now, ours) = self.owned(ring);
+            if !ours {
+                break;
             }
-            self.holding.set(0);
-            match how {
-                Leave::Free => {
-                    free_own(ring, self.index, self.lease);
+            if !std::mem::replace(&mut released, true) {
+                for slot in 0..ring.slots.len() {
+                    // Relaxed: our own record.
+                    let r = ring.hold(self.index, slot).load(Ordering::Relaxed);
+                    // Relaxed: only decides whether the record names what the slot carries.
+                    let st = ring.slots[slot].stamp.load(Ordering::Relaxed);
+                    let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
+                    if hold::state(r) == hold::HELD && same {
+                        // A damaged stamp (underflow) is not ours to fix on the way out.
+                        left.wake |= self.release_slot(ring, slot).unwrap_or(false);
+                        left.released += 1;
+                    }
                 }
-                Leave::Retire => left.retiring = self.retire(ring, self.lease),
+                self.holding.set(0);
             }
-        } else {
-            // Evicted: hand the entry back with what its records still name.
-            let evicted = lease::with_state(self.lease, lease::EVICTED);
-            left.retiring = self.retire(ring, evicted);
+            let evicted = now != self.lease;
+            if how == Leave::Free && !evicted {
+                if free_own(ring, self.index, now) {
+                    break;
+                }
+            } else if let Some(retiring) = self.retire(ring, now) {
+                left.retiring = Some(retiring);
+                break;
+            }
+            // Evicted meanwhile: look again.
         }
         // The producer may be blocked on us.
         left.wake |= wants_wake(ring.producer_wake);
@@ -505,7 +566,7 @@ impl ConsumerCore {
     }
 
     /// CAS `owned` to RETIRING and tell the producer to look. Returns the new lease, or `None`
-    /// if the entry was not ours any more.
+    /// if the lease had moved on.
     fn retire(&self, ring: &Ring<'_>, owned: u64) -> Option<u64> {
         let retiring = lease::with_state(owned, lease::RETIRING);
         // Release: our last stores to the entry and its records happen before the producer
@@ -514,8 +575,10 @@ impl ConsumerCore {
             .lease
             .compare_exchange(owned, retiring, Ordering::Release, Ordering::Relaxed)
             .is_ok();
-        // Relaxed: a hint; the producer loads the lease itself with Acquire.
-        ring.producer.retires.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            // Release: a producer whose Acquire load sees the bump also sees our lease.
+            ring.producer.retires.fetch_add(1, Ordering::Release);
+        }
         ok.then_some(retiring)
     }
 }

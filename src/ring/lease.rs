@@ -18,13 +18,23 @@
 //! ACTIVE       -> RETIRING            leave: a CUDA consumer, after releasing its holds and
 //!                                     closing what it opened; it waits for the producer
 //! ACTIVE       -> EVICTED             evict: the producer (a failure attributable to the entry)
-//! EVICTED      -> RETIRING            leave: the evicted owner
+//! EVICTED      -> RETIRING            leave: the evicted owner, after releasing its holds
+//! RETIRING     -> FINISHING           the producer starts finishing the entry; or a retiring
+//!                                     owner that gave up waiting for the producer
 //! JOINING | ACTIVE | EVICTED
-//!              -> RETIRING            reap: the producer, once the owner's process is dead
-//! RETIRING     -> FREE                the producer, once it gave back what the entry's hold
-//!                                     records name and dropped what it opened of the entry;
-//!                                     or a retiring owner that gave up waiting for it
+//!              -> FINISHING           reap: the producer, once the owner's process is dead
+//! FINISHING    -> FREE                whoever moved it to FINISHING, once it gave back what
+//!                                     the entry's hold records name (the producer), dropped
+//!                                     what it opened of the entry (the producer), and zeroed
+//!                                     the start time
+//! FINISHING    -> RETIRING            the producer, when a live consumer was mid-pin on a
+//!                                     slot it had to recount (it tries again later)
 //! ```
+//!
+//! FINISHING belongs to whoever made it: nobody else touches the entry's fields meanwhile, so a
+//! producer finishing an entry and a retiring owner giving up cannot both write it. The
+//! producer finishes within one reap; a FINISHING entry it finds at the start of a reap belongs
+//! to an owner that gave up, and is finished for it only if that owner's process is dead.
 //!
 //! The generation changes with every claim, so a CAS made from a value observed before the
 //! entry was left and claimed again fails: the producer can never act on an entry's new owner
@@ -41,9 +51,13 @@ pub const ACTIVE: u32 = 2;
 /// its hold records name, drops what it opened of the entry and frees it. It gates nothing.
 pub const RETIRING: u32 = 3;
 /// The producer evicted the owner after a failure attributable to the entry (see
-/// [`evict_reason`]). It gates nothing and its holds are given back; the owner, still alive,
-/// learns it at its next call and moves it to RETIRING when it lets go.
+/// [`evict_reason`]). It gates nothing and the producer no longer waits for its GPU work; its
+/// holds still count (it releases them as before) until it retires or dies. The owner learns
+/// it at its next receive and moves the entry to RETIRING when it lets go.
 pub const EVICTED: u32 = 4;
+/// The entry is being cleared by the producer or by a retiring owner that gave up waiting; see
+/// the module docs.
+pub const FINISHING: u32 = 5;
 
 const STATE_BITS: u32 = 3;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;

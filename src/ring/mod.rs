@@ -89,7 +89,7 @@ pub mod stamp;
 pub use consumer::{ConsumerCore, JoinError, Joining, Leave, Left, Pinned, StartAt};
 pub use layout::{ConsumerEntry, ProducerLine, SlotLine, WakeLine};
 pub use producer::{Blocked, ProducerCore};
-pub use reclaim::{audit, evict, reap, Reaped};
+pub use reclaim::{audit, evict, reap, thaw, Reaped, Recount};
 
 use atomic::AtomicU64;
 

@@ -59,8 +59,13 @@ pub fn is_parked(flag: &AtomicU32) -> bool {
 pub fn clear_dead(line: &WakeLine, flag: &AtomicU32) {
     // Relaxed: the owner is dead and makes no more changes; the counts are hints.
     let n = flag.swap(0, Ordering::Relaxed);
-    if n != 0 {
-        line.parked.fetch_sub(n, Ordering::Relaxed);
-        line.sleepers.fetch_sub(n, Ordering::Relaxed);
+    if n == 0 {
+        return;
     }
+    // The entry's count is read from shared memory: never take away more than the line has
+    // (a damaged count must not wrap `sleepers`, which would silence every later wake).
+    // Relaxed: hints, as above.
+    let n = n.min(line.parked.load(Ordering::Relaxed)).min(line.sleepers.load(Ordering::Relaxed));
+    line.parked.fetch_sub(n, Ordering::Relaxed);
+    line.sleepers.fetch_sub(n, Ordering::Relaxed);
 }

@@ -5,25 +5,27 @@
 //!
 //! [`reap`] looks at every entry's lease (see [`super::lease`]). For an owned entry it reads
 //! the owner's start time, asks the caller whether that process lives, and if it does not,
-//! CASes the lease it observed to RETIRING. The CAS is what makes the liveness probe safe: if
+//! CASes the lease it observed to FINISHING. The CAS is what makes the liveness probe safe: if
 //! the owner left and someone else claimed the entry while the probe read /proc, the lease has
 //! another generation (and pid) and the CAS fails. An owner whose start time is not stored yet
 //! (a joiner between its claim and its next store) is judged by its pid alone, which its
-//! claim wrote into the lease. RETIRING entries are then finished: holds given back, the
-//! transport told ([`reap`]'s `on_free`), lease freed.
+//! claim wrote into the lease. RETIRING entries are CASed to FINISHING too. A FINISHING entry
+//! is then finished: holds given back, the transport told ([`reap`]'s `on_free`), start time
+//! zeroed, lease freed.
 //!
 //! # Giving back holds
 //!
-//! A retiring owner's hold records cannot say whether its last CAS happened (see
+//! A finished owner's hold records cannot say whether its last CAS happened (see
 //! [`super::hold`]). So the reclaimer never subtracts them; it recounts each slot the records
-//! name from the records of the ACTIVE consumers, and CASes the stamp's held count to that:
+//! name from the records of the consumers that still hold (ACTIVE or EVICTED), and CASes the
+//! stamp's held count to that:
 //!
 //! 0. freeze the slot: CAS `READY(t, h)` to the same value with WRITING set, so no consumer can
 //!    pin it (a pin needs READY); releases still lower `h`;
 //! 1. load the stamp (Acquire): tag `t`, held `h`;
-//! 2. for every ACTIVE entry, load its record for the slot (Acquire): `HELD(t)` counts one;
-//!    `PINNING(t)` or `RELEASING(t)` means that consumer is between its record and its CAS, so
-//!    unfreeze and try this slot again later;
+//! 2. for every ACTIVE or EVICTED entry, load its record for the slot (Acquire): `HELD(t)`
+//!    counts one; `PINNING(t)` or `RELEASING(t)` means that consumer is between its record and
+//!    its CAS, so unfreeze and try this slot again later;
 //! 3. CAS the stamp from what step 1 read to `READY(t)` with held = that count (AcqRel), which
 //!    also unfreezes it; if a release changed the stamp meanwhile, go back to 1.
 //!
@@ -33,14 +35,19 @@
 //! goes down, so it cannot change and come back between steps 1 and 3 (no ABA): a release whose
 //! CAS falls between them makes step 3 fail. A live consumer between record and CAS shows a
 //! transitional record. Consumers that found the slot frozen may have gone to sleep: [`reap`]
-//! says when they must be woken.
+//! says when they must be woken. A frozen slot is `WRITING` with a held count above 0, which a
+//! producer's claim never is (it claims only at held 0): consumers tell the two apart
+//! ([`super::consumer::ConsumerCore::next_is_frozen`]).
+//!
+//! An EVICTED owner still counts as a holder: it may be releasing right now (its release CAS
+//! can land after any recount), so its holds come back through its own releases, or through
+//! the recount once it retires or dies. Eviction only stops it gating the producer.
 //!
 //! [`audit`] runs the same recount on the slot a producer has waited on for a while: a count
 //! that only a damaged segment can have left too high comes down (nothing else can lower it).
 //!
-//! An EVICTED owner may still be running: it stops changing slot state once it sees its lease
-//! (at its next call), but a pin CAS it had already begun can land after a recount. So while
-//! it lives its records are recounted at every reap, never cleared; the count excludes them.
+//! A closing producer reaps without recounting ([`Recount::No`]): nothing is published any
+//! more, and a freeze would make a draining consumer take a published message for none.
 
 use super::atomic::Ordering;
 use super::lease;
@@ -50,7 +57,7 @@ use super::{hold, stamp, Ring, RingCorrupt};
 /// What one [`reap`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reaped {
-    /// Entries whose owner was found dead (now RETIRING or FREE).
+    /// Entries whose owner was found dead (now FREE, or RETIRING until a recount completes).
     pub dead: u32,
     /// Entries freed (dead or retired ones that are finished).
     pub freed: u32,
@@ -61,16 +68,26 @@ pub struct Reaped {
     pub wake_consumers: bool,
 }
 
-/// Reaps the consumer table: entries whose owner is dead become RETIRING, RETIRING entries are
-/// finished and freed, and the holds of EVICTED ones are recounted.
+/// Whether [`reap`] recounts the holds of the entries it finishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recount {
+    /// Yes: the producer goes on publishing.
+    Yes,
+    /// No: the producer has closed the ring; records are cleared without touching the stamps.
+    No,
+}
+
+/// Reaps the consumer table: entries whose owner is dead are taken out, RETIRING entries are
+/// finished and freed.
 ///
 /// `alive(pid, start_time)` says whether the process lives; `start_time` is `None` when the
-/// owner has not stored it yet (judge by the pid). `on_free(entry, generation)` runs before a
-/// RETIRING entry is freed: the caller drops what it opened of that entry then.
+/// owner has not stored it yet (judge by the pid). `on_free(entry, generation)` runs before an
+/// entry is freed: the caller drops what it opened of that entry then.
 pub fn reap(
     ring: &Ring<'_>,
     alive: impl Fn(u32, Option<u64>) -> bool,
     mut on_free: impl FnMut(usize, u32),
+    recount: Recount,
 ) -> Result<Reaped, RingCorrupt> {
     let mut out = Reaped::default();
     let mut froze = false;
@@ -78,132 +95,169 @@ pub fn reap(
         // Acquire: pairs with the owner's Release CASes (activate, leave), so its last writes
         // to the entry and its records are seen.
         let seen = entry.lease.load(Ordering::Acquire);
-        let retiring = match lease::state(seen) {
+        let owner_alive = || {
+            // Relaxed: ordered by the Acquire load above (see `ConsumerEntry::start_time`).
+            let start = entry.start_time.load(Ordering::Relaxed);
+            alive(lease::pid(seen), (start != 0).then_some(start))
+        };
+        let finishing = lease::with_state(seen, lease::FINISHING);
+        match lease::state(seen) {
             lease::FREE => continue,
-            lease::RETIRING => seen,
-            state @ (lease::JOINING | lease::ACTIVE | lease::EVICTED) => {
-                // Relaxed: ordered by the Acquire load above (see `ConsumerEntry::start_time`).
-                let start = entry.start_time.load(Ordering::Relaxed);
-                if alive(lease::pid(seen), (start != 0).then_some(start)) {
-                    if state == lease::EVICTED {
-                        let (given, f) = give_back(ring, index, false)?;
-                        out.slots += given.0;
-                        froze |= f;
-                    }
+            // A retiring owner that gave up is freeing it; finish for it only if it died.
+            lease::FINISHING if owner_alive() => continue,
+            lease::FINISHING => {}
+            state @ (lease::JOINING | lease::ACTIVE | lease::EVICTED | lease::RETIRING) => {
+                let dead = state != lease::RETIRING && !owner_alive();
+                if state != lease::RETIRING && !dead {
                     continue;
                 }
-                let retiring = lease::with_state(seen, lease::RETIRING);
-                // AcqRel: Acquire as the load above; Release orders nothing of ours but keeps
-                // the transition in the lease's release sequence for stats readers. From the
-                // observed value only: if the owner left and the entry was claimed again
-                // meanwhile, this fails and the new owner is untouched.
+                // AcqRel: Acquire as the load above; Release keeps the transition in the
+                // lease's release sequence. From the observed value only: if the owner left
+                // and the entry was claimed again meanwhile, this fails and the new owner is
+                // untouched; a retiring owner that gave up first keeps the entry.
                 if entry
                     .lease
-                    .compare_exchange(seen, retiring, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(seen, finishing, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
                 {
                     continue;
                 }
-                // Relaxed: a producer-only statistic.
-                let n = ring.producer.reclaims.load(Ordering::Relaxed);
-                ring.producer.reclaims.store(n + 1, Ordering::Relaxed);
-                out.dead += 1;
-                retiring
+                if dead {
+                    // Relaxed: a producer-only statistic.
+                    let n = ring.producer.reclaims.load(Ordering::Relaxed);
+                    ring.producer.reclaims.store(n + 1, Ordering::Relaxed);
+                    out.dead += 1;
+                }
             }
             _ => {
-                // A state no peer writes: the lease was overwritten. Retire the entry so that
+                // A state no peer writes: the lease was overwritten. Finish the entry so that
                 // what its records name is given back; an owner still running finds its lease
                 // changed at its next call and stops.
-                let retiring = lease::with_state(seen, lease::RETIRING);
                 // AcqRel: as above.
                 if entry
                     .lease
-                    .compare_exchange(seen, retiring, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(seen, finishing, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
                 {
                     continue;
                 }
-                retiring
             }
+        }
+        // The entry is ours (FINISHING) until we free it or hand it back.
+        let (given, done, f) = match recount {
+            Recount::Yes => give_back(ring, index)?,
+            Recount::No => (0, clear_records(ring, index), false),
         };
-        let ((given, done), f) = give_back(ring, index, true)?;
         out.slots += given;
         froze |= f;
         if !done {
-            continue; // a live consumer was mid-pin on a slot; next time
+            // A live consumer was mid-pin on a slot: hand the entry back for the next reap.
+            // Release: nothing of ours to publish but the records we cleared.
+            let retiring = lease::with_state(seen, lease::RETIRING);
+            let _ = entry.lease.compare_exchange(
+                finishing,
+                retiring,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+            continue;
         }
         super::park::clear_dead(ring.consumer_wake, &entry.parked);
-        on_free(index, lease::generation(retiring));
-        // Relaxed: published by the Release CAS below.
-        entry.start_time.store(0, Ordering::Relaxed);
-        // Release: our clearing of the records happens before a new owner's writes. Fails if
-        // a retiring owner gave up waiting and freed the entry itself: it is free either way.
-        let _ = entry.lease.compare_exchange(
-            retiring,
-            lease::freed(retiring),
-            Ordering::Release,
-            Ordering::Relaxed,
-        );
+        on_free(index, lease::generation(seen));
+        free_finishing(ring, index, finishing);
         out.freed += 1;
     }
     out.wake_consumers = froze && wants_wake(ring.consumer_wake);
     Ok(out)
 }
 
+/// Frees entry `index`, FINISHING as `finishing` and ours: zero the start time (see
+/// `ConsumerEntry::start_time`), then CAS the lease to FREE.
+pub(crate) fn free_finishing(ring: &Ring<'_>, index: usize, finishing: u64) {
+    let entry = &ring.consumers[index];
+    // Relaxed: published by the Release CAS below; nobody else writes a FINISHING entry.
+    entry.start_time.store(0, Ordering::Relaxed);
+    // Release: our clearing of the records and the start time happens before a new owner's
+    // writes (its claim CAS acquires). It cannot fail: a FINISHING entry is only ours.
+    let _ = entry.lease.compare_exchange(
+        finishing,
+        lease::freed(finishing),
+        Ordering::Release,
+        Ordering::Relaxed,
+    );
+}
+
+/// Clears entry `index`'s hold records without recounting (the ring is closed). Always done.
+fn clear_records(ring: &Ring<'_>, index: usize) -> bool {
+    for slot in 0..ring.slots.len() {
+        // Relaxed: the owner makes no more changes; a new owner's claim is ordered after our
+        // Release free of the lease.
+        ring.hold(index, slot).store(0, Ordering::Relaxed);
+    }
+    true
+}
+
 /// Evicts the consumer of entry `index`, whose lease the caller observed as `seen` (ACTIVE),
-/// for `reason` (a [`lease::evict_reason`]): it stops gating the producer and its holds are given
-/// back. Returns whether it was evicted (false: the lease had moved on) and whether sleeping
-/// consumers must be woken.
-pub fn evict(
-    ring: &Ring<'_>,
-    index: usize,
-    seen: u64,
-    reason: u32,
-) -> Result<(bool, bool), RingCorrupt> {
+/// for `reason` (a [`lease::evict_reason`]): it stops gating the producer. Its holds still
+/// count until it releases them, retires or dies (see the module docs). Returns whether it was
+/// evicted (false: the lease had moved on).
+pub fn evict(ring: &Ring<'_>, index: usize, seen: u64, reason: u32) -> bool {
     if lease::state(seen) != lease::ACTIVE {
-        return Ok((false, false));
+        return false;
     }
     let entry = &ring.consumers[index];
     // Relaxed: published by the Release CAS below.
     entry.evicted_for.store(reason, Ordering::Relaxed);
     let evicted = lease::with_state(seen, lease::EVICTED);
-    // AcqRel: Release publishes the reason to the owner's Acquire lease load; Acquire sees its
-    // records.
-    if entry.lease.compare_exchange(seen, evicted, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-        return Ok((false, false));
+    // Release: publishes the reason to the owner's Acquire lease load.
+    if entry.lease.compare_exchange(seen, evicted, Ordering::Release, Ordering::Relaxed).is_err() {
+        return false;
     }
     // Relaxed: a producer-only statistic.
     let n = ring.producer.evictions.load(Ordering::Relaxed);
     ring.producer.evictions.store(n + 1, Ordering::Relaxed);
-    let (_, froze) = give_back(ring, index, false)?;
-    Ok((true, froze && wants_wake(ring.consumer_wake)))
+    true
 }
 
-/// Recounts slot `slot`'s holders from the records of the ACTIVE consumers: the producer does
-/// it when it has waited a liveness interval for a held slot. A count left too high (a
-/// consumer whose lease was overwritten, a damaged stamp) comes down; a right one stays.
-/// Returns whether the count went down and whether sleeping consumers must be woken.
+/// Recounts slot `slot`'s holders from the records of the consumers that hold (ACTIVE or
+/// EVICTED): the producer does it when it has waited a liveness interval for a held slot. A
+/// count left too high (a consumer whose lease was overwritten, a damaged stamp) comes down; a
+/// right one stays. Returns whether the count went down and whether sleeping consumers must be
+/// woken.
 pub fn audit(ring: &Ring<'_>, slot: usize) -> Result<(bool, bool), RingCorrupt> {
     let (result, froze) = recount(ring, slot)?;
     Ok((result == Some(true), froze && wants_wake(ring.consumer_wake)))
 }
 
-/// Recounts every slot that entry `index`'s hold records name, excluding that entry. With
-/// `clear` (its owner makes no more changes) each record whose slot was recounted is cleared.
-/// Returns ((holds given back, whether every named slot was recounted), whether a slot was
-/// frozen).
-fn give_back(
-    ring: &Ring<'_>,
-    index: usize,
-    clear: bool,
-) -> Result<((u32, bool), bool), RingCorrupt> {
+/// Clears the freeze of slot `slot` left by a recount that will never finish (its producer is
+/// dead): a consumer calls it so that it can take the message that is there. A producer's claim
+/// (WRITING with held 0) is left alone. Only when the producer is known dead.
+pub fn thaw(ring: &Ring<'_>, slot: usize) {
+    let line = &ring.slots[slot];
+    // Relaxed: only decides whether to try.
+    let st = line.stamp.load(Ordering::Relaxed);
+    if stamp::is_writing(st) && stamp::held(st) > 0 {
+        // AcqRel: as the recount's own unfreeze.
+        let _ = line.stamp.compare_exchange(
+            st,
+            st & !stamp::WRITING,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Recounts every slot that entry `index`'s hold records name, excluding that entry (it is
+/// FINISHING), and clears each record whose slot was recounted. Returns (holds given back,
+/// whether every named slot was recounted, whether a slot was frozen).
+fn give_back(ring: &Ring<'_>, index: usize) -> Result<(u32, bool, bool), RingCorrupt> {
     let mut given = 0;
     let mut done = true;
     let mut froze = false;
     for slot in 0..ring.slots.len() {
         let record = ring.hold(index, slot);
-        // Acquire: an evicted owner may still write its records; a retired or dead one's last
-        // stores were published by its Release lease CAS (or it is dead), which we acquired.
+        // Acquire: a retired owner's last stores were published by its Release lease CAS,
+        // which we acquired; a dead one makes no more.
         if record.load(Ordering::Acquire) == 0 {
             continue;
         }
@@ -212,19 +266,18 @@ fn give_back(
         match result {
             Some(lowered) => {
                 given += lowered as u32;
-                if clear {
-                    // Relaxed: the owner makes no more changes; a new owner's claim is ordered
-                    // after our Release free of the lease.
-                    record.store(0, Ordering::Relaxed);
-                }
+                // Relaxed: the owner makes no more changes; a new owner's claim is ordered
+                // after our Release free of the lease.
+                record.store(0, Ordering::Relaxed);
             }
             None => done = false,
         }
     }
-    Ok(((given, done), froze))
+    Ok((given, done, froze))
 }
 
-/// Sets slot `slot`'s held count to the number of its holders among the ACTIVE entries.
+/// Sets slot `slot`'s held count to the number of its holders among the ACTIVE and EVICTED
+/// entries.
 /// `Some(true)`: it went down; `Some(false)`: it was right (or could not be trusted, see
 /// below); `None`: a live consumer is mid-pin or mid-release, try later. The second value says
 /// whether the slot was frozen for a while.
@@ -283,13 +336,14 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCor
     Ok((result, true))
 }
 
-/// Holders of message `tag` in `slot` among the ACTIVE entries, or `None` if one of them is
-/// between its record and its CAS.
+/// Holders of message `tag` in `slot` among the ACTIVE and EVICTED entries, or `None` if one
+/// of them is between its record and its CAS.
 fn count_live(ring: &Ring<'_>, slot: usize, tag: u64) -> Option<u64> {
     let mut live = 0u64;
     for (e, entry) in ring.consumers.iter().enumerate() {
         // Acquire: pairs with the owner's Release lease CASes.
-        if lease::state(entry.lease.load(Ordering::Acquire)) != lease::ACTIVE {
+        let state = lease::state(entry.lease.load(Ordering::Acquire));
+        if state != lease::ACTIVE && state != lease::EVICTED {
             continue;
         }
         // Acquire: see the module docs, step 2.

@@ -344,7 +344,7 @@ fn joining_entries_do_not_gate_and_can_be_abandoned() {
 
 /// Reaps with consumer pid `dead` taken for dead and every other pid for alive.
 fn reap_dead(ring: &Ring<'_>, dead: u32) -> Reaped {
-    reap(ring, |pid, _| pid != dead, |_, _| {}).unwrap()
+    reap(ring, |pid, _| pid != dead, |_, _| {}, Recount::Yes).unwrap()
 }
 
 fn lease_state(ring: &Ring<'_>, entry: usize) -> u32 {
@@ -461,6 +461,7 @@ fn reap_judges_an_unfinished_claim_by_its_pid() {
             pid == 7
         },
         |_, _| {},
+        Recount::Yes,
     )
     .unwrap();
     assert_eq!(seen.get(), Some((7, None)));
@@ -488,6 +489,7 @@ fn reap_acts_only_on_the_lease_it_observed() {
             pid == 2
         },
         |_, _| {},
+        Recount::Yes,
     )
     .unwrap();
     assert_eq!(reaper, Reaped::default());
@@ -513,7 +515,7 @@ fn a_recount_that_cannot_trust_the_count_unfreezes_the_slot() {
     // Two live records say HELD(0), but the stamp counts only the dead one's hold.
     ring.hold(a.index(), 0).store(record(0, HELD), Ordering::Relaxed);
     ring.hold(b.index(), 0).store(record(0, HELD), Ordering::Relaxed);
-    assert!(reap(&ring, |pid, _| pid != 1, |_, _| {}).is_ok());
+    assert!(reap(&ring, |pid, _| pid != 1, |_, _| {}, Recount::Yes).is_ok());
     let st = ring.slots[0].stamp.load(Ordering::Relaxed);
     assert!(!stamp::is_writing(st), "the recount left slot 0 frozen");
     assert_eq!(stamp::held(st), 1);
@@ -558,44 +560,119 @@ fn leaving_gives_back_leaked_slots() {
     }
 }
 
-/// An evicted consumer stops gating and holding at once, learns it at its next call, changes
-/// no slot state after, and its entry is freed once it lets go.
+/// An evicted consumer stops gating at once, learns it at its next receive, still owns (and
+/// releases) what it holds, and its entry is freed once it lets go.
 #[test]
-fn eviction_gives_back_holds_and_the_owner_learns_it() {
-    let heap = HeapRing::new(1, 2, Policy::Block);
+fn an_evicted_consumer_stops_gating_and_learns_it() {
+    let heap = HeapRing::new(2, 2, Policy::Block);
     let ring = heap.ring();
     let mut p = ProducerCore::new();
-    let mut payload = [u64::MAX; 1];
+    let mut payload = [u64::MAX; 2];
     let bad = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
     let good = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
     publish(&mut p, &ring, &mut payload).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
     let (m, _) = bad.try_pin(&ring).unwrap().unwrap();
-    let (g, _) = good.try_pin(&ring).unwrap().unwrap();
-    good.release(&ring, g.slot).unwrap();
-    assert!(publish(&mut p, &ring, &mut payload).is_err());
+    for _ in 0..2 {
+        let (g, _) = good.try_pin(&ring).unwrap().unwrap();
+        good.release(&ring, g.slot).unwrap();
+    }
+    // `bad` holds slot 0, which message 2 needs.
+    assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
     let seen = ring.consumers[bad.index()].lease.load(Ordering::Relaxed);
-    let (evicted, _) = evict(&ring, bad.index(), seen, lease::evict_reason::RELEASE_EVENT).unwrap();
-    assert!(evicted);
+    assert!(evict(&ring, bad.index(), seen, lease::evict_reason::RELEASE_EVENT));
     assert_eq!(ring.producer.evictions.load(Ordering::Relaxed), 1);
-    // Its hold is given back and it no longer gates: the producer goes on.
-    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    p.forget_min_cursor();
+    // Evicted, its hold of slot 0 still counts.
+    assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
     let expect = RingCorrupt::Evicted {
         entry: bad.index() as u32,
         reason: lease::evict_reason::RELEASE_EVENT,
     };
     assert_eq!(bad.try_pin(&ring), Err(expect));
-    let before = ring.slots[0].stamp.load(Ordering::Relaxed);
-    assert_eq!(bad.release(&ring, m.slot), Err(expect));
-    assert_eq!(ring.slots[0].stamp.load(Ordering::Relaxed), before, "an evicted release CASed");
+    // Its release still counts down; then message 3 overwrites message 1, which `bad` (at
+    // cursor 1) has not read: it no longer gates the producer.
+    bad.release(&ring, m.slot).unwrap();
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(2));
+    let (g, _) = good.try_pin(&ring).unwrap().unwrap();
+    good.release(&ring, g.slot).unwrap();
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(3));
     // While it lives its entry stays EVICTED; once it lets go, the producer frees it.
-    assert_eq!(reap(&ring, |_, _| true, |_, _| {}).unwrap().freed, 0);
+    assert_eq!(reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap().freed, 0);
     let left = bad.leave(&ring, Leave::Free);
     assert!(left.retiring.is_some());
     let freed = std::cell::Cell::new(None);
-    let r = reap(&ring, |_, _| true, |e, g| freed.set(Some((e, g)))).unwrap();
+    let r = reap(&ring, |_, _| true, |e, g| freed.set(Some((e, g))), Recount::Yes).unwrap();
     assert_eq!(r.freed, 1);
     assert_eq!(freed.get(), Some((bad.index(), bad.generation())));
     assert_eq!(lease_state(&ring, bad.index()), lease::FREE);
+}
+
+/// Eviction lands while the evicted consumer is releasing a message that another consumer
+/// holds too: the count must come down by exactly that one release, never by a recount and
+/// the release both (the slot would be overwritten under the other reader).
+#[test]
+fn eviction_and_a_release_in_flight_take_one_hold_away_not_two() {
+    let heap = HeapRing::new(1, 2, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 1];
+    let evicted = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let reader = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    let (e, _) = evicted.try_pin(&ring).unwrap().unwrap();
+    let (r, _) = reader.try_pin(&ring).unwrap().unwrap();
+    let seen = ring.consumers[evicted.index()].lease.load(Ordering::Relaxed);
+    assert!(evict(&ring, evicted.index(), seen, lease::evict_reason::RELEASE_EVENT));
+    // Reaps and audits while the evicted one lives, then its release (in flight since before
+    // the eviction) lands.
+    reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
+    audit(&ring, 0).unwrap();
+    evicted.release(&ring, e.slot).unwrap();
+    reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
+    assert_eq!(stamp::held(ring.slots[0].stamp.load(Ordering::Relaxed)), 1);
+    assert_eq!(publish(&mut p, &ring, &mut payload), Err(ClaimError::Blocked(Blocked::Held)));
+    reader.release(&ring, r.slot).unwrap();
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+}
+
+/// A slot frozen by a recount is told apart from one the producer writes: a consumer that
+/// finds the ring closed must not take it for "nothing left". A freeze left by a producer
+/// killed mid-recount can be thawed.
+#[test]
+fn a_frozen_slot_is_not_an_empty_one() {
+    use super::hold::{record, PINNING};
+    let heap = HeapRing::new(1, 3, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new();
+    let mut payload = [u64::MAX; 1];
+    let dead = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
+    let late = ConsumerCore::join(&ring, StartAt::Next, 2, 2).unwrap();
+    let mid = ConsumerCore::join(&ring, StartAt::Next, 3, 3).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    dead.try_pin(&ring).unwrap().unwrap();
+    mid.try_pin(&ring).unwrap().unwrap();
+    // A recount that stops because `mid` looks mid-pin leaves the slot unfrozen; freeze it by
+    // hand as a recount in progress does.
+    ring.hold(mid.index(), 0).store(record(0, PINNING), Ordering::Relaxed);
+    let st = ring.slots[0].stamp.load(Ordering::Relaxed);
+    ring.slots[0].stamp.store(st | stamp::WRITING, Ordering::Relaxed);
+    assert_eq!(late.try_pin(&ring), Ok(None));
+    assert!(late.next_is_frozen(&ring));
+    thaw(&ring, late.next_slot(&ring));
+    assert!(!late.next_is_frozen(&ring));
+    assert_eq!(late.try_pin(&ring).unwrap().unwrap().0.seq, 0);
+    // A producer's own claim (WRITING, held 0) is not a freeze, and thawing leaves it alone.
+    for c in [&dead, &late, &mid] {
+        ring.hold(c.index(), 0).store(0, Ordering::Relaxed);
+    }
+    let line = &ring.slots[0].stamp;
+    line.store(stamp::ready(0, 0), Ordering::Relaxed);
+    let slot = p.try_claim(&ring).unwrap();
+    assert!(stamp::is_writing(line.load(Ordering::Relaxed)));
+    thaw(&ring, slot);
+    assert!(stamp::is_writing(line.load(Ordering::Relaxed)));
+    assert!(!late.next_is_frozen(&ring));
 }
 
 /// A retiring consumer's entry is freed only after the producer dropped what it opened of it
@@ -613,7 +690,7 @@ fn retiring_waits_for_the_producer() {
     assert!(give_up_retiring(&ring, b.index(), retiring_b));
     assert!(retire_done(&ring, b.index(), retiring_b));
     let freed = std::cell::RefCell::new(Vec::new());
-    let r = reap(&ring, |_, _| true, |e, _| freed.borrow_mut().push(e)).unwrap();
+    let r = reap(&ring, |_, _| true, |e, _| freed.borrow_mut().push(e), Recount::Yes).unwrap();
     assert_eq!((r.dead, r.freed), (0, 1));
     assert_eq!(*freed.borrow(), vec![a.index()]);
     assert!(retire_done(&ring, a.index(), retiring_a));
