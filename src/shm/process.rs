@@ -21,14 +21,20 @@ impl ProcessId {
     }
 
     /// Whether this process still runs. A pid that now belongs to a process with another start
-    /// time counts as dead; a zombie counts as dead (it will not touch the segment again).
+    /// time counts as dead; a zombie counts as dead (it will not touch the segment again). Only
+    /// a /proc entry that is not there says "dead": any other failure to read it (out of file
+    /// descriptors, a `hidepid` mount) says "alive", because taking a live peer for dead frees
+    /// what it still uses.
     pub fn is_alive(&self) -> bool {
         if self.pid == 0 || self.pid > i32::MAX as u32 {
             return false;
         }
         match read_stat(self.pid) {
-            Some((state, start)) => state != 'Z' && state != 'X' && start == self.start_time,
-            None => false,
+            Stat::Gone => false,
+            Stat::Unknown => true,
+            Stat::Running { state, start } => {
+                state != 'Z' && state != 'X' && start == self.start_time
+            }
         }
     }
 }
@@ -40,24 +46,49 @@ pub fn is_running(pid: u32) -> bool {
     if pid == 0 || pid > i32::MAX as u32 {
         return false;
     }
-    matches!(read_stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
+    match read_stat(pid) {
+        Stat::Gone => false,
+        Stat::Unknown => true,
+        Stat::Running { state, .. } => state != 'Z' && state != 'X',
+    }
 }
 
 /// The start time of `pid`, if it runs.
 pub fn start_time(pid: u32) -> Option<u64> {
-    read_stat(pid).map(|(_, start)| start)
+    match read_stat(pid) {
+        Stat::Running { start, .. } => Some(start),
+        _ => None,
+    }
 }
 
-/// (state, start time) from `/proc/PID/stat`.
-fn read_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// What `/proc/PID/stat` says.
+enum Stat {
+    /// No such process.
+    Gone,
+    /// The file could not be read or parsed for another reason: we cannot tell.
+    Unknown,
+    /// Field 3 (state) and field 22 (start time).
+    Running { state: char, start: u64 },
+}
+
+fn read_stat(pid: u32) -> Stat {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Stat::Gone,
+        // ESRCH: the process went away while the file was read.
+        Err(e) if e.raw_os_error() == Some(3) => return Stat::Gone,
+        Err(_) => return Stat::Unknown,
+    };
     // The command name (field 2) is in parentheses and may contain spaces or ')': split after
     // the last ')'. Then field 3 is the state and field 22 the start time.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+    let parsed = (|| {
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let mut fields = rest.split_ascii_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let start = fields.nth(18)?.parse().ok()?;
+        Some(Stat::Running { state, start })
+    })();
+    parsed.unwrap_or(Stat::Unknown)
 }
 
 #[cfg(test)]
