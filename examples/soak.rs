@@ -3,7 +3,7 @@
 // A soak test of dead-peer handling. One producer process streams checked frames while
 // steady consumer processes verify every byte. Meanwhile this process keeps SIGKILLing
 // victim consumers that hold slots, half the victims instead SIGKILL themselves right after a
-// release whose GPU work (a 20 ms kernel, on CUDA rings) is still queued, now and then a steady
+// release whose GPU work (a 20 ms kernel by default, on CUDA rings) is still queued, now and then a steady
 // consumer dies too (and is restarted), and the producer is restarted under the same name,
 // whose consumers reconnect. At the end it prints
 // the kills survived, the slots leaked (must be 0), the frames verified, the mismatches (must be
@@ -38,6 +38,10 @@ struct Args {
     /// Policy of the ring.
     #[arg(long, value_enum, default_value_t = PolicyArg::Block)]
     policy: PolicyArg,
+    /// CUDA rings: how long the kernel that a victim killed right after a release leaves
+    /// queued spins before it reads the slot (its work is still running when it dies).
+    #[arg(long, default_value_t = 20_000)]
+    release_spin_us: u64,
     /// Internal: this process's role (producer, consumer, victim, releaser) and ring name.
     #[arg(long, hide = true)]
     role: Option<String>,
@@ -118,6 +122,7 @@ fn spawn(
         .args(["--role", role, "--name", name, "--memory"])
         .arg(if args.memory == Memory::Cuda { "cuda" } else { "host" })
         .args(["--policy", if args.policy == PolicyArg::Block { "block" } else { "overwrite" }])
+        .args(["--release-spin-us", &args.release_spin_us.to_string()])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -172,9 +177,11 @@ fn orchestrate(args: &Args) -> ExitCode {
         // Victims: join, hold slots, get killed a little later.
         if now >= next_kill {
             if rng.next() % 2 == 0 {
+                // Long enough to have joined (a CUDA context takes a while) and hold slots.
+                let hold = if args.memory == Memory::Cuda { 400 } else { 40 };
                 victims.push((
                     spawn(args, "victim", &name, &[], &lines_tx),
-                    now + rng.around(Duration::from_millis(40)),
+                    now + rng.around(Duration::from_millis(hold)),
                 ));
             } else {
                 // It kills itself; give it up to 30 s to get there before we do.
@@ -401,7 +408,7 @@ fn die() -> ! {
 fn consumer(args: &Args, kind: Kind) -> ExitCode {
     let name = args.name.as_deref().expect("--name");
     if args.memory == Memory::Cuda {
-        return match gpu::consumer(name, kind) {
+        return match gpu::consumer(name, kind, args.release_spin_us) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("soak consumer: {e}");
@@ -465,7 +472,7 @@ mod gpu {
     pub fn producer(_: gpuring::ProducerBuilder) -> Result<Box<dyn Ring>, String> {
         Err("built without the cuda feature".into())
     }
-    pub fn consumer(_: &str, _: Kind) -> Result<ExitCode, String> {
+    pub fn consumer(_: &str, _: Kind, _: u64) -> Result<ExitCode, String> {
         Err("built without the cuda feature".into())
     }
 }
@@ -514,7 +521,7 @@ mod gpu {
         Ok(Box::new(Gpu { tx, k }))
     }
 
-    pub fn consumer(name: &str, kind: Kind) -> Result<ExitCode, String> {
+    pub fn consumer(name: &str, kind: Kind, release_spin_us: u64) -> Result<ExitCode, String> {
         let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
         let Ok(mut rx) = builder.open_gpu_when_ready(None, Duration::from_secs(10)) else {
             return Ok(ExitCode::SUCCESS);
@@ -526,11 +533,10 @@ mod gpu {
             let bad = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
             if kind == Kind::Releaser {
                 let Ok(m) = rx.recv() else { return Ok(ExitCode::SUCCESS) };
-                // SAFETY: as below; the kernel spins 20 ms before it reads.
-                unsafe {
-                    k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 20_000_000)
-                }
-                .map_err(|e| e.to_string())?;
+                let spin = release_spin_us * 1000;
+                // SAFETY: as below; the kernel spins `spin` ns before it reads.
+                unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), spin) }
+                    .map_err(|e| e.to_string())?;
                 m.release().map_err(|e| e.to_string())?;
                 die();
             }

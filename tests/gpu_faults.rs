@@ -178,13 +178,14 @@ fn consumers_killed_right_after_release_do_not_stall_the_producer_memory() {
     killed_after_release(test, Fence::Memory);
 }
 
-/// One line of the lifecycle log: (monotonic ns, pid, message, entry, generation).
+/// One line of the lifecycle log: monotonic ns, pid, message, and the entry and ring fields.
 #[derive(Debug, Clone)]
 struct Event {
     ns: u64,
     pid: u32,
     what: String,
     entry: Option<u64>,
+    ring: Option<String>,
 }
 
 /// Logs gpuring's lifecycle events (target `gpuring::lifecycle`) of this process to `path`,
@@ -219,8 +220,9 @@ fn read_log(path: &str) -> Vec<Event> {
             let pid = w.next().unwrap().parse().unwrap();
             let rest: Vec<&str> = w.collect();
             let entry = rest.iter().find_map(|f| f.strip_prefix("entry=")?.parse().ok());
+            let ring = rest.iter().find_map(|f| Some(f.strip_prefix("ring=")?.to_owned()));
             let what = rest.iter().filter(|f| !f.contains('=')).copied().collect::<Vec<_>>();
-            Event { ns, pid, what: what.join(" "), entry }
+            Event { ns, pid, what: what.join(" "), entry, ring }
         })
         .collect()
 }
@@ -247,10 +249,11 @@ fn teardown_closes_before_it_leaves_and_frees_after_everyone() {
     let log = std::env::temp_dir().join(format!("{name}.log")).display().to_string();
     let _ = std::fs::remove_file(&log);
     log_lifecycle_to(&log);
+    // Block: `check_all` asserts that no message is lost.
     let mut tx = Producer::builder(&name)
         .capacity(4)
         .slot_size(LEN as usize)
-        .policy(Policy::Overwrite)
+        .policy(Policy::Block)
         .create_gpu(0)
         .unwrap();
     let k = PatternKernels::get(tx.context()).unwrap();
@@ -270,8 +273,13 @@ fn teardown_closes_before_it_leaves_and_frees_after_everyone() {
         }
     }
     drop(tx);
-    let events = read_log(&log);
+    // Other tests in this process log too (the subscriber is process-wide): of this process's
+    // events keep only this ring's.
     let me = std::process::id();
+    let events: Vec<Event> = read_log(&log)
+        .into_iter()
+        .filter(|e| e.pid != me || e.ring.as_deref() == Some(name.as_str()))
+        .collect();
     let at = |pid: u32, what: &str, entry: Option<u64>| -> Option<u64> {
         events
             .iter()

@@ -170,6 +170,8 @@ struct ReaderEvent {
 /// Invariants: `pools[i]` is what pool table entry `i` names (LIVE, generation 1);
 /// `ready[i]` is slot `i`'s ready event, whose handle is in the slot's line.
 struct GpuSide {
+    /// The ring's name, for lifecycle events.
+    name: String,
     ctx: Arc<Context>,
     uuid: [u8; 16],
     pools: Vec<PoolMemory>,
@@ -202,6 +204,7 @@ impl GpuSide {
         let tables = map.gpu();
         store_uuid(&tables.header.device_uuid, uuid);
         let mut side = GpuSide {
+            name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
             uuid,
             pools: Vec::new(),
@@ -297,7 +300,8 @@ impl GpuSide {
         let mine = &mut self.readers[entry * cap..(entry + 1) * cap];
         if mine.iter().any(Option::is_some) {
             mine.iter_mut().for_each(|r| *r = None);
-            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "producer imports dropped");
+            let ring = &self.name;
+            tracing::debug!(target: "gpuring::lifecycle", ring = %ring, entry, generation, "producer imports dropped");
         }
     }
 
