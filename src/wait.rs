@@ -88,10 +88,15 @@ pub(crate) fn wait_until<T>(
     }
 }
 
+/// How long [`poll_until`] yields the CPU between looks, after its spin, before it naps: an OS
+/// sleep of even 10 µs lasts ~60 µs, which a GPU handoff of ~10 µs cannot afford, while a yield
+/// on an idle core returns in about a microsecond.
+const YIELD_PHASE: Duration = Duration::from_micros(200);
+
 /// Waits until `poll` returns `Some`, or `deadline` passes (then `None`), for a condition
 /// nobody wakes us for (a GPU event's completion, a peer's store we only poll): spin for
-/// `cfg.spin`, yield for three times that, then nap, from 10 µs doubling up to 1 ms. `poll`'s
-/// argument is true once per `cfg.tick`: the time for its slower checks (liveness).
+/// `cfg.spin`, yield for [`YIELD_PHASE`] more, then nap, from 10 µs doubling up to 1 ms.
+/// `poll`'s argument is true once per `cfg.tick`: the time for its slower checks (liveness).
 pub(crate) fn poll_until<T>(
     cfg: WaitConfig,
     deadline: Option<Instant>,
@@ -115,7 +120,7 @@ pub(crate) fn poll_until<T>(
         let waited = now - start;
         if waited < cfg.spin {
             std::hint::spin_loop();
-        } else if waited < cfg.spin * 4 {
+        } else if waited < cfg.spin + YIELD_PHASE {
             std::thread::yield_now();
         } else {
             let left = deadline.map_or(nap, |d| d.saturating_duration_since(now));
