@@ -299,7 +299,9 @@ impl Stats {
     }
 }
 
-/// The producer's ring, in host or device memory.
+/// The producer's ring, in host or device memory. (One long-lived value: the variants' sizes
+/// do not matter.)
+#[allow(clippy::large_enum_variant)]
 enum Tx {
     Host(Producer),
     #[cfg(feature = "cuda")]

@@ -17,6 +17,9 @@ use crate::consumer::stream_handle;
 use crate::errors::{error, timeout};
 use crate::layout::dtype_named;
 
+// One long-lived value per producer: the variants' sizes do not matter (and issue 16's single
+// producer type removes this enum).
+#[allow(clippy::large_enum_variant)]
 enum Tx {
     Host(RingProducer),
     Gpu(GpuProducer),
