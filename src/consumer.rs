@@ -588,14 +588,13 @@ impl Consumer {
                 Ok(Some(m)) => Some(Ok(m)),
                 Ok(None) => {
                     let ring = self.map.ring();
-                    if !self.core.next_is_frozen(&ring) {
+                    if !self.core.next_is_there(&ring) {
                         return Some(Err(TryRecvError::Disconnected));
                     }
-                    // Our next message is there, frozen for a moment by a producer's recount:
-                    // not "nothing left". A producer killed during the recount never thaws it.
-                    if self.producer_dead.get() {
-                        crate::ring::thaw(&ring, self.core.next_slot(&ring));
-                    }
+                    // Our next message is there, frozen by a recount (or thawed since): not
+                    // "nothing left". Closed or dead, the producer recounts no more, and one
+                    // killed mid-recount never thaws it: thaw it, then pin again.
+                    crate::ring::thaw(&ring, self.core.next_seq());
                     None
                 }
                 Err(c) => Some(Err(TryRecvError::Corrupt(c))),
@@ -679,6 +678,12 @@ impl Consumer {
     /// Whether the producer is known to be dead (checked on the liveness tick).
     pub(crate) fn wait_config(&self) -> WaitConfig {
         self.wait
+    }
+
+    /// Steps aside without leaving (see `ConsumerCore::step_aside`).
+    pub(crate) fn step_aside(&mut self) -> bool {
+        self.left = true;
+        self.core.step_aside(&self.map.ring())
     }
 
     /// Its consumer table entry's generation while it owns it.

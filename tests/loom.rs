@@ -416,33 +416,50 @@ fn eviction_never_takes_a_hold_twice() {
     });
 }
 
-/// A retiring consumer gives up waiting for the producer and frees its entry itself, then joins
-/// again at once (the same process reconnecting), while the producer finishes the entry.
-/// Whoever wins, the new owner's entry must be ACTIVE with its own start time.
+/// A retiring consumer (pid 1, start 11, alive) gives up waiting for the producer and frees its
+/// entry itself, and another process (pid 2, start 22) joins the one-entry table at once, while
+/// the producer reaps (its /proc oracle judges each pid by its own start time, so it may read
+/// the new owner's start time against the old owner's pid). Whoever wins, the new owner's entry
+/// must end ACTIVE, with its own start time and its hold record intact.
 #[test]
 fn giving_up_a_retired_entry_never_races_the_producer() {
     builder().check(|| {
-        let shared = Shared::new(1, Policy::Block);
-        let ring = shared.ring.ring();
+        let heap = Arc::new(HeapRing::new(1, 1, Policy::Overwrite));
+        let ring = heap.ring();
         let first = ConsumerCore::join(&ring, StartAt::Next, 1, 11).unwrap();
         let index = first.index();
         let retiring = first.leave(&ring, Leave::Retire).retiring.unwrap();
-        let s = shared.clone();
+        let h = heap.clone();
         let leaver = thread::spawn(move || {
-            let ring = s.ring.ring();
+            let ring = h.ring();
             gpuring::ring::consumer::give_up_retiring(&ring, index, retiring);
+        });
+        let h = heap.clone();
+        let joiner = thread::spawn(move || {
+            let ring = h.ring();
             loop {
-                match ConsumerCore::join(&ring, StartAt::Next, 1, 22) {
-                    Ok(core) => return core.index(),
+                match ConsumerCore::join(&ring, StartAt::Next, 2, 22) {
+                    Ok(core) => {
+                        ring.hold(core.index(), 0).store(hold::record(0, hold::HELD), SeqCst);
+                        return core.index();
+                    }
                     Err(_) => thread::yield_now(),
                 }
             }
         });
-        reap(&ring, |_, _| true, |_, _| {}, Recount::Yes).unwrap();
-        let again = leaver.join().unwrap();
+        let alive = |pid: u32, start: Option<u64>| match pid {
+            1 => start.is_none_or(|s| s == 11),
+            2 => start.is_none_or(|s| s == 22),
+            _ => false,
+        };
+        reap(&ring, alive, |_, _| {}, Recount::No).unwrap();
+        leaver.join().unwrap();
+        let again = joiner.join().unwrap();
         let l = ring.consumers[again].lease.load(SeqCst);
-        assert_eq!(lease::state(l), lease::ACTIVE);
+        assert_eq!((lease::state(l), lease::pid(l)), (lease::ACTIVE, 2));
         let start = ring.consumers[again].start_time.load(SeqCst);
         assert_eq!(start, 22, "the new owner's start time was overwritten");
+        let record = ring.hold(again, 0).load(SeqCst);
+        assert_eq!(record, hold::record(0, hold::HELD), "the new owner's record was cleared");
     });
 }

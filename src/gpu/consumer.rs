@@ -682,7 +682,13 @@ impl Drop for GpuConsumer {
             // context failed): nothing it queued may be closed or destroyed under it. Leave it
             // all to process exit.
             tracing::warn!(ring = %self.name(), "our GPU work did not finish: leaving it to exit");
-            self.inner.leave(Leave::Free);
+            if self.inner.producer_alive() {
+                // Keep the entry (EVICTED) until we exit: a producer that saw it free would free
+                // the memory our unfinished work reads.
+                self.inner.step_aside();
+            } else {
+                self.inner.leave(Leave::Free);
+            }
             let side = std::mem::replace(&mut self.side.pools, RefCell::new(Vec::new()));
             std::mem::forget(side);
             std::mem::forget(std::mem::take(&mut self.side.ready));

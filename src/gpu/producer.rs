@@ -324,7 +324,7 @@ impl GpuSide {
             // value is a damaged line.
             if line.generation.load(Ordering::Acquire) != generation {
                 let why = "its release line carries another generation than its lease";
-                return Err(EventFault::Theirs(CudaError::Unavailable(why.into())));
+                return Err(EventFault::Failed(CudaError::Unavailable(why.into())));
             }
             let handle = driver::event_handle_from_bytes(&line.release_event.load());
             // Acquire: the handle was read while the entry still had the lease we saw (it
@@ -344,24 +344,14 @@ impl GpuSide {
 enum EventFault {
     /// The entry moved on while we read its line: skip it.
     Moved,
-    /// Its handle or line is bad (what a damaged entry gives): evict that consumer.
-    Theirs(CudaError),
-    /// Our own context failed: report it.
-    Ours(CudaError),
+    /// Opening or querying it failed: the consumer's handle, or our own context (the caller
+    /// tells which by probing its own context).
+    Failed(CudaError),
 }
 
 impl EventFault {
-    /// Whose a driver error on an imported event is: the codes a bad handle produces are the
-    /// consumer's; anything else (sticky context errors, out of memory) is ours.
     fn of(e: DriverError) -> EventFault {
-        use driver::CUresult as R;
-        match e.code {
-            R::CUDA_ERROR_INVALID_VALUE
-            | R::CUDA_ERROR_INVALID_HANDLE
-            | R::CUDA_ERROR_MAP_FAILED
-            | R::CUDA_ERROR_NOT_FOUND => EventFault::Theirs(e.into()),
-            _ => EventFault::Ours(e.into()),
-        }
+        EventFault::Failed(e.into())
     }
 }
 
@@ -900,10 +890,14 @@ impl GpuProducer {
             match looked {
                 Ok(true) | Err(EventFault::Moved) => {}
                 Ok(false) => busy = true,
-                // A failure of our own context (a sticky error, out of memory): not the
-                // consumer's doing, so it ends this acquire rather than evict anyone.
-                Err(EventFault::Ours(why)) => return Err(GpuAcquireError::Cuda(why)),
-                Err(EventFault::Theirs(why)) => {
+                // Whose failure? If our own context answers a query of our own event, the
+                // consumer's handle (or line) is to blame and that consumer goes; if it does
+                // not (a sticky error, out of memory), the failure is ours and ends this
+                // acquire rather than evict anyone.
+                Err(EventFault::Failed(why)) if self.gpu.ready[slot].is_complete().is_err() => {
+                    return Err(GpuAcquireError::Cuda(why));
+                }
+                Err(EventFault::Failed(why)) => {
                     let generation = lease::generation(seen);
                     tracing::warn!(entry = e, generation, %why, "a consumer's release event failed");
                     self.gpu.forget_reader(e, generation);

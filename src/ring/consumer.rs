@@ -332,20 +332,18 @@ impl ConsumerCore {
         (now, now == self.lease || now == lease::with_state(self.lease, lease::EVICTED))
     }
 
-    /// Whether the slot of our next message holds that message frozen by a producer's recount
-    /// (WRITING with a held count above 0, which a producer's claim never has): the message is
-    /// there, only not pinnable for a moment. A consumer that finds the ring closed must not
-    /// take this for "nothing left".
-    pub fn next_is_frozen(&self, ring: &Ring<'_>) -> bool {
+    /// Whether our next message is in its slot, published, though a pin just found nothing:
+    /// READY (another consumer thawed it meanwhile), or frozen by a producer's recount (WRITING
+    /// with its tag, and the head past it: a producer's claim is of an unpublished message). A
+    /// consumer that finds the ring closed must not take it for "nothing left": it thaws it
+    /// ([`super::reclaim::thaw`]) and pins again.
+    pub fn next_is_there(&self, ring: &Ring<'_>) -> bool {
         let c = self.cursor.get();
-        // Relaxed: a hint for the caller, who retries the pin.
+        // Relaxed: the caller pins again, which acquires.
         let st = ring.slots[ring.slot_of(c)].stamp.load(Ordering::Relaxed);
-        stamp::is_writing(st) && stamp::held(st) > 0 && stamp::tag_diff(stamp::tag(st), c) == 0
-    }
-
-    /// The slot of our next message (for [`super::reclaim::thaw`]).
-    pub fn next_slot(&self, ring: &Ring<'_>) -> usize {
-        ring.slot_of(self.cursor.get())
+        // Acquire: pairs with the producer's Release head store.
+        let published = ring.producer.head.load(Ordering::Acquire) > c;
+        published && stamp::tag_diff(stamp::tag(st), c) == 0
     }
 
     /// Stores our cursor into the entry again if something overwrote it there (a lower value
@@ -363,6 +361,25 @@ impl ConsumerCore {
         // Release: as the cursor store in `try_pin`.
         entry.cursor.store(self.cursor.get(), Ordering::Release);
         ring.policy == Policy::Block && wants_wake(ring.producer_wake)
+    }
+
+    /// Sequence number of our next message (for [`super::reclaim::thaw`]).
+    pub fn next_seq(&self) -> u64 {
+        self.cursor.get()
+    }
+
+    /// Takes our entry out of the producer's waits while we keep it (and what we hold) until
+    /// our process exits: ACTIVE to EVICTED. For a consumer whose GPU work never finished and
+    /// that must not close what that work reads: the producer stops gating on it and waiting
+    /// for its events, and, seeing it alive, does not free memory it maps. Returns whether the
+    /// entry was ours and ACTIVE.
+    pub fn step_aside(&self, ring: &Ring<'_>) -> bool {
+        let evicted = lease::with_state(self.lease, lease::EVICTED);
+        // Release: as the producer's own CAS to EVICTED.
+        ring.consumers[self.index]
+            .lease
+            .compare_exchange(self.lease, evicted, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Pins the next message if one is published. `Ok(None)`: nothing yet. The second value

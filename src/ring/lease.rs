@@ -33,8 +33,9 @@
 //!
 //! FINISHING belongs to whoever made it: nobody else touches the entry's fields meanwhile, so a
 //! producer finishing an entry and a retiring owner giving up cannot both write it. The
-//! producer finishes within one reap; a FINISHING entry it finds at the start of a reap belongs
-//! to an owner that gave up, and is finished for it only if that owner's process is dead.
+//! producer's FINISHING lease has no pid (0); an owner that gives up keeps its pid in it. A
+//! FINISHING entry with a pid that the producer finds belongs to an owner that gave up, and is
+//! taken over (by CAS from the lease seen) only if that owner's process is dead.
 //!
 //! The generation changes with every claim, so a CAS made from a value observed before the
 //! entry was left and claimed again fails: the producer can never act on an entry's new owner

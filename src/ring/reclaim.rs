@@ -100,66 +100,79 @@ pub fn reap(
             let start = entry.start_time.load(Ordering::Relaxed);
             alive(lease::pid(seen), (start != 0).then_some(start))
         };
-        let finishing = lease::with_state(seen, lease::FINISHING);
-        match lease::state(seen) {
+        // The producer finishes under a lease of its own: FINISHING with no pid. Any other
+        // FINISHING belongs to a retiring owner that gave up (see `super::lease`).
+        let finishing = lease::pack(lease::FINISHING, lease::generation(seen), 0);
+        let dead = match lease::state(seen) {
             lease::FREE => continue,
+            // Ours, left by a reap that returned an error half-way: finish it now.
+            lease::FINISHING if lease::pid(seen) == 0 => false,
             // A retiring owner that gave up is freeing it; finish for it only if it died.
-            lease::FINISHING if owner_alive() => continue,
-            lease::FINISHING => {}
-            state @ (lease::JOINING | lease::ACTIVE | lease::EVICTED | lease::RETIRING) => {
-                let dead = state != lease::RETIRING && !owner_alive();
-                if state != lease::RETIRING && !dead {
+            lease::FINISHING => {
+                if owner_alive() {
                     continue;
                 }
-                // AcqRel: Acquire as the load above; Release keeps the transition in the
-                // lease's release sequence. From the observed value only: if the owner left
-                // and the entry was claimed again meanwhile, this fails and the new owner is
-                // untouched; a retiring owner that gave up first keeps the entry.
-                if entry
-                    .lease
-                    .compare_exchange(seen, finishing, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
-                {
-                    continue;
-                }
-                if dead {
-                    // Relaxed: a producer-only statistic.
-                    let n = ring.producer.reclaims.load(Ordering::Relaxed);
-                    ring.producer.reclaims.store(n + 1, Ordering::Relaxed);
-                    out.dead += 1;
-                }
+                true
             }
-            _ => {
-                // A state no peer writes: the lease was overwritten. Finish the entry so that
-                // what its records name is given back; an owner still running finds its lease
-                // changed at its next call and stops.
-                // AcqRel: as above.
-                if entry
-                    .lease
-                    .compare_exchange(seen, finishing, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
-                {
+            lease::RETIRING => false,
+            lease::JOINING | lease::ACTIVE | lease::EVICTED => {
+                if owner_alive() {
                     continue;
                 }
+                true
             }
-        }
-        // The entry is ours (FINISHING) until we free it or hand it back.
-        let (given, done, f) = match recount {
-            Recount::Yes => give_back(ring, index)?,
-            Recount::No => (0, clear_records(ring, index), false),
+            // A state no peer writes: the lease was overwritten. Finish the entry so that what
+            // its records name is given back; an owner still running finds its lease changed
+            // at its next call and stops.
+            _ => false,
         };
-        out.slots += given;
-        froze |= f;
-        if !done {
-            // A live consumer was mid-pin on a slot: hand the entry back for the next reap.
-            // Release: nothing of ours to publish but the records we cleared.
-            let retiring = lease::with_state(seen, lease::RETIRING);
+        // AcqRel: Acquire as the load above; Release keeps the transition in the lease's
+        // release sequence. From the observed value only: if the owner left and the entry was
+        // claimed again meanwhile (the /proc read above may even have judged the new owner's
+        // start time), this fails and the new owner is untouched; a retiring owner that gave
+        // up first keeps the entry.
+        if seen != finishing
+            && entry
+                .lease
+                .compare_exchange(seen, finishing, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        if dead {
+            // Relaxed: a producer-only statistic.
+            let n = ring.producer.reclaims.load(Ordering::Relaxed);
+            ring.producer.reclaims.store(n + 1, Ordering::Relaxed);
+            out.dead += 1;
+        }
+        // The entry is ours (FINISHING, no pid) until we free it or hand it back.
+        let given = match recount {
+            Recount::Yes => give_back(ring, index),
+            Recount::No => Ok((0, clear_records(ring, index), false)),
+        };
+        let retiring = lease::with_state(finishing, lease::RETIRING);
+        let hand_back = || {
+            // Release: nothing of ours to publish but the records we cleared. A RETIRING entry
+            // with no pid is finished at the next reap (it has no owner to wait for).
             let _ = entry.lease.compare_exchange(
                 finishing,
                 retiring,
                 Ordering::Release,
                 Ordering::Relaxed,
             );
+        };
+        let (given, done, f) = match given {
+            Ok(g) => g,
+            Err(e) => {
+                hand_back();
+                return Err(e);
+            }
+        };
+        out.slots += given;
+        froze |= f;
+        if !done {
+            // A live consumer was mid-pin on a slot: hand the entry back for the next reap.
+            hand_back();
             continue;
         }
         super::park::clear_dead(ring.consumer_wake, &entry.parked);
@@ -178,7 +191,8 @@ pub(crate) fn free_finishing(ring: &Ring<'_>, index: usize, finishing: u64) {
     // Relaxed: published by the Release CAS below; nobody else writes a FINISHING entry.
     entry.start_time.store(0, Ordering::Relaxed);
     // Release: our clearing of the records and the start time happens before a new owner's
-    // writes (its claim CAS acquires). It cannot fail: a FINISHING entry is only ours.
+    // writes (its claim CAS acquires). It cannot fail: a FINISHING entry with our lease is only
+    // ours (the producer's has no pid, a giving-up owner's its own).
     let _ = entry.lease.compare_exchange(
         finishing,
         lease::freed(finishing),
@@ -229,14 +243,17 @@ pub fn audit(ring: &Ring<'_>, slot: usize) -> Result<(bool, bool), RingCorrupt> 
     Ok((result == Some(true), froze && wants_wake(ring.consumer_wake)))
 }
 
-/// Clears the freeze of slot `slot` left by a recount that will never finish (its producer is
-/// dead): a consumer calls it so that it can take the message that is there. A producer's claim
-/// (WRITING with held 0) is left alone. Only when the producer is known dead.
-pub fn thaw(ring: &Ring<'_>, slot: usize) {
-    let line = &ring.slots[slot];
-    // Relaxed: only decides whether to try.
+/// Clears a recount's freeze of message `seq`'s slot, which a consumer found closed (no recount
+/// runs after the producer closed: it reaps without recounting) or whose producer died mid-
+/// recount: the message is there, published (`head > seq`), and must be taken, not reported
+/// missing. A producer's claim (of a message not yet published) is left alone.
+pub fn thaw(ring: &Ring<'_>, seq: u64) {
+    let line = &ring.slots[ring.slot_of(seq)];
+    // Relaxed: only decides whether to try; the CAS below decides.
     let st = line.stamp.load(Ordering::Relaxed);
-    if stamp::is_writing(st) && stamp::held(st) > 0 {
+    // Acquire: pairs with the producer's Release head store.
+    let published = ring.producer.head.load(Ordering::Acquire) > seq;
+    if published && stamp::is_writing(st) && stamp::tag_diff(stamp::tag(st), seq) == 0 {
         // AcqRel: as the recount's own unfreeze.
         let _ = line.stamp.compare_exchange(
             st,

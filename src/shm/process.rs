@@ -22,9 +22,10 @@ impl ProcessId {
 
     /// Whether this process still runs. A pid that now belongs to a process with another start
     /// time counts as dead; a zombie counts as dead (it will not touch the segment again). Only
-    /// a /proc entry that is not there says "dead": any other failure to read it (out of file
-    /// descriptors, a `hidepid` mount) says "alive", because taking a live peer for dead frees
-    /// what it still uses.
+    /// a process that is not there (no /proc entry, and `kill(pid, 0)` says ESRCH) is dead: any
+    /// other failure to read /proc (out of file descriptors, a `hidepid` mount hiding another
+    /// user's process) says "alive", because taking a live peer for dead frees what it still
+    /// uses.
     pub fn is_alive(&self) -> bool {
         if self.pid == 0 || self.pid > i32::MAX as u32 {
             return false;
@@ -74,9 +75,16 @@ enum Stat {
 fn read_stat(pid: u32) -> Stat {
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Stat::Gone,
-        // ESRCH: the process went away while the file was read.
-        Err(e) if e.raw_os_error() == Some(3) => return Stat::Gone,
+        // Not in /proc: gone, unless /proc hides it (mounted with `hidepid=2` or `invisible`,
+        // another user's process). kill(pid, 0) is not hidden: ESRCH means gone; success or
+        // EPERM means the process is there.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(3) => {
+            let Some(p) = rustix::process::Pid::from_raw(pid as i32) else { return Stat::Gone };
+            return match rustix::process::test_kill_process(p) {
+                Err(rustix::io::Errno::SRCH) => Stat::Gone,
+                _ => Stat::Unknown,
+            };
+        }
         Err(_) => return Stat::Unknown,
     };
     // The command name (field 2) is in parentheses and may contain spaces or ')': split after
