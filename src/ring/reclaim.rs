@@ -37,7 +37,7 @@
 //! transitional record. Consumers that found the slot frozen may have gone to sleep: [`reap`]
 //! says when they must be woken. A frozen slot is `WRITING` with a held count above 0, which a
 //! producer's claim never is (it claims only at held 0): consumers tell the two apart
-//! ([`super::consumer::ConsumerCore::next_is_frozen`]).
+//! ([`super::consumer::ConsumerCore::next_is_there`]).
 //!
 //! An EVICTED owner still counts as a holder: it may be releasing right now (its release CAS
 //! can land after any recount), so its holds come back through its own releases, or through
