@@ -35,9 +35,10 @@
 //! goes down, so it cannot change and come back between steps 1 and 3 (no ABA): a release whose
 //! CAS falls between them makes step 3 fail. A live consumer between record and CAS shows a
 //! transitional record. Consumers that found the slot frozen may have gone to sleep: [`reap`]
-//! says when they must be woken. A frozen slot is `WRITING` with a held count above 0, which a
-//! producer's claim never is (it claims only at held 0): consumers tell the two apart
-//! ([`super::consumer::ConsumerCore::next_is_there`]).
+//! says when they must be woken. A frozen slot keeps its message's tag with WRITING set, and
+//! that message is published (the head is past it), which a producer's claim never is: a
+//! consumer that finds the ring closed tells the two apart
+//! ([`super::consumer::ConsumerCore::next_is_there`]) and thaws it ([`thaw`]).
 //!
 //! An EVICTED owner still counts as a holder: it may be releasing right now (its release CAS
 //! can land after any recount), so its holds come back through its own releases, or through
