@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use crate::doorbells::ConsumerBells;
 use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
-use crate::mapped::MappedRing;
+use crate::format::view::MappedRing;
+use crate::format::{MemoryKind, Params};
 use crate::ring::{
     park, ConsumerCore, JoinError, Leave, Left, Pinned, Policy, RingCorrupt, StartAt,
 };
 use crate::shm::process::ProcessId;
-use crate::shm::{MemoryKind, OpenOptions, Params, Segment, ShmName};
+use crate::shm::{OpenOptions, Segment, ShmName};
 use crate::wait::{self, WaitConfig};
 
 /// The error of a join whose entry was taken from it before it became active.

@@ -8,9 +8,10 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::mapped::MappedRing;
+use crate::format::view::MappedRing;
+use crate::format::{Header, Layout, MemoryKind, Params, MAGIC};
 use crate::ring::{evict, reap, ConsumerCore, Leave, ProducerCore, Recount, StartAt};
-use crate::shm::{Header, Layout, MemoryKind, Params, Segment, MAGIC};
+use crate::shm::Segment;
 
 /// Runs the readers of a segment over `data`.
 pub fn segment(data: &[u8]) {
@@ -74,7 +75,7 @@ pub fn segment(data: &[u8]) {
 /// pool (with the sizes the table claims) would.
 #[cfg(feature = "cuda")]
 fn cuda_descriptors(map: &MappedRing) {
-    use crate::cuda::layout::{check_descriptor, pool_state, KnownPool};
+    use crate::format::gpu::{check_descriptor, pool_state, KnownPool};
     let tables = map.gpu();
     let known: Vec<Option<KnownPool>> = tables
         .pools

@@ -8,10 +8,10 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use crate::error::OpenError;
-use crate::mapped::MappedRing;
+use crate::format::view::MappedRing;
+use crate::format::{MemoryKind, Params};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
-use crate::shm::{MemoryKind, Params};
 use crate::shm::{OpenOptions, Segment, ShmName, SHM_PREFIX};
 use crate::stats::{self, ConsumerInfo};
 

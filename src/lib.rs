@@ -36,6 +36,10 @@
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod cuda;
 pub mod error;
+// The segment format: public for the loom model, the fuzzer, the benches and the tests, not as
+// API (docs/protocol.md documents it).
+#[doc(hidden)]
+pub mod format;
 // The protocol and OS layers are public for the loom model, the fuzzer, the benches and the
 // tests, not as API: docs/protocol.md documents them. What users need is re-exported here.
 #[doc(hidden)]
@@ -57,8 +61,6 @@ pub mod gpu;
 #[cfg(not(loom))]
 pub mod inspect;
 #[cfg(not(loom))]
-mod mapped;
-#[cfg(not(loom))]
 pub mod pattern;
 #[cfg(not(loom))]
 mod producer;
@@ -76,12 +78,13 @@ pub use error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, NameError, OpenError, PublishError,
     RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
+pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use gpu::{Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
 pub use ring::{Policy, StartAt};
-pub use shm::{Layout, MemoryKind, MAX_NAME_LEN};
+pub use shm::MAX_NAME_LEN;
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;
 

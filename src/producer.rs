@@ -9,11 +9,12 @@ use crate::error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, PublishError, SendError,
     TryAcquireError,
 };
-use crate::mapped::MappedRing;
+use crate::format::view::MappedRing;
+use crate::format::{MemoryKind, Params, MAGIC};
 use crate::ring::producer::{wants_wake, ClaimError};
 use crate::ring::{audit, park, stamp, Policy, ProducerCore, Reaped, Recount, RingCorrupt};
 use crate::shm::process::ProcessId;
-use crate::shm::{MemoryKind, Params, ShmName, MAGIC};
+use crate::shm::ShmName;
 use crate::stats::ConsumerInfo;
 use crate::wait::{self, WaitConfig};
 use crate::Layout;

@@ -7,7 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{env, role, spawn, unique_name};
-use gpuring::shm::{OpenOptions, Params, Segment, ShmName};
+use gpuring::format::Params;
+use gpuring::shm::{OpenOptions, Segment, ShmName};
 use gpuring::{Consumer, OpenError, Policy, Producer, RecvTimeoutError, StartAt};
 
 /// A payload that says which message it is.

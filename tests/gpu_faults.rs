@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::cuda::driver;
 use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
+use gpuring::format::Params;
 use gpuring::gpu::GpuRecvError;
-use gpuring::shm::{OpenOptions, Params, Segment, ShmName};
+use gpuring::shm::{OpenOptions, Segment, ShmName};
 use gpuring::{Consumer, Fence, GpuConsumer, GpuProducer, OpenError, Policy, Producer, StartAt};
 
 const LEN: u64 = 1 << 20;

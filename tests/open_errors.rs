@@ -90,7 +90,7 @@ fn wrong_version() {
     let (name, _f) = forge(&bytes);
     assert!(matches!(
         Consumer::open(&name),
-        Err(OpenError::VersionMismatch { found: 99, expected: gpuring::shm::LAYOUT_VERSION })
+        Err(OpenError::VersionMismatch { found: 99, expected: gpuring::format::LAYOUT_VERSION })
     ));
 }
 

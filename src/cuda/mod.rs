@@ -6,15 +6,13 @@
 //! without CUDA; [`driver::available`] says whether it can be used, and no CUDA call is made
 //! before it said yes.
 
-// Raw driver wrappers, the segment's CUDA tables and the test and bench kernels: public for the
-// tests and benches (and documented in docs/gpu.md), not as API.
+// Raw driver wrappers and the test and bench kernels: public for the tests and benches (and
+// documented in docs/gpu.md), not as API. The segment's CUDA tables are in `crate::format::gpu`.
 #[doc(hidden)]
 pub mod driver;
 mod ipc;
 #[doc(hidden)]
 pub mod kernels;
-#[doc(hidden)]
-pub mod layout;
 mod pool;
 mod stream;
 

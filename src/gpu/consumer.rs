@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 use super::error::GpuRecvError;
 use super::fence::order_after;
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
-use crate::cuda::layout::{
+use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
+use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
+use crate::format::gpu::{
     check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, KnownPool,
     MAX_POOLS,
 };
-use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
-use crate::error::{Corruption, OpenError, RecvTimeoutError, TryRecvError};
-use crate::mapped::MappedRing;
+use crate::format::view::MappedRing;
+use crate::format::{MemoryKind, Params};
 use crate::ring::{Leave, Pinned};
-use crate::shm::{MemoryKind, Params};
 use crate::wait;
 use crate::{Consumer, ConsumerBuilder};
 

@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 use super::error::{GpuAcquireError, GpuPublishError, RegisterError};
 use super::Fence;
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
-use crate::cuda::layout::{fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS};
 use crate::cuda::{Context, CudaError, DevicePool, IpcEvent, Stream};
 use crate::error::{AcquireTimeoutError, CreateError, PublishError, TryAcquireError};
-use crate::mapped::MappedRing;
+use crate::format::gpu::{fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS};
+use crate::format::view::MappedRing;
+use crate::format::MemoryKind;
 use crate::ring::lease::{self, evict_reason};
 use crate::ring::Ring;
 use crate::shm::process::ProcessId;
-use crate::shm::MemoryKind;
 use crate::wait::{self, WaitConfig};
 use crate::{Policy, Producer, ProducerBuilder};
 
@@ -184,7 +184,7 @@ struct GpuSide {
     readers: Vec<Option<ReaderEvent>>,
     capacity: usize,
     /// With `Fence::Memory`: the device address of the slots' ready words (in
-    /// `pools[fence_pool]`, zeroed at creation; `cuda::layout::fence_bytes` long).
+    /// `pools[fence_pool]`, zeroed at creation; `format::gpu::fence_bytes` long).
     words: Option<CUdeviceptr>,
 }
 

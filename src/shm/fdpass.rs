@@ -32,7 +32,7 @@ use rustix::net::{
 use super::doorbell::base;
 
 /// The most fds one message carries: one per pool-table entry.
-pub const MAX_FDS: usize = super::GPU_POOLS;
+pub const MAX_FDS: usize = crate::format::GPU_POOLS;
 /// The largest payload.
 pub const MAX_PAYLOAD: usize = 4096;
 /// How long a send to, or a receive from, a peer may block.

@@ -7,13 +7,11 @@ pub mod doorbell;
 #[cfg(not(loom))]
 pub mod fdpass;
 mod guard;
-mod header;
 mod name;
 pub mod process;
 mod segment;
 #[cfg(not(loom))]
 pub(crate) mod stale;
 
-pub use header::{Header, Layout, MemoryKind, Params, GPU_POOLS, LAYOUT_VERSION, MAGIC};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};
 pub use segment::{OpenOptions, Segment};

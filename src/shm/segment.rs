@@ -16,9 +16,9 @@ use rustix::io::Errno;
 use rustix::shm;
 
 use super::guard::Guard;
-use super::header::Header;
 use super::name::ShmName;
 use crate::error::{CreateError, OpenError};
+use crate::format::Header;
 
 /// How to open an existing segment.
 #[derive(Clone, Copy, Debug, Default)]

@@ -45,11 +45,11 @@ use rustix::fs::{FileType, FlockOperation, Mode};
 use rustix::io::Errno;
 use rustix::shm;
 
-use super::header::Header;
 use super::name::ShmName;
 use super::process::ProcessId;
 use super::segment::{names, retry, Segment};
 use crate::error::{CreateError, OpenError};
+use crate::format::Header;
 
 /// Creates segment `name` as [`Segment::create`] does; if the name is taken by a segment whose
 /// producer is dead, replaces it (see the module docs). Fails with `AlreadyExists { pid }` if

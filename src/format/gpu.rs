@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::error::Corruption;
 
 /// Entries in the pool table.
-pub const MAX_POOLS: usize = crate::shm::GPU_POOLS;
+pub const MAX_POOLS: usize = crate::format::GPU_POOLS;
 
 /// A 64-byte IPC handle as eight atomics.
 #[repr(C)]

@@ -2,24 +2,25 @@
 
 use std::sync::atomic::AtomicU64;
 
+use crate::format::{Header, Layout, Params};
 use crate::ring::{ConsumerEntry, Policy, ProducerLine, Ring, SlotLine, WakeLine};
-use crate::shm::{Header, Layout, Params, Segment};
+use crate::shm::Segment;
 
-/// Views of a CUDA ring's tables (see [`crate::cuda::layout`]).
+/// Views of a CUDA ring's tables (see [`crate::format::gpu`]).
 #[cfg(feature = "cuda")]
 pub(crate) struct GpuTables<'a> {
-    pub header: &'a crate::cuda::layout::GpuHeader,
-    pub pools: &'a [crate::cuda::layout::PoolEntry],
-    pub slots: &'a [crate::cuda::layout::GpuSlotLine],
+    pub header: &'a crate::format::gpu::GpuHeader,
+    pub pools: &'a [crate::format::gpu::PoolEntry],
+    pub slots: &'a [crate::format::gpu::GpuSlotLine],
     /// `capacity` lines per consumer table entry.
-    pub releases: &'a [crate::cuda::layout::ConsumerSlot],
+    pub releases: &'a [crate::format::gpu::ConsumerSlot],
     pub capacity: usize,
 }
 
 #[cfg(feature = "cuda")]
 impl<'a> GpuTables<'a> {
     /// Consumer table entry `entry`'s release lines, one per slot.
-    pub fn releases_of(&self, entry: usize) -> &'a [crate::cuda::layout::ConsumerSlot] {
+    pub fn releases_of(&self, entry: usize) -> &'a [crate::format::gpu::ConsumerSlot] {
         &self.releases[entry * self.capacity..(entry + 1) * self.capacity]
     }
 }
@@ -109,7 +110,7 @@ impl MappedRing {
     /// If the ring's memory kind is not CUDA.
     #[cfg(feature = "cuda")]
     pub fn gpu(&self) -> GpuTables<'_> {
-        use crate::cuda::layout::{ConsumerSlot, GpuHeader, GpuSlotLine, PoolEntry, MAX_POOLS};
+        use crate::format::gpu::{ConsumerSlot, GpuHeader, GpuSlotLine, PoolEntry, MAX_POOLS};
         assert_eq!(self.params.memory_kind, crate::MemoryKind::Cuda);
         let l = &self.layout;
         let cap = self.params.capacity as usize;

@@ -225,10 +225,10 @@ impl Params {
 /// holds             u64 x hold::stride(capacity) per consumer (the ring's hold records)
 /// user_headers      capacity x user_header_stride       (user_header_size rounded up to 64)
 /// -- CUDA memory kind only (zero bytes for host memory) --
-/// gpu               cuda::layout::GpuHeader             128 B   (device UUID, producer busy flag)
-/// pools             cuda::layout::PoolEntry x GPU_POOLS, 128 B each
-/// gpu_slots         cuda::layout::GpuSlotLine x capacity, 128 B each
-/// release_slots     cuda::layout::ConsumerSlot x (max_consumers x capacity), 128 B each
+/// gpu               format::gpu::GpuHeader              128 B   (device UUID, fence kind)
+/// pools             format::gpu::PoolEntry x GPU_POOLS, 128 B each
+/// gpu_slots         format::gpu::GpuSlotLine x capacity, 128 B each
+/// release_slots     format::gpu::ConsumerSlot x (max_consumers x capacity), 128 B each
 /// -- host memory kind only (zero bytes for CUDA) --
 /// payload           capacity x payload_stride, page-aligned (slot_size rounded up to 128)
 /// total             page-rounded end

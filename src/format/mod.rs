@@ -1,0 +1,19 @@
+//! The segment format, in one place: what a ring's shared-memory file holds and how it is laid
+//! out. Pure data (every field an atomic), no system calls:
+//!
+//! * [`header`]: the header, the parameters it carries and the layout of the regions that follow;
+//! * [`gpu`]: the tables a CUDA ring adds (device, pools, slot descriptors, release events) and
+//!   the checks a consumer makes on them before it forms a device pointer;
+//! * `view`: typed views of a mapped segment whose header was checked (`MappedRing`), the one
+//!   place where offsets become references.
+//!
+//! The ring's own lines (`ProducerLine`, `ConsumerEntry`, `SlotLine`, `WakeLine`) live in
+//! [`crate::ring::layout`] beside the protocol that uses them; this module places them.
+
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod gpu;
+pub mod header;
+#[cfg(not(loom))]
+pub(crate) mod view;
+
+pub use header::{Header, Layout, MemoryKind, Params, GPU_POOLS, LAYOUT_VERSION, MAGIC};
