@@ -74,7 +74,7 @@ pub struct Header {
     pub memory_kind: AtomicU32,
     /// Producer pid. Written first of all, so a half-built segment still names its builder.
     pub producer_pid: AtomicU32,
-    /// Producer start time (see [`super::process::ProcessId`]). Written with the pid.
+    /// Producer start time (see [`crate::shm::process::ProcessId`]). Written with the pid.
     pub producer_start_time: AtomicU64,
     /// Identifies this instance of the ring among all that had its name.
     pub epoch: AtomicU64,
