@@ -14,8 +14,9 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use gpuring::testing::pattern;
 use gpuring::{
-    monotonic_ns, pattern,
+    monotonic_ns,
     tensor::{DType, TensorHeader},
     Consumer, ConsumerInfo, Policy, Producer, RecvError, StartAt,
 };
@@ -374,8 +375,8 @@ impl Tx {
 mod gpu {
     use std::sync::{Arc, Mutex};
 
-    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
-    use gpuring::gpu::GpuRecvError;
+    use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
+    use gpuring::RecvError;
     use gpuring::{GpuProducer, ProducerBuilder};
 
     use super::*;
@@ -441,7 +442,7 @@ mod gpu {
         loop {
             let frame = match rx.recv() {
                 Ok(f) => f,
-                Err(GpuRecvError::Disconnected) => break,
+                Err(RecvError::Disconnected) => break,
                 Err(e) => return Err(e.to_string()),
             };
             let (seq, published) = (frame.seq(), frame.timestamp_ns());

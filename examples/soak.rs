@@ -15,7 +15,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use gpuring::{monotonic_ns, pattern, Consumer, Policy, Producer, RecvError, StartAt};
+use gpuring::testing::pattern;
+use gpuring::{monotonic_ns, Consumer, Policy, Producer, RecvError, StartAt};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Soak test: random consumer kills and producer restarts")]
@@ -481,8 +482,8 @@ mod gpu {
 mod gpu {
     use std::sync::Arc;
 
-    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
-    use gpuring::gpu::GpuRecvError;
+    use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
+    use gpuring::RecvError;
     use gpuring::{GpuProducer, ProducerBuilder};
 
     use super::*;
@@ -558,7 +559,7 @@ mod gpu {
                             }
                         }
                     }
-                    Err(GpuRecvError::Disconnected) => break true,
+                    Err(RecvError::Disconnected) => break true,
                     Err(e) => {
                         eprintln!("consumer: {e}");
                         mismatches += 1;

@@ -19,16 +19,8 @@ if [ ! -x "$bin" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
-mps_start() {
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d
-}
-mps_stop() {
-  echo quit | nvidia-cuda-mps-control || true
-  sleep 1
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-}
+# shellcheck source=scripts/mps.sh
+. "$(dirname "$0")/mps.sh"
 torch() {
   [ -n "${NO_TORCH:-}" ] && return 0
   python3 benches/peers/torch_mp.py --seconds "${TORCH_SECONDS:-2}" --consumers 1 4 \

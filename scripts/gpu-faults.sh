@@ -18,16 +18,8 @@ minutes=${3:-3}
 mkdir -p "$out"
 kills='consumers_killed_right_after_release'
 
-mps_start() {
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d
-}
-mps_stop() {
-  echo quit | nvidia-cuda-mps-control || true
-  sleep 1
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-}
+# shellcheck source=scripts/mps.sh
+. "$(dirname "$0")/mps.sh"
 faults() { # label
   timeout 240 "$bundle/tests/gpu_faults" --include-ignored --test-threads 1 --nocapture "$kills" \
     > "$out/faults-$1.log" 2>&1

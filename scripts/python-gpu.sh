@@ -28,10 +28,10 @@ echo "example: $(tail -1 "$out/consumer_torch.log")"
 timeout 240 python3 benches/peers/torch_gpuring.py --json "$out/torch-bench-mps-off.json" \
   > "$out/torch-bench-mps-off.log" 2>&1
 cat "$out/torch-bench-mps-off.log"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d
+# shellcheck source=scripts/mps.sh
+. "$(dirname "$0")/mps.sh"
+mps_start
 timeout 240 python3 benches/peers/torch_gpuring.py --json "$out/torch-bench-mps-on.json" \
   > "$out/torch-bench-mps-on.log" 2>&1
-echo quit | nvidia-cuda-mps-control
+mps_stop
 cat "$out/torch-bench-mps-on.log"

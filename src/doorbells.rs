@@ -6,6 +6,7 @@
 
 use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
 use rustix::net::SocketAddrUnix;
 
@@ -27,8 +28,10 @@ pub(crate) struct ProducerBells {
     own: Option<Doorbell>,
     /// `None` if no socket could be made; parked consumers then wake on their timers.
     knocker: Option<Knocker>,
-    /// Indexed by consumer table entry.
-    known: Vec<Option<Known>>,
+    /// Indexed by consumer table entry. Behind a lock (only ever the producer's, so never
+    /// contended) so that ringing takes `&self`: an async producer rings parked consumers (after
+    /// a reap) while it awaits its own doorbell, and its future must stay `Send`.
+    known: Mutex<Vec<Option<Known>>>,
 }
 
 impl ProducerBells {
@@ -44,7 +47,7 @@ impl ProducerBells {
             epoch,
             own: own.ok(),
             knocker: knocker.ok(),
-            known: (0..max_consumers).map(|_| None).collect(),
+            known: Mutex::new((0..max_consumers).map(|_| None).collect()),
         }
     }
 
@@ -56,8 +59,10 @@ impl ProducerBells {
 
     /// Rings the doorbell of every parked consumer. Call only after `wants_wake(consumer_wake)`
     /// and `park::has_parked` both said yes.
-    pub fn ring_parked(&mut self, ring: &Ring<'_>) {
+    pub fn ring_parked(&self, ring: &Ring<'_>) {
         let Some(knocker) = &self.knocker else { return };
+        // A poisoned lock only means a panic elsewhere left a half-updated cache: still usable.
+        let mut table = self.known.lock().unwrap_or_else(|e| e.into_inner());
         for (i, e) in ring.consumers.iter().enumerate() {
             if !park::is_parked(&e.parked) {
                 continue;
@@ -68,7 +73,7 @@ impl ProducerBells {
             if token == 0 {
                 continue;
             }
-            let known = &mut self.known[i];
+            let known = &mut table[i];
             if known.as_ref().is_none_or(|k| k.token != token) {
                 *known = consumer_address(&self.name, self.epoch, token)
                     .ok()
@@ -112,7 +117,7 @@ mod tests {
         let heap = HeapRing::new(2, 4, Policy::Block);
         let ring = heap.ring();
         let epoch = u64::from(std::process::id()) << 8 | 1;
-        let mut bells = ProducerBells::bind("bells-ring", epoch, 4);
+        let bells = ProducerBells::bind("bells-ring", epoch, 4);
         let a = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
         let b = ConsumerCore::join(&ring, StartAt::Next, 2, 1).unwrap();
         let doorbell = |core: &ConsumerCore| {

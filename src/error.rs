@@ -323,6 +323,9 @@ pub enum TryRecvError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Consumer::recv`] returned no message.
@@ -347,6 +350,9 @@ pub enum RecvError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Consumer::recv_timeout`] returned no message.
@@ -369,6 +375,9 @@ pub enum RecvTimeoutError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Producer::try_acquire`] returned no slot.
@@ -385,10 +394,13 @@ pub enum RecvTimeoutError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TryAcquireError {
     /// The next slot is not free: a `Block` consumer is a full ring behind, or a consumer holds
-    /// it.
+    /// it (or, in a CUDA ring, its readers' GPUs are still reading it).
     Full,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Producer::acquire`] returned no slot.
@@ -400,6 +412,7 @@ pub enum TryAcquireError {
 /// match tx.acquire() {
 ///     Ok(slot) => println!("writing message {}", slot.seq()),
 ///     Err(AcquireError::Corrupt(c)) => eprintln!("ring damaged: {c}"),
+///     Err(e) => eprintln!("{e}"),
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -407,6 +420,9 @@ pub enum TryAcquireError {
 pub enum AcquireError {
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Producer::acquire_timeout`] returned no slot.
@@ -428,6 +444,9 @@ pub enum AcquireTimeoutError {
     Timeout,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::WriteSlot::publish`] refused a message.
@@ -457,6 +476,20 @@ pub enum PublishError {
         /// The ring's user-header size.
         max: usize,
     },
+    /// CUDA rings, `publish_region`: the pool id is not one of this producer's.
+    UnknownPool,
+    /// CUDA rings, `publish_region`: the region does not lie inside its pool.
+    OutsidePool {
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The pool's size.
+        size: u64,
+    },
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
 /// Why [`crate::Producer::send`] failed.
@@ -475,16 +508,71 @@ pub enum SendError {
     Publish(PublishError),
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// A CUDA call failed (CUDA rings).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaError),
 }
 
+/// Why [`Producer::register`](crate::Producer::register) (CUDA rings) refused an allocation.
+///
+/// ```no_run
+/// use gpuring::cuda::DevicePool;
+/// use gpuring::RegisterError;
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let surfaces = DevicePool::new(tx.context(), 64 << 20)?;
+/// match tx.register(surfaces) {
+///     Ok(id) => println!("registered as {id:?}"),
+///     Err(RegisterError::TableFull) => eprintln!("too many pools: reuse a registered one"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegisterError {
+    /// All pool table entries are used.
+    TableFull,
+    /// The allocation is not on the ring's device.
+    OtherDevice,
+    /// The driver refused (for example an allocation from a stream-ordered pool, which legacy
+    /// IPC cannot share).
+    Cuda(crate::cuda::CudaError),
+}
+
+/// Display and `Error` for one of the operation errors above; every one of them also has the
+/// `Cuda` variant of CUDA rings, shown as the CUDA error and given as its source.
 macro_rules! display {
-    ($ty:ty { $($pat:pat => $($fmt:expr),+;)* }) => {
+    ($ty:ident { $($pat:pat => $($fmt:expr),+;)* }) => {
         impl fmt::Display for $ty {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self { $($pat => write!(f, $($fmt),+),)* }
+                match self {
+                    $($pat => write!(f, $($fmt),+),)*
+                    #[cfg(feature = "cuda")]
+                    $ty::Cuda(e) => e.fmt(f),
+                }
             }
         }
-        impl std::error::Error for $ty {}
+        impl std::error::Error for $ty {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                match self {
+                    #[cfg(feature = "cuda")]
+                    $ty::Cuda(e) => Some(e),
+                    _ => None,
+                }
+            }
+        }
+        #[cfg(feature = "cuda")]
+        impl From<crate::cuda::CudaError> for $ty {
+            fn from(e: crate::cuda::CudaError) -> Self {
+                $ty::Cuda(e)
+            }
+        }
+        #[cfg(feature = "cuda")]
+        impl From<crate::cuda::DriverError> for $ty {
+            fn from(e: crate::cuda::DriverError) -> Self {
+                $ty::Cuda(e.into())
+            }
+        }
     };
 }
 
@@ -516,6 +604,13 @@ display!(AcquireTimeoutError {
 display!(PublishError {
     PublishError::TooLong { len, slot_size } => "message of {} bytes exceeds slot size {}", len, slot_size;
     PublishError::HeaderTooLong { len, max } => "user header of {} bytes exceeds {}", len, max;
+    PublishError::UnknownPool => "no such pool in this producer";
+    PublishError::OutsidePool { offset, len, size } => "region {}+{} lies outside the {}-byte pool", offset, len, size;
+});
+#[cfg(feature = "cuda")]
+display!(RegisterError {
+    RegisterError::TableFull => "the ring's pool table is full";
+    RegisterError::OtherDevice => "the allocation is on another device";
 });
 display!(SendError {
     SendError::Publish(e) => "{}", e;

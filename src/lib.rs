@@ -2,9 +2,9 @@
 //!
 //! A POSIX shared-memory segment holds a lock-free ring of slots. The producer fills a slot and
 //! publishes it; every consumer receives it, in its own process, without a copy. With CUDA
-//! memory (`GpuProducer`, `GpuConsumer`; feature `cuda`, on by default) the slots live in
-//! device memory and the hand-off is fenced on the GPU with interprocess events; with host
-//! memory ([`Producer`], [`Consumer`]) the payload lives in the segment itself.
+//! memory ([`Cuda`]; feature `cuda`, on by default) the slots live in device memory and the
+//! hand-off is fenced on the GPU with interprocess events; with host memory ([`Host`], the
+//! default) the payload lives in the segment itself.
 //!
 //! ```no_run
 //! use gpuring::{Consumer, Producer};
@@ -21,15 +21,21 @@
 //!
 //! Where to start:
 //! * [`Producer::builder`] and [`Consumer::builder`]: every setting, with its default.
-//! * `create_gpu` / `open_gpu` on the same builders for CUDA rings (module `gpu`).
-//! * Feature `tokio`: `Consumer::recv_async`, `Consumer::stream`, `Producer::acquire_async`
+//! * `create_gpu` / `open_gpu` on the same builders for CUDA rings: a [`Producer<Cuda>`] and a
+//!   [`Consumer<Cuda>`] are the same types as the host ones, with device pointers and streams
+//!   added ([`memory`]).
+//! * Feature `tokio`: `Consumer::recv_async`, `Consumer::messages`, `Producer::acquire_async`
 //!   wait without holding a thread.
 //! * [`inspect`]: what the `gpuring` command shows (`list`, `stat`, `rm`), as a library.
 //! * The guide, the protocol and the GPU notes are in the repository's `docs/`.
 //!
-//! Layers, each depending only on those before it: `shm` (segments, doorbells), `ring` (the
-//! protocol, no OS calls), `wait` (futex sleeping), `cuda` (driver wrappers and kernels), then
-//! the API: [`Producer`] and [`Consumer`], `gpu` (`GpuProducer`, `GpuConsumer`), `asynch`.
+//! Layers, each depending only on those before it (docs/protocol.md, "Code layout"):
+//! * `ring` (the protocol: pure atomics, no OS or CUDA calls, loom-checked) and `format` (the
+//!   segment: header, ring lines, CUDA tables, typed views);
+//! * `shm` (the OS: segments, processes, doorbells), `cuda` (the driver), `wait` (the one
+//!   blocking wait; `asynch` holds its async twin);
+//! * [`memory`]: what each memory kind adds, behind one sealed trait;
+//! * the API: [`Producer<M>`] and [`Consumer<M>`], generic over the memory kind.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -54,19 +60,17 @@ mod consumer;
 #[cfg(not(loom))]
 mod doorbells;
 #[cfg(not(loom))]
-#[doc(hidden)]
-pub mod fuzzing;
-#[cfg(all(feature = "cuda", not(loom)))]
-pub mod gpu;
-#[cfg(not(loom))]
 pub mod inspect;
 #[cfg(not(loom))]
-pub mod pattern;
+pub mod memory;
 #[cfg(not(loom))]
 mod producer;
 #[cfg(not(loom))]
 mod stats;
 pub mod tensor;
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub mod testing;
 #[cfg(not(loom))]
 mod wait;
 
@@ -74,29 +78,23 @@ mod wait;
 pub use asynch::Messages;
 #[cfg(not(loom))]
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
+#[cfg(feature = "cuda")]
+pub use error::RegisterError;
 pub use error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, NameError, OpenError, PublishError,
     RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
 pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]
-pub use gpu::{Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot};
+pub use memory::{Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId};
+#[cfg(not(loom))]
+pub use memory::{Host, Memory, DEFAULT_GPU_POLL};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
 pub use ring::{Policy, StartAt};
 pub use shm::MAX_NAME_LEN;
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;
-
-/// Default for `gpu_poll` on both builders (CUDA rings): how long the CPU polls a pending
-/// event (`cuEventQuery`, ~50 ns) before it hands the wait to the GPU (`cuStreamWaitEvent`).
-/// See docs/performance.md for the measurements behind the value.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(gpuring::DEFAULT_GPU_POLL, Duration::from_micros(30));
-/// ```
-pub const DEFAULT_GPU_POLL: std::time::Duration = std::time::Duration::from_micros(30);
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]

@@ -1,4 +1,10 @@
-//! Waiting: spin, then yield, then sleep on a futex word in shared memory.
+//! Waiting: the crate's one blocking wait, [`wait_until`] (its async twin is
+//! `asynch::wait_async`). Every blocking wait of a producer or consumer goes through it: for a
+//! free slot, for a message, for a GPU event, for peers to leave.
+//!
+//! A waiter polls, spins, then yields, then sleeps: on a futex word in shared memory when it
+//! waits for something a peer wakes it for (a release, a publish), or in short naps when
+//! nobody does (a GPU event's completion, a peer's store it only polls).
 //!
 //! The futex is rustix's *without* `FUTEX_PRIVATE_FLAG`: a private futex is keyed by the
 //! process's address space, so a wake from another process would never reach it.
@@ -16,126 +22,102 @@ use crate::ring::WakeLine;
 /// How a waiter behaves before sleeping, and how often it wakes to look around.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WaitConfig {
-    /// How long to spin and yield before the first futex sleep.
+    /// How long to spin (and, for a futex wait, yield) before the first sleep.
     pub spin: Duration,
-    /// Longest single sleep: after it the waiter runs its idle check (liveness).
+    /// Longest time between two of the waiter's slower checks (liveness of its peers): each
+    /// futex sleep lasts at most this long.
     pub tick: Duration,
 }
 
-/// Waits until `poll` returns `Some`, or `deadline` passes (then `None`). After each sleep,
-/// `idle` runs; if it returns `Some`, that is the result.
-pub(crate) fn wait_until<T>(
-    line: &WakeLine,
-    cfg: WaitConfig,
-    deadline: Option<Instant>,
-    mut poll: impl FnMut() -> Option<T>,
-    mut idle: impl FnMut() -> Option<T>,
-) -> Option<T> {
-    if let Some(v) = poll() {
-        return Some(v);
-    }
-    let backoff = Backoff::new();
-    let start = Instant::now();
-    let spin_until = start + cfg.spin;
-    loop {
-        // Spin, then yield, for up to `cfg.spin`.
-        loop {
-            if let Some(v) = poll() {
-                return Some(v);
-            }
-            backoff.snooze();
-            if backoff.is_completed() {
-                let now = Instant::now();
-                if now >= spin_until || deadline.is_some_and(|d| now >= d) {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-        }
-        let now = Instant::now();
-        let mut nap = cfg.tick;
-        if let Some(d) = deadline {
-            if now >= d {
-                return None;
-            }
-            nap = nap.min(d - now);
-        }
-        // Register as a sleeper, fence, read the word, re-check, then sleep.
-        // Relaxed RMW: the SeqCst fence below orders it before the re-check.
-        line.sleepers.fetch_add(1, Ordering::Relaxed);
-        // SeqCst fence: pairs with the waker's fence in `ring::producer::wants_wake`.
-        fence(Ordering::SeqCst);
-        // Acquire: pairs with the waker's Release bump.
-        let word = line.word.load(Ordering::Acquire);
-        let ready = poll();
-        if ready.is_none() {
-            sleep(line, word, nap);
-        }
-        // Relaxed: only a hint for wakers, who re-check with their own fence.
-        line.sleepers.fetch_sub(1, Ordering::Relaxed);
-        if let Some(v) = ready {
-            return Some(v);
-        }
-        if let Some(v) = idle() {
-            return Some(v);
-        }
-        if let Some(v) = poll() {
-            return Some(v);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return None;
-        }
-    }
-}
-
-/// How long [`poll_until`] yields the CPU between looks, after its spin, before it naps: an OS
-/// sleep of even 10 µs lasts ~60 µs, which a GPU handoff of ~10 µs cannot afford, while a yield
-/// on an idle core returns in about a microsecond.
+/// How long a wait nobody wakes yields the CPU between looks, after its spin, before it naps:
+/// an OS sleep of even 10 µs lasts ~60 µs, which a GPU handoff of ~10 µs cannot afford, while
+/// a yield on an idle core returns in about a microsecond.
 const YIELD_PHASE: Duration = Duration::from_micros(200);
 
-/// Waits until `poll` returns `Some`, or `deadline` passes (then `None`), for a condition
-/// nobody wakes us for (a GPU event's completion, a peer's store we only poll): spin for
-/// `cfg.spin`, yield for [`YIELD_PHASE`] more, then nap, from 10 µs doubling up to 1 ms.
-/// `poll`'s argument is true once per `cfg.tick`: the time for its slower checks (liveness).
-pub(crate) fn poll_until<T>(
+/// The first nap of a wait nobody wakes; each next one doubles, up to [`MAX_NAP`].
+const FIRST_NAP: Duration = Duration::from_micros(10);
+
+/// The longest nap of a wait nobody wakes.
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// Waits until `step` returns `Some`, or `deadline` passes (then `None`; a deadline already
+/// past when the first step finds nothing returns at once: a `try_` operation).
+///
+/// `step`'s argument is true once per `cfg.tick`: the time for its slower checks (liveness),
+/// which may end the wait too. With a wake `line`, the waiter sleeps on its futex word after
+/// the spin, and whoever makes the condition true bumps and wakes it; without one, it yields
+/// for [`YIELD_PHASE`] more, then naps, from [`FIRST_NAP`] doubling up to [`MAX_NAP`].
+pub(crate) fn wait_until<T>(
+    line: Option<&WakeLine>,
     cfg: WaitConfig,
     deadline: Option<Instant>,
-    mut poll: impl FnMut(bool) -> Option<T>,
+    mut step: impl FnMut(bool) -> Option<T>,
 ) -> Option<T> {
     let start = Instant::now();
     let mut last_tick = start;
-    let mut nap = Duration::from_micros(10);
+    let backoff = Backoff::new();
+    let mut nap = FIRST_NAP;
     loop {
-        let tick = last_tick.elapsed() >= cfg.tick;
+        let now = Instant::now();
+        let tick = now - last_tick >= cfg.tick;
         if tick {
-            last_tick = Instant::now();
+            last_tick = now;
         }
-        if let Some(v) = poll(tick) {
+        if let Some(v) = step(tick) {
             return Some(v);
         }
         let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return None;
-        }
+        let left = match deadline {
+            Some(d) if now >= d => return None,
+            Some(d) => d - now,
+            None => Duration::MAX,
+        };
         let waited = now - start;
         if waited < cfg.spin {
-            std::hint::spin_loop();
-        } else if waited < cfg.spin + YIELD_PHASE {
-            std::thread::yield_now();
-        } else {
-            let left = deadline.map_or(nap, |d| d.saturating_duration_since(now));
-            std::thread::sleep(nap.min(left));
-            nap = (nap * 2).min(Duration::from_millis(1));
+            match line {
+                // Spins a little longer each time, then yields (crossbeam's backoff).
+                Some(_) => backoff.snooze(),
+                // A poll of a GPU event already costs ~50 ns: spin on it.
+                None => std::hint::spin_loop(),
+            }
+            continue;
+        }
+        match line {
+            Some(line) => {
+                let until_tick = cfg.tick.saturating_sub(last_tick.elapsed());
+                if let Some(v) = sleep_on(line, until_tick.min(left), || step(false)) {
+                    return Some(v);
+                }
+            }
+            None if waited < cfg.spin + YIELD_PHASE => std::thread::yield_now(),
+            None => {
+                std::thread::sleep(nap.min(left));
+                nap = (nap * 2).min(MAX_NAP);
+            }
         }
     }
 }
 
-/// `FUTEX_WAIT` on `line.word` while it holds `word`, for at most `nap`.
-fn sleep(line: &WakeLine, word: u32, nap: Duration) {
-    let ts =
-        rustix::time::Timespec { tv_sec: nap.as_secs() as _, tv_nsec: nap.subsec_nanos() as _ };
-    // EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: look again.
-    let _ = futex::wait(&line.word, futex::Flags::empty(), word, Some(&ts));
+/// Sleeps on `line`'s futex word for at most `nap`, unless `check` (run after registering as a
+/// sleeper) finds the condition true: then its value.
+fn sleep_on<T>(line: &WakeLine, nap: Duration, check: impl FnOnce() -> Option<T>) -> Option<T> {
+    // Register as a sleeper, fence, read the word, re-check, then sleep.
+    // Relaxed RMW: the SeqCst fence below orders it before the re-check.
+    line.sleepers.fetch_add(1, Ordering::Relaxed);
+    // SeqCst fence: pairs with the waker's fence in `ring::producer::wants_wake`.
+    fence(Ordering::SeqCst);
+    // Acquire: pairs with the waker's Release bump.
+    let word = line.word.load(Ordering::Acquire);
+    let ready = check();
+    if ready.is_none() && !nap.is_zero() {
+        let ts =
+            rustix::time::Timespec { tv_sec: nap.as_secs() as _, tv_nsec: nap.subsec_nanos() as _ };
+        // EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: look again.
+        let _ = futex::wait(&line.word, futex::Flags::empty(), word, Some(&ts));
+    }
+    // Relaxed: only a hint for wakers, who re-check with their own fence.
+    line.sleepers.fetch_sub(1, Ordering::Relaxed);
+    ready
 }
 
 /// Wakes every sleeper on `line` (its word was already bumped by `ring::producer::wants_wake`).

@@ -93,7 +93,7 @@ fn a_cancelled_wait_does_not_unpark_another_wait_on_the_same_consumer() {
     let (tx, rx) = ring("async-two-waits");
     let sender = send_later(tx, 150, b"late", b"");
     runtime().block_on(async {
-        let mut messages = rx.stream();
+        let mut messages = rx.messages();
         let first = in_time("stream", messages.next());
         let second = async {
             let r = tokio::time::timeout(Duration::from_millis(50), rx.recv_async()).await;
@@ -138,7 +138,7 @@ fn the_stream_yields_every_message_then_ends() {
     });
     let seen = runtime().block_on(async {
         let mut seen = Vec::new();
-        let mut messages = rx.stream();
+        let mut messages = rx.messages();
         while let Some(msg) = in_time("stream", messages.next()).await {
             let msg = msg.unwrap();
             seen.push(u32::from_le_bytes(msg[..4].try_into().unwrap()));

@@ -1,21 +1,26 @@
 //! The conformance suite: the same multi-process scenarios run against every memory kind.
 //! Host memory runs everywhere (CI); CUDA memory needs a GPU and is `#[ignore]`d without one.
 //!
-//! Each test re-executes this binary with a role (see `common::spawn`); the child runs the same
-//! test function, which dispatches on the role. Every byte of every message is checked: on the
-//! CPU for host memory, by a kernel on the consumer's stream for CUDA memory.
+//! Each scenario is one generic function over a [`Kind`]: a memory kind ([`Memory`], whose
+//! payloads `gpuring::testing::payload` writes and checks) plus the sizes the scenarios use
+//! with it. Everything else (creating, joining, acquiring,
+//! receiving, the counters, reaping, reconnecting) is the one generic `Producer<M>` /
+//! `Consumer<M>` API. Each test re-executes this binary with a role (see `common::spawn`); the
+//! child runs the same test function, which dispatches on the role. Every byte of every message
+//! is checked: on the CPU for host memory, by a kernel on the consumer's stream for CUDA memory.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
-use gpuring::{pattern, Consumer, ConsumerInfo, OpenError, Policy, Producer, RecvError, StartAt};
+use gpuring::testing::{pattern, payload::Payload};
+use gpuring::{Consumer, Memory, OpenError, Policy, Producer, ProducerBuilder, RecvError, StartAt};
 
 /// How often producers and consumers in these tests look for dead peers.
 const LIVENESS: Duration = Duration::from_millis(20);
 
-/// One message as a consumer saw it (its payload check is the backend's business).
+/// One message as a consumer saw it (its payload check is queued by `Payload::check`).
 struct Msg {
     seq: u64,
     lag: u64,
@@ -23,8 +28,11 @@ struct Msg {
     header_seq: u64,
 }
 
-/// What the scenarios need of a memory kind.
-trait Backend {
+/// A memory kind as the scenarios use it: the kind (whose payloads are written and checked by
+/// `gpuring::testing::payload`: on the CPU for host memory, by kernels for CUDA memory), its
+/// settings, and the sizes the scenarios use with it.
+trait Kind {
+    type M: Payload;
     /// Slot size used by the scenarios.
     const SLOT: usize;
     /// Messages per fan-out test.
@@ -32,243 +40,122 @@ trait Backend {
     /// Whether a consumer can still read what a producer published after that producer's
     /// process exited (host memory lives in the segment; device memory dies with its owner).
     const DRAINS_AFTER_EXIT: bool;
-    type Tx;
-    type Rx;
-    fn create(name: &str, capacity: u32, policy: Policy) -> Self::Tx;
-    fn consumer_count(tx: &Self::Tx) -> usize;
-    /// Publishes message `seq`: length `len_for(seq)`, its pattern, `seq` in the user header.
-    /// `false` if no slot came free within `timeout`.
-    fn publish(tx: &mut Self::Tx, seq: u64, timeout: Duration) -> bool;
-    fn open(name: &str, start: StartAt) -> Result<Self::Rx, OpenError>;
-    /// Receives one message and queues the check of its payload; `None` once disconnected.
-    fn recv(rx: &Self::Rx) -> Option<Msg>;
-    /// Mismatching payload bytes over every message received so far.
-    fn mismatches(rx: &Self::Rx) -> u64;
-    fn consumers(tx: &Self::Tx) -> Vec<ConsumerInfo>;
-    fn held_slots(tx: &Self::Tx) -> usize;
-    fn reap(tx: &mut Self::Tx) -> usize;
-    fn epoch(rx: &Self::Rx) -> u64;
-    /// Waits for an instance of ring `name` other than `not_epoch` and opens it.
-    fn reconnect(name: &str, not_epoch: u64) -> Self::Rx;
-    /// Receives `n` messages and keeps them (for a process that is about to be killed).
-    fn hold_forever(rx: &Self::Rx, n: usize) -> !;
+    /// The kind's own settings on a producer's builder.
+    fn configure(b: ProducerBuilder) -> ProducerBuilder {
+        b
+    }
 }
 
-fn len_for<B: Backend>(seq: u64) -> usize {
-    pattern::len_for(seq, 1, B::SLOT)
+/// A producer and its payload writer.
+struct Tx<K: Kind> {
+    tx: Producer<K::M>,
+    w: <K::M as Payload>::Writer,
 }
 
+/// A consumer and its payload checker.
+struct Rx<K: Kind> {
+    rx: Consumer<K::M>,
+    c: <K::M as Payload>::Checker,
+}
+
+fn len_for<K: Kind>(seq: u64) -> usize {
+    pattern::len_for(seq, 1, K::SLOT)
+}
+
+fn create<K: Kind>(name: &str, capacity: u32, policy: Policy) -> Tx<K> {
+    let b = Producer::builder(name).capacity(capacity).slot_size(K::SLOT).policy(policy);
+    let tx = K::configure(b.liveness_interval(LIVENESS)).create_in::<K::M>().unwrap();
+    let w = K::M::writer(&tx).unwrap();
+    Tx { tx, w }
+}
+
+/// Publishes message `seq`: length `len_for(seq)`, its pattern, `seq` in the user header.
+/// `false` if no slot came free within `timeout`.
+fn publish<K: Kind>(tx: &mut Tx<K>, seq: u64, timeout: Duration) -> bool {
+    let mut slot = match tx.tx.acquire_timeout(timeout) {
+        Ok(slot) => slot,
+        Err(gpuring::AcquireTimeoutError::Timeout) => return false,
+        Err(e) => panic!("acquire: {e}"),
+    };
+    assert_eq!(slot.seq(), seq);
+    let len = len_for::<K>(seq);
+    K::M::fill(&tx.w, &mut slot, len, seq).unwrap();
+    slot.publish(len, &seq.to_le_bytes()).unwrap();
+    true
+}
+
+fn checked<K: Kind>(rx: Consumer<K::M>) -> Rx<K> {
+    let c = K::M::checker(&rx).unwrap();
+    Rx { rx, c }
+}
+
+fn open<K: Kind>(name: &str, start: StartAt) -> Result<Rx<K>, OpenError> {
+    let b = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS);
+    Ok(checked(b.open_in::<K::M>()?))
+}
+
+/// Receives one message and checks (or queues the check of) its payload; `None` once
+/// disconnected.
+fn recv<K: Kind>(rx: &Rx<K>) -> Option<Msg> {
+    let m = match rx.rx.recv() {
+        Ok(m) => m,
+        Err(RecvError::Disconnected) => return None,
+        Err(e) => panic!("recv: {e}"),
+    };
+    K::M::check(&rx.c, &m).unwrap();
+    let header_seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
+    Some(Msg { seq: m.seq(), lag: m.lag(), len: m.len(), header_seq })
+}
+
+fn mismatches<K: Kind>(rx: &Rx<K>) -> u64 {
+    K::M::mismatches(&rx.c, &rx.rx).unwrap()
+}
+
+/// Waits for an instance of ring `name` other than `not_epoch` and opens it.
+fn reconnect<K: Kind>(name: &str, not_epoch: u64) -> Rx<K> {
+    let b = Consumer::builder(name).start_at(StartAt::Oldest).liveness_interval(LIVENESS);
+    checked(b.open_in_when_ready::<K::M>(Some(not_epoch), Duration::from_secs(30)).unwrap())
+}
+
+/// Receives `n` messages, checking each (so that GPU work is in flight on them), and keeps
+/// them: for a process that is about to be killed between acquiring and releasing.
+fn hold_forever<K: Kind>(rx: &Rx<K>, n: usize) -> ! {
+    let held: Vec<_> = (0..n)
+        .map(|_| {
+            let m = rx.rx.recv().unwrap();
+            K::M::check(&rx.c, &m).unwrap();
+            m
+        })
+        .collect();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(!held.is_empty());
+    }
+}
+
+/// Host memory.
 struct Host;
 
-struct HostRx {
-    rx: Consumer,
-    bad: std::cell::Cell<u64>,
-}
-
-impl Backend for Host {
+impl Kind for Host {
+    type M = gpuring::Host;
     const SLOT: usize = 4096;
     const MESSAGES: u64 = 100_000;
     const DRAINS_AFTER_EXIT: bool = true;
-    type Tx = Producer;
-    type Rx = HostRx;
-
-    fn create(name: &str, capacity: u32, policy: Policy) -> Producer {
-        let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT).policy(policy);
-        b.liveness_interval(LIVENESS).create().unwrap()
-    }
-
-    fn consumer_count(tx: &Producer) -> usize {
-        tx.consumer_count()
-    }
-
-    fn publish(tx: &mut Producer, seq: u64, timeout: Duration) -> bool {
-        let Ok(mut slot) = tx.acquire_timeout(timeout) else { return false };
-        assert_eq!(slot.seq(), seq);
-        let len = len_for::<Self>(seq);
-        pattern::fill(&mut slot[..len], seq);
-        slot.publish(len, &seq.to_le_bytes()).unwrap();
-        true
-    }
-
-    fn open(name: &str, start: StartAt) -> Result<HostRx, OpenError> {
-        let rx = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS).open()?;
-        Ok(HostRx { rx, bad: Default::default() })
-    }
-
-    fn recv(rx: &HostRx) -> Option<Msg> {
-        let m = match rx.rx.recv() {
-            Ok(m) => m,
-            Err(RecvError::Disconnected) => return None,
-            Err(e) => panic!("recv: {e}"),
-        };
-        rx.bad.set(rx.bad.get() + pattern::mismatches(&m, m.seq()));
-        let header_seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
-        Some(Msg { seq: m.seq(), lag: m.lag(), len: m.len(), header_seq })
-    }
-
-    fn mismatches(rx: &HostRx) -> u64 {
-        rx.bad.get()
-    }
-
-    fn consumers(tx: &Producer) -> Vec<ConsumerInfo> {
-        tx.consumers()
-    }
-
-    fn held_slots(tx: &Producer) -> usize {
-        tx.held_slots()
-    }
-
-    fn reap(tx: &mut Producer) -> usize {
-        tx.reap().unwrap()
-    }
-
-    fn epoch(rx: &HostRx) -> u64 {
-        rx.rx.epoch()
-    }
-
-    fn reconnect(name: &str, not_epoch: u64) -> HostRx {
-        let b = Consumer::builder(name).start_at(StartAt::Oldest).liveness_interval(LIVENESS);
-        let rx = b.open_when_ready(Some(not_epoch), Duration::from_secs(30)).unwrap();
-        HostRx { rx, bad: Default::default() }
-    }
-
-    fn hold_forever(rx: &HostRx, n: usize) -> ! {
-        let held: Vec<_> = (0..n).map(|_| rx.rx.recv().unwrap()).collect();
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-            assert!(!held.is_empty());
-        }
-    }
 }
 
+/// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`.
 #[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
-    use gpuring::gpu::{GpuAcquireError, GpuRecvError};
-    use gpuring::{GpuConsumer, GpuProducer};
-    use std::sync::Arc;
+struct Cuda<const MEMORY_FENCE: bool>;
 
-    /// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`.
-    pub struct Cuda<const MEMORY_FENCE: bool>;
+#[cfg(feature = "cuda")]
+impl<const MEMORY_FENCE: bool> Kind for Cuda<MEMORY_FENCE> {
+    type M = gpuring::Cuda;
+    const SLOT: usize = 256 << 10;
+    const MESSAGES: u64 = 20_000;
+    const DRAINS_AFTER_EXIT: bool = false;
 
-    pub struct CudaTx {
-        tx: GpuProducer,
-        k: Arc<PatternKernels>,
-    }
-
-    pub struct CudaRx {
-        rx: GpuConsumer,
-        k: Arc<PatternKernels>,
-        /// What the check kernels add mismatches to.
-        bad: MismatchCounter,
-    }
-
-    impl<const MEMORY_FENCE: bool> Backend for Cuda<MEMORY_FENCE> {
-        const SLOT: usize = 256 << 10;
-        const MESSAGES: u64 = 20_000;
-        const DRAINS_AFTER_EXIT: bool = false;
-        type Tx = CudaTx;
-        type Rx = CudaRx;
-
-        fn create(name: &str, capacity: u32, policy: Policy) -> CudaTx {
-            let fence = if MEMORY_FENCE { gpuring::Fence::Memory } else { gpuring::Fence::Events };
-            let b = Producer::builder(name).capacity(capacity).slot_size(Self::SLOT).fence(fence);
-            let tx = b.policy(policy).liveness_interval(LIVENESS).create_gpu(0).unwrap();
-            let k = PatternKernels::get(tx.context()).unwrap();
-            CudaTx { tx, k }
-        }
-
-        fn consumer_count(tx: &CudaTx) -> usize {
-            tx.tx.consumer_count()
-        }
-
-        fn publish(tx: &mut CudaTx, seq: u64, timeout: Duration) -> bool {
-            let slot = match tx.tx.acquire_timeout(timeout) {
-                Ok(slot) => slot,
-                Err(GpuAcquireError::Timeout) => return false,
-                Err(e) => panic!("acquire: {e}"),
-            };
-            assert_eq!(slot.seq(), seq);
-            let len = len_for::<Self>(seq);
-            // SAFETY: the slot holds SLOT >= len bytes, 256-aligned, and is ours until publish;
-            // the fill runs on the slot's stream, which the publish's ready event follows.
-            unsafe { tx.k.fill(slot.stream(), slot.ptr(), len as u64, seq).unwrap() };
-            slot.publish(len, &seq.to_le_bytes()).unwrap();
-            true
-        }
-
-        fn open(name: &str, start: StartAt) -> Result<CudaRx, OpenError> {
-            let b = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS);
-            Ok(checked(b.open_gpu()?))
-        }
-
-        fn recv(rx: &CudaRx) -> Option<Msg> {
-            let m = match rx.rx.recv() {
-                Ok(m) => m,
-                Err(GpuRecvError::Disconnected) => return None,
-                Err(e) => panic!("recv: {e}"),
-            };
-            // SAFETY: the slot's `len` bytes at `ptr` stay readable on its stream until the
-            // release that dropping `m` records after this kernel; `bad` is a device u64.
-            unsafe {
-                rx.k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), rx.bad.ptr(), 0).unwrap()
-            };
-            let header_seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
-            Some(Msg { seq: m.seq(), lag: m.lag(), len: m.len(), header_seq })
-        }
-
-        fn mismatches(rx: &CudaRx) -> u64 {
-            rx.bad.read(rx.rx.stream()).unwrap()
-        }
-
-        fn consumers(tx: &CudaTx) -> Vec<ConsumerInfo> {
-            tx.tx.consumers()
-        }
-
-        fn held_slots(tx: &CudaTx) -> usize {
-            tx.tx.held_slots()
-        }
-
-        fn reap(tx: &mut CudaTx) -> usize {
-            tx.tx.reap().unwrap()
-        }
-
-        fn epoch(rx: &CudaRx) -> u64 {
-            rx.rx.epoch()
-        }
-
-        fn reconnect(name: &str, not_epoch: u64) -> CudaRx {
-            let b = Consumer::builder(name).start_at(StartAt::Oldest).liveness_interval(LIVENESS);
-            checked(b.open_gpu_when_ready(Some(not_epoch), Duration::from_secs(30)).unwrap())
-        }
-
-        fn hold_forever(rx: &CudaRx, n: usize) -> ! {
-            // Hold the slots with a check kernel queued on each: killed between acquiring and
-            // releasing, with GPU work in flight.
-            let held: Vec<_> = (0..n)
-                .map(|_| {
-                    let m = rx.rx.recv().unwrap();
-                    // SAFETY: as in `recv`.
-                    unsafe {
-                        rx.k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), rx.bad.ptr(), 0)
-                    }
-                    .unwrap();
-                    m
-                })
-                .collect();
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-                assert!(!held.is_empty());
-            }
-        }
-    }
-
-    /// A consumer with its check kernels and mismatch counter.
-    fn checked(rx: GpuConsumer) -> CudaRx {
-        let k = PatternKernels::get(rx.context()).unwrap();
-        let bad = MismatchCounter::new(rx.stream()).unwrap();
-        CudaRx { rx, k, bad }
+    fn configure(b: ProducerBuilder) -> ProducerBuilder {
+        b.fence(if MEMORY_FENCE { gpuring::Fence::Memory } else { gpuring::Fence::Events })
     }
 }
 
@@ -284,9 +171,9 @@ struct Seen {
 /// Receives until disconnected, checking the length, the header and the sequence (each message
 /// is the next one or, if it reports lag, exactly `lag` after it), then that no payload byte
 /// differed.
-fn consume_and_check<B: Backend>(rx: &B::Rx) -> Seen {
+fn consume_and_check<B: Kind>(rx: &Rx<B>) -> Seen {
     let mut seen = Seen::default();
-    while let Some(m) = B::recv(rx) {
+    while let Some(m) = recv::<B>(rx) {
         if let Some(last) = seen.last {
             assert_eq!(m.seq, last + 1 + m.lag, "sequence gap not reported as lag");
         }
@@ -297,21 +184,21 @@ fn consume_and_check<B: Backend>(rx: &B::Rx) -> Seen {
         assert_eq!(m.len, len_for::<B>(m.seq), "length of {}", m.seq);
         assert_eq!(m.header_seq, m.seq, "header of {}", m.seq);
     }
-    assert_eq!(B::mismatches(rx), 0, "payload bytes differ; {seen:?}");
+    assert_eq!(mismatches::<B>(rx), 0, "payload bytes differ; {seen:?}");
     seen
 }
 
-fn produce<B: Backend>(tx: &mut B::Tx, seqs: std::ops::Range<u64>) {
+fn produce<B: Kind>(tx: &mut Tx<B>, seqs: std::ops::Range<u64>) {
     for seq in seqs {
-        assert!(B::publish(tx, seq, Duration::from_secs(60)), "no slot for {seq}");
+        assert!(publish::<B>(tx, seq, Duration::from_secs(60)), "no slot for {seq}");
     }
 }
 
 /// Opens ring `name` (starting at the next message) once its producer process has created it.
-fn open_when_created<B: Backend>(name: &str) -> B::Rx {
+fn open_when_created<B: Kind>(name: &str) -> Rx<B> {
     let t = Instant::now();
     loop {
-        match B::open(name, StartAt::Next) {
+        match open::<B>(name, StartAt::Next) {
             Ok(rx) => return rx,
             // Not there yet, or caught between the producer's shm_open and ftruncate.
             Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
@@ -324,19 +211,19 @@ fn open_when_created<B: Backend>(name: &str) -> B::Rx {
     }
 }
 
-fn wait_for_consumers<B: Backend>(tx: &B::Tx, n: usize) {
+fn wait_for_consumers<M: Memory>(tx: &Producer<M>, n: usize) {
     let t = Instant::now();
-    while B::consumer_count(tx) < n {
+    while tx.consumer_count() < n {
         assert!(t.elapsed() < Duration::from_secs(30), "consumers did not join");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 /// 1 producer, `consumers` consumer processes, `B::MESSAGES` messages, all bytes checked.
-fn fan_out<B: Backend>(test: &str, consumers: usize, policy: Policy) {
+fn fan_out<B: Kind>(test: &str, consumers: usize, policy: Policy) {
     if let Some(role) = role() {
         assert_eq!(role, "consumer");
-        let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
+        let rx = open::<B>(&env::<String>("RING"), StartAt::Next).unwrap();
         let seen = consume_and_check::<B>(&rx);
         let n = B::MESSAGES;
         // Joined before the first publish: every message was either received or lost.
@@ -349,10 +236,10 @@ fn fan_out<B: Backend>(test: &str, consumers: usize, policy: Policy) {
         return;
     }
     let name = unique_name("fan");
-    let mut tx = B::create(&name, 64, policy);
+    let mut tx = create::<B>(&name, 64, policy);
     let children: Vec<_> =
         (0..consumers).map(|_| spawn(test, "consumer", &[("RING", name.clone())])).collect();
-    wait_for_consumers::<B>(&tx, consumers);
+    wait_for_consumers(&tx.tx, consumers);
     produce::<B>(&mut tx, 0..B::MESSAGES);
     drop(tx);
     for c in children {
@@ -362,13 +249,13 @@ fn fan_out<B: Backend>(test: &str, consumers: usize, policy: Policy) {
 
 /// Consumers that join after messages were published start where `StartAt` says and then miss
 /// nothing (Block).
-fn late_join<B: Backend>(test: &str) {
+fn late_join<B: Kind>(test: &str) {
     const BEFORE: u64 = 100;
     const CAP: u32 = 8;
     const TOTAL: u64 = BEFORE + 5000;
     if let Some(role) = role() {
         let start = if role == "newest" { StartAt::Newest } else { StartAt::Oldest };
-        let rx = B::open(&env::<String>("RING"), start).unwrap();
+        let rx = open::<B>(&env::<String>("RING"), start).unwrap();
         let seen = consume_and_check::<B>(&rx);
         let first = seen.first.unwrap();
         match start {
@@ -381,12 +268,12 @@ fn late_join<B: Backend>(test: &str) {
         return;
     }
     let name = unique_name("late");
-    let mut tx = B::create(&name, CAP, Policy::Block);
+    let mut tx = create::<B>(&name, CAP, Policy::Block);
     // No consumers yet: Block does not block.
     produce::<B>(&mut tx, 0..BEFORE);
     let a = spawn(test, "newest", &[("RING", name.clone())]);
     let b = spawn(test, "oldest", &[("RING", name.clone())]);
-    wait_for_consumers::<B>(&tx, 2);
+    wait_for_consumers(&tx.tx, 2);
     produce::<B>(&mut tx, BEFORE..TOTAL);
     drop(tx);
     expect_success(a, "newest joiner");
@@ -395,37 +282,37 @@ fn late_join<B: Backend>(test: &str) {
 
 /// A Block producer waiting on a consumer that stops reading wakes up when that consumer's
 /// process leaves the ring (iceoryx2 #314).
-fn consumer_leaves_while_producer_blocked<B: Backend>(test: &str) {
+fn consumer_leaves_while_producer_blocked<B: Kind>(test: &str) {
     if role().is_some() {
-        let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
-        let m = B::recv(&rx).unwrap();
+        let rx = open::<B>(&env::<String>("RING"), StartAt::Next).unwrap();
+        let m = recv::<B>(&rx).unwrap();
         assert_eq!(m.seq, 0);
-        assert_eq!(B::mismatches(&rx), 0);
+        assert_eq!(mismatches::<B>(&rx), 0);
         // Let the producer fill the ring and go to sleep on it.
         std::thread::sleep(Duration::from_millis(300));
         return; // drops the consumer: it leaves the ring
     }
     let name = unique_name("leave");
-    let mut tx = B::create(&name, 4, Policy::Block);
+    let mut tx = create::<B>(&name, 4, Policy::Block);
     let child = spawn(test, "consumer", &[("RING", name)]);
-    wait_for_consumers::<B>(&tx, 1);
+    wait_for_consumers(&tx.tx, 1);
     produce::<B>(&mut tx, 0..5);
     // The consumer read 1 of 5 and stopped: the ring is full.
     let t = Instant::now();
-    assert!(B::publish(&mut tx, 5, Duration::from_secs(20)), "producer stayed blocked");
+    assert!(publish::<B>(&mut tx, 5, Duration::from_secs(20)), "producer stayed blocked");
     let waited = t.elapsed();
     expect_success(child, "consumer");
-    assert_eq!(B::consumer_count(&tx), 0);
+    assert_eq!(tx.tx.consumer_count(), 0);
     println!("producer unblocked after {waited:?}");
 }
 
 /// A consumer of a producer process that exits gets every message, then `Disconnected`. With
 /// host memory it drains after the exit; device memory lives only as long as its producer,
 /// which lingers until its consumers leave, so there the consumer drains first.
-fn producer_exit_disconnects_after_drain<B: Backend>(test: &str) {
+fn producer_exit_disconnects_after_drain<B: Kind>(test: &str) {
     if role().is_some() {
-        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
-        wait_for_consumers::<B>(&tx, 1);
+        let mut tx = create::<B>(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers(&tx.tx, 1);
         produce::<B>(&mut tx, 0..10);
         return;
     }
@@ -448,10 +335,10 @@ fn producer_exit_disconnects_after_drain<B: Backend>(test: &str) {
 
 /// A consumer of a producer that is killed (no chance to close) gets `Disconnected` from its
 /// liveness check instead of waiting forever, and a new producer reclaims the name.
-fn producer_killed_disconnects<B: Backend>(test: &str) {
+fn producer_killed_disconnects<B: Kind>(test: &str) {
     if role().is_some() {
-        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
-        wait_for_consumers::<B>(&tx, 1);
+        let mut tx = create::<B>(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers(&tx.tx, 1);
         produce::<B>(&mut tx, 0..10);
         std::thread::sleep(Duration::from_secs(60));
         unreachable!("killed before");
@@ -460,28 +347,28 @@ fn producer_killed_disconnects<B: Backend>(test: &str) {
     let mut child = spawn(test, "producer", &[("RING", name.clone())]);
     let rx = open_when_created::<B>(&name);
     for seq in 0..10 {
-        assert_eq!(B::recv(&rx).expect("message").seq, seq);
+        assert_eq!(recv::<B>(&rx).expect("message").seq, seq);
     }
-    assert_eq!(B::mismatches(&rx), 0);
+    assert_eq!(mismatches::<B>(&rx), 0);
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     child.wait().unwrap();
     let t = Instant::now();
-    assert!(B::recv(&rx).is_none(), "expected Disconnected");
+    assert!(recv::<B>(&rx).is_none(), "expected Disconnected");
     eprintln!("Disconnected {:?} after the kill", t.elapsed());
     drop(rx);
     // The dead producer's segment is still there; a new producer reclaims the name.
-    drop(B::create(&name, 16, Policy::Block));
+    drop(create::<B>(&name, 16, Policy::Block));
 }
 
 /// Consumers killed (SIGKILL) while they hold slots, `KILLS` times, while two steady consumers
 /// check every message: the producer goes on, the steady consumers lose nothing under Block,
 /// and once everyone has caught up no slot is still held.
-fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
+fn consumer_killed_while_holding<B: Kind>(test: &str, policy: Policy) {
     const KILLS: usize = 20;
     match role().as_deref() {
         Some("steady") => {
-            let rx = B::open(&env::<String>("RING"), StartAt::Next).unwrap();
+            let rx = open::<B>(&env::<String>("RING"), StartAt::Next).unwrap();
             let seen = consume_and_check::<B>(&rx);
             if policy == Policy::Block {
                 assert_eq!((seen.first, seen.lost), (Some(0), 0), "{seen:?}");
@@ -489,16 +376,16 @@ fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
             return;
         }
         Some("victim") => {
-            let rx = B::open(&env::<String>("RING"), StartAt::Newest).unwrap();
-            B::hold_forever(&rx, 3);
+            let rx = open::<B>(&env::<String>("RING"), StartAt::Newest).unwrap();
+            hold_forever::<B>(&rx, 3);
         }
         _ => {}
     }
     let name = unique_name("kill");
-    let mut tx = B::create(&name, 8, policy);
+    let mut tx = create::<B>(&name, 8, policy);
     let vars = [("RING", name.clone())];
     let steady: Vec<_> = (0..2).map(|_| spawn(test, "steady", &vars)).collect();
-    wait_for_consumers::<B>(&tx, 2);
+    wait_for_consumers(&tx.tx, 2);
     let mut seq = 0;
     let started = Instant::now();
     for kill in 0..KILLS {
@@ -506,10 +393,10 @@ fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
         let pid = victim.id();
         let t = Instant::now();
         loop {
-            if B::publish(&mut tx, seq, Duration::from_millis(5)) {
+            if publish::<B>(&mut tx, seq, Duration::from_millis(5)) {
                 seq += 1;
             }
-            if B::consumers(&tx).iter().any(|c| c.pid == pid && c.holding > 0) {
+            if tx.tx.consumers().iter().any(|c| c.pid == pid && c.holding > 0) {
                 break;
             }
             assert!(t.elapsed() < Duration::from_secs(60), "victim {kill} never held a slot");
@@ -520,20 +407,20 @@ fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
     }
     // The producer must go on: the dead are reaped when it waits, or when asked.
     for _ in 0..100 {
-        assert!(B::publish(&mut tx, seq, Duration::from_secs(20)), "producer stalled at {seq}");
+        assert!(publish::<B>(&mut tx, seq, Duration::from_secs(20)), "producer stalled at {seq}");
         seq += 1;
     }
-    B::reap(&mut tx);
+    tx.tx.reap().unwrap();
     let t = Instant::now();
     loop {
-        let cs = B::consumers(&tx);
+        let cs = tx.tx.consumers();
         if cs.len() == 2 && cs.iter().all(|c| c.lag == 0 && c.holding == 0) {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(30), "consumers did not settle: {cs:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(B::held_slots(&tx), 0, "a slot is still held after {KILLS} kills");
+    assert_eq!(tx.tx.held_slots(), 0, "a slot is still held after {KILLS} kills");
     eprintln!("{KILLS} kills survived, {seq} messages, {:?}", started.elapsed());
     drop(tx);
     for c in steady {
@@ -543,13 +430,13 @@ fn consumer_killed_while_holding<B: Backend>(test: &str, policy: Policy) {
 
 /// Producers killed mid-stream, `ROUNDS` times: both consumers of each get `Disconnected`
 /// (after draining), none hangs. Prints the time from the kill to `Disconnected`.
-fn producer_killed_mid_stream<B: Backend>(test: &str) {
+fn producer_killed_mid_stream<B: Kind>(test: &str) {
     const ROUNDS: usize = 5;
     if role().is_some() {
-        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Overwrite);
+        let mut tx = create::<B>(&env::<String>("RING"), 16, Policy::Overwrite);
         let mut seq = 0;
         loop {
-            if B::publish(&mut tx, seq, Duration::from_millis(100)) {
+            if publish::<B>(&mut tx, seq, Duration::from_millis(100)) {
                 seq += 1;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -568,14 +455,14 @@ fn producer_killed_mid_stream<B: Backend>(test: &str) {
                 std::thread::spawn(move || {
                     let rx = open_when_created::<B>(&name);
                     let mut n = 0u64;
-                    while B::recv(&rx).is_some() {
+                    while recv::<B>(&rx).is_some() {
                         n += 1;
                         if n == 20 {
                             started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
                     }
                     let waited = killed_at.lock().unwrap().expect("disconnected before the kill");
-                    assert_eq!(B::mismatches(&rx), 0);
+                    assert_eq!(mismatches::<B>(&rx), 0);
                     (n, waited.elapsed())
                 })
             })
@@ -607,13 +494,13 @@ fn producer_killed_mid_stream<B: Backend>(test: &str) {
 
 /// The producer is killed and a new one created under the same name: the consumer sees
 /// `Disconnected` for the old instance, then reconnects to the new one and reads from it.
-fn restart_and_reconnect<B: Backend>(test: &str) {
+fn restart_and_reconnect<B: Kind>(test: &str) {
     if role().is_some() {
-        let mut tx = B::create(&env::<String>("RING"), 16, Policy::Block);
-        wait_for_consumers::<B>(&tx, 1);
+        let mut tx = create::<B>(&env::<String>("RING"), 16, Policy::Block);
+        wait_for_consumers(&tx.tx, 1);
         let first: u64 = env("FIRST");
         for seq in 0..first {
-            assert!(B::publish(&mut tx, seq, Duration::from_secs(20)));
+            assert!(publish::<B>(&mut tx, seq, Duration::from_secs(20)));
         }
         if first == 10 {
             std::thread::sleep(Duration::from_secs(60));
@@ -621,7 +508,7 @@ fn restart_and_reconnect<B: Backend>(test: &str) {
         }
         // The second instance publishes, then waits for the reader to go before it exits.
         let t = Instant::now();
-        while B::consumer_count(&tx) > 0 && t.elapsed() < Duration::from_secs(30) {
+        while tx.tx.consumer_count() > 0 && t.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(5));
         }
         return;
@@ -631,22 +518,22 @@ fn restart_and_reconnect<B: Backend>(test: &str) {
     let mut first = spawn(test, "producer", &vars(10));
     let rx = open_when_created::<B>(&name);
     for seq in 0..10 {
-        assert_eq!(B::recv(&rx).expect("message").seq, seq);
+        assert_eq!(recv::<B>(&rx).expect("message").seq, seq);
     }
-    let old_epoch = B::epoch(&rx);
+    let old_epoch = rx.rx.epoch();
     let pid = rustix::process::Pid::from_raw(first.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     first.wait().unwrap();
-    assert!(B::recv(&rx).is_none(), "the old instance must end in Disconnected");
-    assert_eq!(B::mismatches(&rx), 0);
+    assert!(recv::<B>(&rx).is_none(), "the old instance must end in Disconnected");
+    assert_eq!(mismatches::<B>(&rx), 0);
     drop(rx);
     let second = spawn(test, "producer", &vars(20));
-    let rx = B::reconnect(&name, old_epoch);
-    assert_ne!(B::epoch(&rx), old_epoch);
+    let rx = reconnect::<B>(&name, old_epoch);
+    assert_ne!(rx.rx.epoch(), old_epoch);
     for seq in 0..20 {
-        assert_eq!(B::recv(&rx).expect("message from the new instance").seq, seq);
+        assert_eq!(recv::<B>(&rx).expect("message from the new instance").seq, seq);
     }
-    assert_eq!(B::mismatches(&rx), 0);
+    assert_eq!(mismatches::<B>(&rx), 0);
     drop(rx);
     expect_success(second, "second producer");
 }
@@ -737,9 +624,9 @@ macro_rules! conformance {
 
 conformance!(host, Host);
 #[cfg(feature = "cuda")]
-conformance!(cuda_memory, cuda::Cuda<false>, #[ignore = "needs a CUDA GPU"]);
+conformance!(cuda_memory, Cuda<false>, #[ignore = "needs a CUDA GPU"]);
 #[cfg(feature = "cuda")]
-conformance!(cuda_memory_fence, cuda::Cuda<true>, #[ignore = "needs a CUDA GPU"]);
+conformance!(cuda_memory_fence, Cuda<true>, #[ignore = "needs a CUDA GPU"]);
 
 /// The segment is scribbled over with random bytes, then truncated, while a consumer process
 /// receives: it gets errors (or nothing), never a crash (SIGBUS is caught, see
@@ -780,7 +667,7 @@ fn segment_scribbled_then_truncated_while_consumer_runs() {
     let name = unique_name("scribble");
     let mut tx = Producer::builder(&name).capacity(8).slot_size(64 << 10).create().unwrap();
     let child = spawn(TEST, "consumer", &[("RING", name.clone())]);
-    wait_for_consumers::<Host>(&tx, 1);
+    wait_for_consumers(&tx, 1);
     for seq in 0..200u64 {
         let mut slot = tx.acquire().unwrap();
         pattern::fill(&mut slot[..4096], seq);

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::cuda::driver;
-use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
 use gpuring::format::Params;
-use gpuring::gpu::GpuRecvError;
 use gpuring::shm::{OpenOptions, Segment, ShmName};
+use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
+use gpuring::RecvError;
 use gpuring::{Consumer, Fence, GpuConsumer, GpuProducer, OpenError, Policy, Producer, StartAt};
 
 const LEN: u64 = 1 << 20;
@@ -50,7 +50,7 @@ fn check_all(rx: &GpuConsumer, until: Option<u64>) -> u64 {
     loop {
         let m = match rx.recv() {
             Ok(m) => m,
-            Err(GpuRecvError::Disconnected) => break,
+            Err(RecvError::Disconnected) => break,
             Err(e) => panic!("recv: {e}"),
         };
         if let Some(next) = next {
@@ -398,7 +398,7 @@ fn a_consumer_with_a_damaged_release_event_is_evicted() {
             loop {
                 match rx.recv() {
                     Ok(m) => drop(m),
-                    Err(GpuRecvError::Corrupt(c)) => {
+                    Err(RecvError::Corrupt(c)) => {
                         eprintln!("victim: {c}");
                         assert!(c.to_string().contains("evicted"), "victim: {c}");
                         return;

@@ -6,8 +6,8 @@ mod common;
 
 use common::{env, expect_success, role, spawn};
 use gpuring::cuda::driver::{self, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
-use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
 use gpuring::cuda::{Context, DevicePool, IpcEvent, IpcMapping, Stream, POOL_ALIGN};
+use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 
 /// 8 MiB plus 5 bytes, so the kernels' tail path runs too.
 const LEN: u64 = (8 << 20) + 5;

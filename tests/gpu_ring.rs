@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::cuda::driver::{self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
-use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
 use gpuring::cuda::{DevicePool, Stream};
-use gpuring::gpu::GpuRecvError;
+use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
+use gpuring::RecvError;
 use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
 
 /// Process-wide handle and sync counters.
@@ -65,7 +65,7 @@ fn consume(rx: &GpuConsumer, spin_ns: u64) -> (u64, u64) {
     loop {
         let m = match rx.recv() {
             Ok(m) => m,
-            Err(GpuRecvError::Disconnected) => break,
+            Err(RecvError::Disconnected) => break,
             Err(e) => panic!("recv: {e}"),
         };
         // SAFETY: the message's bytes stay readable on its stream until its release, which
@@ -317,7 +317,7 @@ fn consumers_join_and_leave_mid_stream() {
                 for _ in 0..50 {
                     let m = match rx.recv() {
                         Ok(m) => m,
-                        Err(GpuRecvError::Disconnected) => break 'rounds,
+                        Err(RecvError::Disconnected) => break 'rounds,
                         Err(e) => panic!("recv: {e}"),
                     };
                     // SAFETY: as in `consume`; slow enough that the producer must wait for us.
@@ -378,7 +378,7 @@ fn async_gpu_consumers_read_every_byte() {
                 let wait = tokio::time::timeout(Duration::from_secs(20), rx.recv_async());
                 let m = match wait.await.expect("not woken within 20 s") {
                     Ok(m) => m,
-                    Err(GpuRecvError::Disconnected) => break n,
+                    Err(RecvError::Disconnected) => break n,
                     Err(e) => panic!("recv_async: {e}"),
                 };
                 // SAFETY: the message's bytes stay readable on its stream until its release,

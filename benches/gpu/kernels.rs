@@ -4,8 +4,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use gpuring::cuda::driver::{self, CUdeviceptr};
-use gpuring::cuda::kernels::{Function, Module};
 use gpuring::cuda::{Context, DevicePool, Stream};
+use gpuring::testing::kernels::{Function, Module};
 
 const SRC: &str = include_str!("../../kernels/bench.cu");
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpuring::cuda::{Context, Stream};
-use gpuring::gpu::GpuRecvError;
+use gpuring::RecvError;
 use gpuring::{Consumer, OpenError, Policy, Producer};
 
 use crate::kernels::{percentiles, Kernels};
@@ -215,7 +215,7 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
                 }
                 frames += measured as u64;
             }
-            Err(GpuRecvError::Disconnected) => break,
+            Err(RecvError::Disconnected) => break,
             Err(e) => panic!("recv: {e}"),
         }
     }

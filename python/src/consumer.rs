@@ -4,61 +4,17 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use gpuring::cuda::Stream;
-use gpuring::gpu::GpuRecvError;
-use gpuring::{Consumer as RingConsumer, MemoryKind, OpenError, RecvTimeoutError, StartAt};
+use gpuring::{
+    Consumer as RingConsumer, Cuda, Host, MemoryKind, OpenError, RecvTimeoutError, StartAt,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, open_error, timeout, Disconnected};
-use crate::held::{Held, Message, Rx, Shared};
+use crate::held::{Held, Reader, Receiver};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
-
-/// Why a receive gave nothing.
-enum Failed {
-    Timeout,
-    Empty,
-    Disconnected,
-    Other(String),
-}
-
-impl Shared {
-    /// Receives, waiting at most `wait` (None: try once).
-    fn recv_for(&self, wait: Option<Duration>) -> Result<Message<'_>, Failed> {
-        match &self.rx {
-            Rx::Host(rx) => {
-                let got = match wait {
-                    Some(w) => rx.recv_timeout(w),
-                    None => rx.try_recv().map_err(|e| match e {
-                        gpuring::TryRecvError::Empty => RecvTimeoutError::Timeout,
-                        gpuring::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
-                        gpuring::TryRecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
-                    }),
-                };
-                got.map(Message::Host).map_err(|e| match e {
-                    RecvTimeoutError::Timeout if wait.is_none() => Failed::Empty,
-                    RecvTimeoutError::Timeout => Failed::Timeout,
-                    RecvTimeoutError::Disconnected => Failed::Disconnected,
-                    e => Failed::Other(e.to_string()),
-                })
-            }
-            Rx::Gpu { rx, stream } => {
-                let got = match wait {
-                    Some(w) => rx.recv_on_timeout(stream, w),
-                    None => rx.try_recv_on(stream),
-                };
-                got.map(Message::Gpu).map_err(|e| match e {
-                    GpuRecvError::Timeout => Failed::Timeout,
-                    GpuRecvError::Empty => Failed::Empty,
-                    GpuRecvError::Disconnected => Failed::Disconnected,
-                    e => Failed::Other(e.to_string()),
-                })
-            }
-        }
-    }
-}
 
 /// Consumer(name, stream=None, *, dtype=None, shape=None, device=None, start="newest", wait=0.0)
 ///
@@ -76,8 +32,8 @@ impl Shared {
 ///   one's).
 #[pyclass(module = "gpuring")]
 pub struct Consumer {
-    /// None once closed. Bound to the thread that opened it (see `held`).
-    shared: ThreadBound<Option<Rc<Shared>>>,
+    /// None once closed. Bound to the thread that opened it (see `bound`).
+    shared: ThreadBound<Option<Rc<dyn Receiver>>>,
     name: String,
     wanted: Wanted,
     /// The GPU the consumer reads on; None for host rings.
@@ -128,11 +84,8 @@ impl Consumer {
                 other => break other.map_err(|e| open_error(name, e))?,
             }
         };
-        let device = match &rx {
-            Rx::Host(_) => None,
-            Rx::Gpu { rx, .. } => Some(rx.context().ordinal()),
-        };
-        let shared = ThreadBound::new(Some(Rc::new(Shared { rx })));
+        let device = rx.device();
+        let shared = ThreadBound::new(Some(rx));
         Ok(Consumer { shared, name: name.to_owned(), wanted, device })
     }
 
@@ -224,38 +177,26 @@ impl Consumer {
     /// Slots in the ring.
     #[getter]
     fn capacity(&self) -> PyResult<u32> {
-        Ok(match &self.shared()?.rx {
-            Rx::Host(rx) => rx.capacity(),
-            Rx::Gpu { rx, .. } => rx.capacity(),
-        })
+        Ok(self.shared()?.capacity())
     }
 
     /// Largest message in bytes.
     #[getter]
     fn slot_size(&self) -> PyResult<usize> {
-        Ok(match &self.shared()?.rx {
-            Rx::Host(rx) => rx.slot_size(),
-            Rx::Gpu { rx, .. } => rx.slot_size(),
-        })
+        Ok(self.shared()?.slot_size())
     }
 
     /// Bytes of user header per message.
     #[getter]
     fn header_size(&self) -> PyResult<usize> {
-        Ok(match &self.shared()?.rx {
-            Rx::Host(rx) => rx.user_header_size(),
-            Rx::Gpu { rx, .. } => rx.user_header_size(),
-        })
+        Ok(self.shared()?.user_header_size())
     }
 
     /// The stream messages are ready on (DLPack numbering: 1 is the legacy default stream);
     /// None for host rings.
     #[getter]
     fn stream(&self) -> PyResult<Option<u64>> {
-        Ok(match &self.shared()?.rx {
-            Rx::Host(_) => None,
-            Rx::Gpu { stream, .. } => Some(stream_number(stream.raw() as u64)),
-        })
+        Ok(self.shared()?.stream().map(|s| stream_number(s.raw() as u64)))
     }
 
     fn __repr__(&self) -> String {
@@ -266,7 +207,7 @@ impl Consumer {
 }
 
 impl Consumer {
-    fn shared(&self) -> PyResult<&Rc<Shared>> {
+    fn shared(&self) -> PyResult<&Rc<dyn Receiver>> {
         let shared = self.shared.get()?.as_ref();
         shared.ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
     }
@@ -279,15 +220,15 @@ impl Consumer {
         let got = py.detach(move || {
             let shared = job.into_inner();
             // SAFETY: as above: handed straight back to this thread.
-            unsafe { SameThread::new(Held::try_new(shared, |s| s.recv_for(wait))) }
+            unsafe { SameThread::new(Held::try_new(shared, |s| s.recv(wait))) }
         });
         match got.into_inner() {
             Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
-            Err(Failed::Timeout | Failed::Empty) => Ok(None),
-            Err(Failed::Disconnected) => {
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
                 Err(Disconnected::new_err(format!("ring {:?}: producer closed it", self.name)))
             }
-            Err(Failed::Other(e)) => Err(error(format!("ring {:?}: {e}", self.name))),
+            Err(e) => Err(error(format!("ring {:?}: {e}", self.name))),
         }
     }
 }
@@ -310,22 +251,16 @@ fn open(
     start: StartAt,
     device: Option<i32>,
     stream: Option<u64>,
-) -> Result<Rx, OpenError> {
+) -> Result<Rc<dyn Receiver>, OpenError> {
     let builder = RingConsumer::builder(name).start_at(start);
-    match builder.clone().open() {
-        Ok(rx) => Ok(Rx::Host(rx)),
+    let builder = match device {
+        Some(d) => builder.device(d),
+        None => builder,
+    };
+    match Reader::<Host>::open(builder.clone(), stream) {
         Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
-            let builder = match device {
-                Some(d) => builder.device(d),
-                None => builder,
-            };
-            let rx = builder.open_gpu()?;
-            let raw = stream.unwrap_or(0) as usize as gpuring::cuda::driver::CUstream;
-            // SAFETY: the caller's stream (a live stream of the consumer's device, kept
-            // alive while the consumer is used, as documented), or the null stream.
-            let stream = unsafe { Stream::from_raw(rx.context(), raw) };
-            Ok(Rx::Gpu { rx, stream })
+            Reader::<Cuda>::open(builder, stream)
         }
-        Err(e) => Err(e),
+        other => other,
     }
 }

@@ -1,89 +1,135 @@
-//! A received message kept together with the consumer it borrows, so that Python objects
+//! The consumer behind a `gpuring.Consumer` and its messages, written once over the memory
+//! kind (`crate::kind`) and held as trait objects ([`Receiver`], [`Message`]), and a received
+//! message kept together with the consumer it borrows ([`Held`]), so that Python objects
 //! (which cannot borrow) can hold it. All of it is bound to the consumer's thread
 //! (`crate::bound`).
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use gpuring::cuda::Stream;
-use gpuring::{Consumer, GpuConsumer, GpuReadSlot, ReadSlot};
+use gpuring::{ConsumerBuilder, Memory, OpenError, ReadSlot, RecvTimeoutError, TryRecvError};
 
-/// The consumer behind a `gpuring.Consumer` and its slots.
-pub struct Shared {
-    pub rx: Rx,
-}
+use crate::kind::Kind;
 
 /// A consumer of either memory kind.
-pub enum Rx {
-    Host(Consumer),
-    /// `stream` is the consumer's stream `S`: the caller's, or the legacy default stream
-    /// (PyTorch's default). Ready waits and releases go on it.
-    Gpu {
-        rx: GpuConsumer,
-        stream: Stream,
-    },
+pub trait Receiver {
+    /// Receives, waiting at most `wait` (None: try once, and `Timeout` if nothing is waiting).
+    fn recv(&self, wait: Option<Duration>) -> Result<Box<dyn Message + '_>, RecvTimeoutError>;
+    fn capacity(&self) -> u32;
+    fn slot_size(&self) -> usize;
+    fn user_header_size(&self) -> usize;
+    /// The consumer's stream `S` (CUDA only).
+    fn stream(&self) -> Option<&Stream>;
+    /// The GPU the consumer reads on (CUDA only).
+    fn device(&self) -> Option<i32>;
 }
 
-/// A received message.
-pub enum Message<'a> {
-    Host(ReadSlot<'a>),
-    Gpu(GpuReadSlot<'a>),
+/// A received message of either memory kind.
+pub trait Message {
+    /// The message's bytes: device address (CUDA) or host address, and length.
+    fn data(&self) -> (u64, usize);
+    fn seq(&self) -> u64;
+    fn timestamp_ns(&self) -> u64;
+    fn lag(&self) -> u64;
+    fn header(&self) -> &[u8];
 }
+
+/// A consumer of memory kind `K`, and what it reads on.
+pub struct Reader<K: Kind> {
+    rx: gpuring::Consumer<K>,
+    /// The consumer's stream `S` (CUDA): the caller's, or the legacy default stream
+    /// (PyTorch's default). Ready waits and releases go on it.
+    on: K::Stream,
+}
+
+impl<K: Kind> Reader<K> {
+    /// Opens `builder`'s ring, which must be of memory kind `K`, to be read on stream `raw`
+    /// (CUDA; default the legacy default stream).
+    pub fn open(builder: ConsumerBuilder, raw: Option<u64>) -> Result<Rc<dyn Receiver>, OpenError> {
+        let rx = builder.open_in::<K>()?;
+        let on = K::reader_stream(&rx, raw);
+        Ok(Rc::new(Reader { rx, on }))
+    }
+}
+
+impl<K: Kind> Receiver for Reader<K> {
+    fn recv(&self, wait: Option<Duration>) -> Result<Box<dyn Message + '_>, RecvTimeoutError> {
+        let got = match wait {
+            Some(w) => K::recv_timeout(&self.rx, &self.on, w),
+            None => K::try_recv(&self.rx, &self.on).map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                TryRecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
+                TryRecvError::Cuda(e) => RecvTimeoutError::Cuda(e),
+            }),
+        };
+        Ok(Box::new(got?))
+    }
+
+    fn capacity(&self) -> u32 {
+        self.rx.capacity()
+    }
+
+    fn slot_size(&self) -> usize {
+        self.rx.slot_size()
+    }
+
+    fn user_header_size(&self) -> usize {
+        self.rx.user_header_size()
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        K::cuda_stream(&self.on)
+    }
+
+    fn device(&self) -> Option<i32> {
+        K::device(&self.rx)
+    }
+}
+
+impl<M: Memory> Message for ReadSlot<'_, M> {
+    fn data(&self) -> (u64, usize) {
+        (self.ptr(), self.len())
+    }
+
+    fn seq(&self) -> u64 {
+        ReadSlot::seq(self)
+    }
+
+    fn timestamp_ns(&self) -> u64 {
+        ReadSlot::timestamp_ns(self)
+    }
+
+    fn lag(&self) -> u64 {
+        ReadSlot::lag(self)
+    }
+
+    fn header(&self) -> &[u8] {
+        ReadSlot::header(self)
+    }
+}
+
+/// A received message, borrowing its consumer.
+type Borrowed<'a> = Box<dyn Message + 'a>;
 
 self_cell::self_cell!(
     /// A message and the consumer it borrows. Dropping it releases the message.
     pub struct Held {
-        owner: Rc<Shared>,
+        owner: Rc<dyn Receiver>,
         #[covariant]
-        dependent: Message,
+        dependent: Borrowed,
     }
 );
 
 impl Held {
-    /// The message's bytes: device address (CUDA) or host address, and length.
-    pub fn data(&self) -> (u64, usize) {
-        match self.borrow_dependent() {
-            Message::Host(m) => (m.as_ptr() as u64, m.len()),
-            Message::Gpu(m) => (m.ptr(), m.len()),
-        }
-    }
-
-    pub fn seq(&self) -> u64 {
-        match self.borrow_dependent() {
-            Message::Host(m) => m.seq(),
-            Message::Gpu(m) => m.seq(),
-        }
-    }
-
-    pub fn timestamp_ns(&self) -> u64 {
-        match self.borrow_dependent() {
-            Message::Host(m) => m.timestamp_ns(),
-            Message::Gpu(m) => m.timestamp_ns(),
-        }
-    }
-
-    pub fn lag(&self) -> u64 {
-        match self.borrow_dependent() {
-            Message::Host(m) => m.lag(),
-            Message::Gpu(m) => m.lag(),
-        }
-    }
-
-    pub fn header(&self) -> &[u8] {
-        match self.borrow_dependent() {
-            Message::Host(m) => m.header(),
-            Message::Gpu(m) => m.header(),
-        }
+    /// The message.
+    pub fn message(&self) -> &dyn Message {
+        &**self.borrow_dependent()
     }
 
     /// The consumer's stream (CUDA only).
     pub fn stream(&self) -> Option<&Stream> {
-        match &self.borrow_owner().rx {
-            Rx::Host(_) => None,
-            Rx::Gpu { stream, .. } => Some(stream),
-        }
-    }
-
-    pub fn shared(&self) -> &Rc<Shared> {
-        self.borrow_owner()
+        self.borrow_owner().stream()
     }
 }

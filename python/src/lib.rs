@@ -2,8 +2,11 @@
 //! `__cuda_array_interface__`, the buffer protocol), and a producer that publishes tensors.
 //! User documentation: docs/python.md. Layout of this crate:
 //!
+//! - `kind`: what differs between host and CUDA memory, and nothing else; the rest is written
+//!   once over it;
 //! - `consumer`: `gpuring.Consumer`, which opens a ring of either memory kind and receives;
-//! - `held`: a received message together with the consumer it borrows;
+//! - `held`: the consumer and its messages over either kind, and a received message together
+//!   with the consumer it borrows;
 //! - `bound`: objects bound to their thread and process, and how they are dropped when
 //!   Python frees them elsewhere;
 //! - `slot`: `gpuring.Slot`, its attributes, `release` and the three export protocols;
@@ -19,6 +22,7 @@ mod consumer;
 mod dlpack;
 mod errors;
 mod held;
+mod kind;
 mod layout;
 mod producer;
 mod slot;

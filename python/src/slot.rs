@@ -122,10 +122,10 @@ pub struct Slot {
 impl Slot {
     pub fn new(held: Held, wanted: Wanted, device: Option<i32>) -> Slot {
         Slot {
-            seq: held.seq(),
-            timestamp_ns: held.timestamp_ns(),
-            lag: held.lag(),
-            len: held.data().1,
+            seq: held.message().seq(),
+            timestamp_ns: held.message().timestamp_ns(),
+            lag: held.message().lag(),
+            len: held.message().data().1,
             memory: if device.is_some() { "cuda" } else { "host" },
             device: device.unwrap_or(0),
             claim: ThreadBound::new(Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) }))),
@@ -149,7 +149,7 @@ impl Slot {
 
     fn layout(&self) -> PyResult<Layout> {
         let claim = self.live()?;
-        self.wanted.resolve(claim.held.header(), self.len)
+        self.wanted.resolve(claim.held.message().header(), self.len)
     }
 
     /// Drops the claim once nothing of ours needs it.
@@ -187,7 +187,7 @@ impl Slot {
     /// The message's user header, as the producer wrote it.
     #[getter]
     fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        Ok(PyBytes::new(py, self.live()?.held.header()))
+        Ok(PyBytes::new(py, self.live()?.held.message().header()))
     }
 
     /// Length of the message in bytes.
@@ -209,7 +209,7 @@ impl Slot {
     /// Address of the message's first byte (device address for CUDA rings).
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
-        Ok(self.live()?.held.data().0)
+        Ok(self.live()?.held.message().data().0)
     }
 
     /// The CUDA stream the message is ready on (and its release is recorded on), as DLPack
@@ -249,7 +249,7 @@ impl Slot {
         shape: Option<Vec<i64>>,
     ) -> PyResult<PyRefMut<'py, Self>> {
         let wanted = Wanted::from_args(dtype, shape)?;
-        wanted.resolve(slf.live()?.held.header(), slf.len)?;
+        wanted.resolve(slf.live()?.held.message().header(), slf.len)?;
         slf.wanted = wanted;
         Ok(slf)
     }
@@ -302,7 +302,7 @@ impl Slot {
             return Err(PyBufferError::new_err("a host message has no stream: pass stream=None"));
         }
         let keep = Keep::new(Box::new(claim.clone()) as Box<dyn std::any::Any>);
-        dlpack::capsule(py, claim.held.data().0, device, &layout, keep)
+        dlpack::capsule(py, claim.held.message().data().0, device, &layout, keep)
     }
 
     /// __dlpack_device__() -> (device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host.
@@ -330,7 +330,7 @@ impl Slot {
         let layout = self.layout()?;
         let claim = self.live()?;
         let stream = claim.held.stream().map(|s| stream_number(s.raw() as u64));
-        let d = cuda_array_interface(py, claim.held.data().0, &layout, stream)?;
+        let d = cuda_array_interface(py, claim.held.message().data().0, &layout, stream)?;
         self.cai_read = true;
         Ok(d)
     }
@@ -355,7 +355,7 @@ impl Slot {
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("messages are read-only"));
         }
-        let (data, len) = this.live()?.held.data();
+        let (data, len) = this.live()?.held.message().data();
         // Typed (format, shape, strides) when the requester takes a format and a shape;
         // else plain bytes, one dimension.
         let has = |f: c_int| flags & f == f;

@@ -8,11 +8,11 @@ use std::task::{Context, Poll};
 
 use futures_core::Stream;
 
-use super::{ring_or_nap, Parked};
-use crate::error::{Corruption, RecvError, TryRecvError};
+use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
+use crate::error::RecvError;
+use crate::memory::{Fault, Memory};
 use crate::ring::Pinned;
 use crate::shm::doorbell::{consumer_address, new_token, Doorbell};
-use crate::{Consumer, ReadSlot};
 
 /// A consumer's doorbell, made by its first async wait.
 #[derive(Default)]
@@ -24,11 +24,11 @@ pub(crate) struct BellCell {
 impl BellCell {
     /// The doorbell, bound on first use at the address named by a fresh token, which is then
     /// published in the consumer's entry for the producer to find.
-    fn get(&self, consumer: &Consumer) -> Option<&Doorbell> {
+    pub(crate) fn get(&self, consumer: &ConsumerRing) -> Option<&Doorbell> {
         self.bell
             .get_or_init(|| {
                 let token = new_token().ok()?;
-                let at = consumer_address(consumer.name(), consumer.epoch(), token).ok()?;
+                let at = consumer_address(consumer.name(), consumer.map().params().epoch, token).ok()?;
                 let bell = match Doorbell::bind(&at) {
                     Ok(bell) => bell,
                     Err(e) => {
@@ -46,10 +46,11 @@ impl BellCell {
     }
 }
 
-impl Consumer {
+impl<M: Memory> Consumer<M> {
     /// Receives the next message, awaiting it without blocking the thread: the task parks, and
     /// the producer's publish (or close) rings this consumer's doorbell. Returns `Disconnected`
-    /// once the producer has closed or died and everything it published was received.
+    /// once the producer has closed or died and everything it published was received. In a
+    /// CUDA ring the message's stream waits for the producer's writes, as with `recv`.
     ///
     /// Cancel-safe: dropping the future before it completes loses no message. Needs a tokio
     /// runtime with IO and time enabled. The future borrows the consumer, so it is `!Send`.
@@ -62,64 +63,34 @@ impl Consumer {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn recv_async(&self) -> Result<ReadSlot<'_>, RecvError> {
-        let m = self.pin_async().await?;
-        Ok(ReadSlot::new(self, m))
+    pub async fn recv_async(&self) -> Result<ReadSlot<'_, M>, RecvError> {
+        let m = self.ring().pin_async().await?;
+        Ok(self.placed(m, None)?)
     }
 
-    /// The messages as a [`Stream`]: each item is a received message, or the damage that ended
-    /// the stream. It ends when the producer disconnects. Items borrow the consumer; several
-    /// may be held at once, as with [`recv`](Self::recv).
+    /// The messages as a [`Stream`]: each item is a received message, or the error that ended
+    /// the stream (`Corrupt`, or `Cuda` in a CUDA ring). It ends when the producer disconnects.
+    /// Items borrow the consumer; several may be held at once, as with [`recv`](Self::recv).
     ///
     /// ```no_run
     /// use futures_util::StreamExt;
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let rx = gpuring::Consumer::open("frames")?;
-    /// let mut messages = rx.stream();
+    /// let mut messages = rx.messages();
     /// while let Some(msg) = messages.next().await {
     ///     let msg = msg?;
     ///     println!("{} bytes", msg.len());
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn stream(&self) -> Messages<'_> {
+    pub fn messages(&self) -> Messages<'_, M> {
         Messages { consumer: self, next: None, done: false }
     }
-
-    /// Pins the next message, awaiting it.
-    pub(crate) async fn pin_async(&self) -> Result<Pinned, RecvError> {
-        let ring = self.map().ring();
-        let flag = &ring.consumers[self.entry()].parked;
-        loop {
-            if let Some(r) = self.poll_once() {
-                return r.map_err(recv_error);
-            }
-            let bell = self.bell.get(self);
-            {
-                let _parked = Parked::new(ring.consumer_wake, Some(flag));
-                if let Some(r) = self.poll_once() {
-                    return r.map_err(recv_error);
-                }
-                ring_or_nap(bell, self.liveness_tick()).await;
-            }
-            if self.liveness_due() {
-                self.check_producer();
-            }
-        }
-    }
 }
 
-fn recv_error(e: TryRecvError) -> RecvError {
-    match e {
-        TryRecvError::Corrupt(c) => RecvError::Corrupt(c),
-        TryRecvError::Disconnected | TryRecvError::Empty => RecvError::Disconnected,
-    }
-}
+type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, Fault>> + 'a>>;
 
-/// A receive in progress, boxed so that the stream need not name its type.
-type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, RecvError>> + 'a>>;
-
-/// The stream of a consumer's messages; see [`Consumer::stream`].
+/// The stream of a consumer's messages; see [`Consumer::messages`].
 ///
 /// ```
 /// use futures_util::StreamExt;
@@ -129,7 +100,7 @@ type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, RecvError>> + 'a
 /// # drop(tx); // the producer closes the ring, so the stream ends
 /// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 /// # rt.block_on(async {
-/// let mut messages = rx.stream();
+/// let mut messages = rx.messages();
 /// while let Some(msg) = messages.next().await {
 ///     let msg = msg?;
 ///     println!("message {}: {} bytes", msg.seq(), msg.len());
@@ -138,16 +109,16 @@ type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, RecvError>> + 'a
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Messages<'a> {
-    consumer: &'a Consumer,
+pub struct Messages<'a, M: Memory = crate::Host> {
+    consumer: &'a Consumer<M>,
     /// The receive in progress.
     next: Option<Receiving<'a>>,
     /// Set once the stream has ended.
     done: bool,
 }
 
-impl<'a> Stream for Messages<'a> {
-    type Item = Result<ReadSlot<'a>, Corruption>;
+impl<'a, M: Memory> Stream for Messages<'a, M> {
+    type Item = Result<ReadSlot<'a, M>, RecvError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -155,19 +126,17 @@ impl<'a> Stream for Messages<'a> {
             return Poll::Ready(None);
         }
         let consumer = this.consumer;
-        let next = this.next.get_or_insert_with(|| Box::pin(consumer.pin_async()));
+        let next = this.next.get_or_insert_with(|| Box::pin(consumer.ring().pin_async()));
         let r = std::task::ready!(next.as_mut().poll(cx));
         this.next = None;
+        let r = r.and_then(|m| consumer.placed(m, None)).map_err(RecvError::from);
+        if r.is_err() {
+            this.done = true;
+        }
         Poll::Ready(match r {
-            Ok(m) => Some(Ok(ReadSlot::new(consumer, m))),
-            Err(RecvError::Disconnected) => {
-                this.done = true;
-                None
-            }
-            Err(RecvError::Corrupt(c)) => {
-                this.done = true;
-                Some(Err(c))
-            }
+            Ok(slot) => Some(Ok(slot)),
+            Err(RecvError::Disconnected) => None,
+            Err(e) => Some(Err(e)),
         })
     }
 }

@@ -1,5 +1,5 @@
 //! Async waiting (feature `tokio`): [`Consumer::recv_async`](crate::Consumer::recv_async),
-//! [`Consumer::stream`](crate::Consumer::stream) and
+//! [`Consumer::messages`](crate::Consumer::stream) and
 //! [`Producer::acquire_async`](crate::Producer::acquire_async).
 //!
 //! An async waiter never spins and never blocks its thread. It parks ([`crate::ring::park`])
@@ -9,7 +9,10 @@
 //! after a release. The doorbell is registered with the reactor for each wait and deregistered
 //! after it, so a consumer or producer may move between runtimes. Each wait is bounded by the
 //! liveness interval, after which the waiter checks its peers the way a blocking wait does.
-//! Where no doorbell can be had, it waits on a 1 ms timer instead.
+//! Where no doorbell can be had, it waits on a 1 ms timer instead. A wait for the GPU (a CUDA
+//! producer's wait for a slot's last write or its readers' release events), which nobody
+//! knocks for, yields to the runtime, then sleeps 100 µs at a time. Every async wait goes
+//! through [`wait_async`], the twin of the blocking `wait::wait_until`.
 //!
 //! Futures and streams borrow the consumer or producer. A `Consumer` is `!Sync` (its receive
 //! takes `&self` so that several messages can be held at once, with no lock), so the futures
@@ -21,19 +24,68 @@ mod producer;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::ring::{park, WakeLine};
 use crate::shm::doorbell::Doorbell;
+use crate::wait::WaitConfig;
 
 pub(crate) use consumer::BellCell;
 pub use consumer::Messages;
 
 /// How long a waiter with no doorbell sleeps between looks.
 const FALLBACK_NAP: Duration = Duration::from_millis(1);
+
+/// How long a wait nobody wakes (a GPU event) sleeps between looks once it has yielded for a
+/// while: tokio's timer rounds it up to a millisecond.
+const POLL_NAP: Duration = Duration::from_micros(100);
+
+/// What an async waiter parks on: the wake line its peer bumps, its own park flag (a
+/// consumer's, in its table entry; the producer has none), and the doorbell its peer knocks on.
+pub(crate) struct Wake<'a> {
+    pub line: &'a WakeLine,
+    pub flag: Option<&'a AtomicU32>,
+    pub bell: Option<&'a Doorbell>,
+}
+
+/// The async twin of `wait::wait_until`, without a deadline: awaits until `step` returns
+/// `Some`. `step`'s argument is true once per `cfg.tick` (its slower checks, liveness).
+///
+/// With `wake`, the task parks on the line and awaits the doorbell, at most until the next
+/// tick; without one (a GPU event nobody wakes us for), it yields to the runtime for four spin
+/// times, then sleeps [`POLL_NAP`] at a time.
+pub(crate) async fn wait_async<T>(
+    wake: Option<Wake<'_>>,
+    cfg: WaitConfig,
+    mut step: impl FnMut(bool) -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    let mut last_tick = start;
+    loop {
+        let tick = last_tick.elapsed() >= cfg.tick;
+        if tick {
+            last_tick = Instant::now();
+        }
+        if let Some(v) = step(tick) {
+            return v;
+        }
+        match &wake {
+            Some(w) => {
+                let _parked = Parked::new(w.line, w.flag);
+                // Parked: a wake-up from here on knocks. Look once more before awaiting it.
+                if let Some(v) = step(false) {
+                    return v;
+                }
+                ring_or_nap(w.bell, cfg.tick.saturating_sub(last_tick.elapsed())).await;
+            }
+            None if start.elapsed() < cfg.spin * 4 => tokio::task::yield_now().await,
+            None => tokio::time::sleep(POLL_NAP).await,
+        }
+    }
+}
 
 /// A parked registration on a wake line, undone on drop (so a cancelled wait unparks too).
 struct Parked<'a> {

@@ -1,21 +1,21 @@
 //! The producer's async acquire.
 
-use std::time::Instant;
+use crate::error::{AcquireError, PublishError, SendError};
+use crate::memory::{Fault, Host, Memory, ProducerSide};
+use crate::producer::{Producer, WriteSlot};
 
-use super::{ring_or_nap, Parked};
-use crate::error::{AcquireError, PublishError, SendError, TryAcquireError};
-use crate::ring::producer::ClaimError;
-use crate::{Producer, WriteSlot};
+use super::wait_async;
 
-impl Producer {
+impl<M: Memory> Producer<M> {
     /// A slot for the next message, awaiting one without blocking the thread: under
     /// [`Policy::Block`](crate::Policy::Block) for the slowest consumer, under both policies
-    /// for consumers that hold the slot. The task parks, and a consumer's release knocks on
-    /// the producer's doorbell. Dead consumers are reaped every liveness interval, as `acquire`
-    /// does.
+    /// for consumers that hold the slot, and in a CUDA ring for the slot's last write and its
+    /// readers' GPU reads. The task parks, and a consumer's release knocks on the producer's
+    /// doorbell; the waits for the GPU yield to the runtime while they poll, then sleep 100 µs
+    /// at a time. Dead consumers are reaped every liveness interval, as `acquire` does.
     ///
-    /// Cancel-safe: dropping the future claims nothing. Needs a tokio runtime with IO and time
-    /// enabled.
+    /// Cancel-safe: dropping the future leaves at most the slot claimed, and the next acquire
+    /// picks up where it stopped. Needs a tokio runtime with IO and time enabled.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,11 +25,37 @@ impl Producer {
     /// slot.publish(5, b"")?;
     /// # Ok(()) }
     /// ```
-    pub async fn acquire_async(&mut self) -> Result<WriteSlot<'_>, AcquireError> {
-        let slot = self.claim_async(&mut crate::producer::no_hook()).await?;
+    pub async fn acquire_async(&mut self) -> Result<WriteSlot<'_, M>, AcquireError> {
+        let seq = self.published();
+        let cap = self.capacity() as u64;
+        let next = (seq % cap) as usize;
+        if seq >= cap {
+            self.poll_async(|p| p.parts().1.written(next)).await?;
+        }
+        let (ring, mem) = self.parts();
+        let slot = ring.claim_async(&mut |e, g| mem.forget(e, g)).await?;
+        if seq >= cap {
+            self.poll_async(|p| {
+                let (ring, mem) = p.parts();
+                mem.readers_done(ring, slot, seq - cap)
+            })
+            .await?;
+        }
         Ok(WriteSlot::new(self, slot))
     }
 
+    /// Awaits `done` saying yes, reaping the consumer table once per liveness interval, as the
+    /// blocking `poll` does.
+    async fn poll_async(
+        &mut self,
+        mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
+    ) -> Result<(), Fault> {
+        let config = self.poll_config();
+        wait_async(None, config, |tick| self.poll_step(tick, &mut done)).await
+    }
+}
+
+impl Producer<Host> {
     /// [`send`](Self::send), awaiting a slot as [`acquire_async`](Self::acquire_async) does.
     ///
     /// ```no_run
@@ -43,47 +69,12 @@ impl Producer {
             let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
             return Err(SendError::Publish(e));
         }
-        let mut slot =
-            self.acquire_async().await.map_err(|AcquireError::Corrupt(c)| SendError::Corrupt(c))?;
+        let mut slot = self.acquire_async().await.map_err(|e| match e {
+            AcquireError::Corrupt(c) => SendError::Corrupt(c),
+            #[cfg(feature = "cuda")]
+            AcquireError::Cuda(e) => SendError::Cuda(e),
+        })?;
         slot[..data.len()].copy_from_slice(data);
         slot.publish(data.len(), header).map_err(SendError::Publish)
-    }
-
-    /// Claims the next slot, awaiting it. Returns its index.
-    pub(crate) async fn claim_async(
-        &mut self,
-        on_free: crate::producer::OnFree<'_>,
-    ) -> Result<usize, AcquireError> {
-        let started = Instant::now();
-        let mut last_reap = started;
-        let mut waited = false;
-        let claimed = loop {
-            match self.try_claim(on_free) {
-                Ok(slot) => break Ok(slot),
-                Err(TryAcquireError::Full) => {}
-                Err(TryAcquireError::Corrupt(c)) => break Err(AcquireError::Corrupt(c)),
-            }
-            waited = true;
-            let tick = self.liveness_tick();
-            let (map, core, bells) = self.async_parts();
-            let ring = map.ring();
-            let parked = Parked::new(ring.producer_wake, None);
-            match core.try_claim(&ring) {
-                Ok(slot) => break Ok(slot),
-                Err(ClaimError::Corrupt(c)) => break Err(AcquireError::Corrupt(c.into())),
-                Err(ClaimError::Blocked(_)) => ring_or_nap(bells.own(), tick).await,
-            };
-            drop(parked);
-            if last_reap.elapsed() >= tick {
-                last_reap = Instant::now();
-                if let Err(c) = self.reap_with(on_free) {
-                    break Err(AcquireError::Corrupt(c));
-                }
-            }
-        };
-        if waited && claimed.is_ok() {
-            self.add_blocked(started);
-        }
-        claimed
     }
 }

@@ -1,18 +1,17 @@
-//! The CUDA layer: thin wrappers over `cudarc::driver::sys` ([`driver`]), RAII owners of what
-//! they create or open ([`Context`], [`Stream`], [`DevicePool`], [`IpcMapping`], [`IpcEvent`]),
-//! and the run-time compiled kernels in `kernels/` ([`kernels`]).
+//! The CUDA layer, driver only: thin wrappers over `cudarc::driver::sys` ([`driver`]) and RAII
+//! owners of what they create or open ([`Context`], [`Stream`], [`DevicePool`], [`IpcMapping`],
+//! [`IpcEvent`]). What a CUDA ring does with them is in `crate::memory::cuda`.
 //!
 //! The driver is loaded lazily (cudarc's `dynamic-loading`), so this builds and runs on machines
 //! without CUDA; [`driver::available`] says whether it can be used, and no CUDA call is made
 //! before it said yes.
 
-// Raw driver wrappers and the test and bench kernels: public for the tests and benches (and
-// documented in docs/gpu.md), not as API. The segment's CUDA tables are in `crate::format::gpu`.
+// Raw driver wrappers: public for the tests and benches (and documented in docs/gpu.md), not as
+// API. The segment's CUDA tables are in `crate::format::gpu`, the test kernels in
+// `crate::testing::kernels`.
 #[doc(hidden)]
 pub mod driver;
 mod ipc;
-#[doc(hidden)]
-pub mod kernels;
 mod pool;
 mod stream;
 

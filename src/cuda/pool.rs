@@ -20,7 +20,7 @@ pub const POOL_ALIGN: usize = 2 << 20;
 /// A dedicated `cuMemAlloc_v2` allocation, freed on drop. Never memory from a stream-ordered
 /// pool: `cuIpcGetMemHandle` refuses that (cudarc's safe `alloc` uses one).
 ///
-/// A producer can publish regions of its own pools; see `GpuProducer::register`:
+/// A producer can publish regions of its own pools; see `Producer::register` (CUDA rings):
 ///
 /// ```no_run
 /// let mut tx = gpuring::Producer::builder("doc-cuda-pool").create_gpu(0)?;

@@ -47,7 +47,7 @@ impl Stream {
     ///
     /// ```no_run
     /// use gpuring::cuda::Stream;
-    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
     /// # let theirs = Stream::new(rx.context())?;
     /// let raw = theirs.raw(); // a stream of another library, on the ring's GPU
     /// // SAFETY: `raw` is a live stream of that GPU's primary context and outlives `stream`.
@@ -129,7 +129,7 @@ impl Stream {
     ///
     /// ```no_run
     /// use gpuring::cuda::Stream;
-    /// # let rx = gpuring::GpuConsumer::open("cam0")?;
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
     /// let frame = rx.recv()?;
     /// let mine = Stream::new(rx.context())?;
     /// mine.wait_for(frame.stream())?; // `mine` now sees the frame's bytes

@@ -190,12 +190,14 @@ impl Segment {
         }
     }
 
-    /// Opens and maps an existing segment, after checking that it is a regular file owned by
-    /// this user (unless allowed otherwise) and large enough for a header. The header itself is
-    /// not checked here.
-    pub fn open(name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenError> {
-        let flags = shm::OFlags::RDWR | nofollow();
-        let fd = shm::open(name.shm(), flags, Mode::empty()).map_err(|e| match e {
+    /// Opens file `name` with `flags` (and never through a symlink), after checking that it is a
+    /// regular file owned by this user (unless `opts` allows otherwise). Returns it and its status.
+    pub(super) fn open_file(
+        name: &ShmName,
+        flags: shm::OFlags,
+        opts: OpenOptions,
+    ) -> Result<(OwnedFd, rustix::fs::Stat), OpenError> {
+        let fd = shm::open(name.shm(), flags | nofollow(), Mode::empty()).map_err(|e| match e {
             Errno::NOENT => OpenError::NotFound,
             Errno::ACCESS | Errno::PERM => OpenError::PermissionDenied,
             Errno::LOOP => OpenError::NotASegment,
@@ -209,6 +211,14 @@ impl Segment {
         if st.st_uid != me && !opts.allow_foreign_owner {
             return Err(OpenError::ForeignOwner { uid: st.st_uid });
         }
+        Ok((fd, st))
+    }
+
+    /// Opens and maps an existing segment, after checking that it is a regular file owned by
+    /// this user (unless allowed otherwise) and large enough for a header. The header itself is
+    /// not checked here.
+    pub fn open(name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenError> {
+        let (fd, st) = Segment::open_file(name, shm::OFlags::RDWR, opts)?;
         let size = st.st_size.max(0) as u64;
         let needed = std::mem::size_of::<Header>() as u64;
         if size < needed {

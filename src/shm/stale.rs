@@ -41,13 +41,13 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use rustix::fs::{FileType, FlockOperation, Mode};
+use rustix::fs::FlockOperation;
 use rustix::io::Errno;
 use rustix::shm;
 
 use super::name::ShmName;
 use super::process::ProcessId;
-use super::segment::{names, retry, Segment};
+use super::segment::{names, retry, OpenOptions, Segment};
 use crate::error::{CreateError, OpenError};
 use crate::format::Header;
 
@@ -101,26 +101,11 @@ fn replace(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErro
     Segment::create(name, size, mode)
 }
 
-/// Opens the file at `name` read-only, without following a symlink, after checking that it is
-/// a regular file of this user (as `Segment::open` does, without mapping it).
+/// Opens the file at `name` read-only, with `Segment::open`'s checks (a regular file of this
+/// user, never through a symlink), without mapping it.
 fn open(name: &ShmName) -> Result<OwnedFd, OpenError> {
-    let flags = shm::OFlags::from_bits_retain(
-        rustix::fs::OFlags::RDONLY.bits() | rustix::fs::OFlags::NOFOLLOW.bits(),
-    );
-    let fd = shm::open(name.shm(), flags, Mode::empty()).map_err(|e| match e {
-        Errno::NOENT => OpenError::NotFound,
-        Errno::ACCESS | Errno::PERM => OpenError::PermissionDenied,
-        Errno::LOOP => OpenError::NotASegment,
-        e => OpenError::Io(e.into()),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| OpenError::Io(e.into()))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(OpenError::NotASegment);
-    }
-    if st.st_uid != rustix::process::geteuid().as_raw() {
-        return Err(OpenError::ForeignOwner { uid: st.st_uid });
-    }
-    Ok(fd)
+    let flags = shm::OFlags::from_bits_retain(rustix::fs::OFlags::RDONLY.bits());
+    Ok(Segment::open_file(name, flags, OpenOptions::default())?.0)
 }
 
 /// The producer the header of file `fd` names (pid 0: none written yet), or `None` if the file
@@ -155,6 +140,8 @@ fn open_to_create(e: OpenError) -> CreateError {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
+
+    use rustix::fs::Mode;
 
     use super::*;
 

@@ -1,15 +1,16 @@
 //! `gpuring bench`: a self-contained 1→N run. This process produces; each consumer is this
 //! binary again (`gpuring bench-consumer`, hidden), which prints one JSON line of results.
 //!
-//! Host memory: each frame is copied into its slot; a consumer reads its first and last byte.
-//! CUDA memory: a kernel fills each frame; each consumer checks every byte with a kernel on its
-//! stream. Latency is publish → `recv` returning (CLOCK_MONOTONIC, CPU side), not the GPU's.
+//! One generic run per memory kind (`gpuring::testing::payload`): host memory writes each
+//! frame's test pattern on the CPU and each consumer checks every byte on the CPU; CUDA memory
+//! does both with kernels, a consumer's on its stream. Latency is publish → `recv` returning (CLOCK_MONOTONIC, CPU side), not the GPU's.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuring::{monotonic_ns, Consumer, OpenError, Producer, RecvError, StartAt};
+use gpuring::testing::payload::Payload;
+use gpuring::{monotonic_ns, Consumer, Host, OpenError, Producer, RecvError, StartAt};
 use serde::{Deserialize, Serialize};
 
 /// What a consumer process reports.
@@ -62,9 +63,8 @@ fn use_cuda(memory: &str) -> Result<bool, String> {
     }
 }
 
-fn spawn(name: &str, cuda: bool) -> Result<Child, String> {
+fn spawn(name: &str, memory: &str) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let memory = if cuda { "cuda" } else { "host" };
     Command::new(exe)
         .args(["bench-consumer", name, "--memory", memory])
         .stdin(Stdio::null())
@@ -88,13 +88,30 @@ pub fn run(o: &Options) -> Result<(), String> {
     if o.consumers == 0 || o.size < 16 || o.seconds <= 0.0 {
         return Err("need --consumers >= 1, --size >= 16, --seconds > 0".into());
     }
-    let cuda = use_cuda(&o.memory)?;
+    #[cfg(feature = "cuda")]
+    if use_cuda(&o.memory)? {
+        return run_in::<gpuring::Cuda>(o, "cuda");
+    }
+    run_in::<Host>(o, "host")
+}
+
+/// The bench in memory kind `M` (`memory` names it for the consumers and the report).
+fn run_in<M: Payload>(o: &Options, memory: &'static str) -> Result<(), String> {
     let name = format!("gpuring-bench-{}", std::process::id());
     let builder = Producer::builder(&name).capacity(16).slot_size(o.size).user_header_size(8);
-    let mut producer = Publisher::new(builder, cuda)?;
-    let children = (0..o.consumers).map(|_| spawn(&name, cuda)).collect::<Result<Vec<_>, _>>()?;
+    let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
+    let mut tx = builder.create_in::<M>().map_err(err)?;
+    let w = M::writer(&tx).map_err(|e| format!("preparing the pattern writer: {e}"))?;
+    // Publishes message `seq` (the test pattern, `len` bytes), `phase` in the user header.
+    let publish = |tx: &mut Producer<M>, seq: u64, phase: u8| -> Result<(), String> {
+        let mut slot = tx.acquire().map_err(|e| e.to_string())?;
+        M::fill(&w, &mut slot, o.size, seq).map_err(|e| e.to_string())?;
+        slot.publish(o.size, &[phase, 0, 0, 0, 0, 0, 0, 0]).map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let children = (0..o.consumers).map(|_| spawn(&name, memory)).collect::<Result<Vec<_>, _>>()?;
     let t = Instant::now();
-    while producer.consumer_count() < o.consumers {
+    while tx.consumer_count() < o.consumers {
         if t.elapsed() > Duration::from_secs(30) {
             return Err("the consumers did not join within 30 s".into());
         }
@@ -103,21 +120,21 @@ pub fn run(o: &Options) -> Result<(), String> {
     let warm = Instant::now();
     let mut seq = 0u64;
     while warm.elapsed() < WARMUP {
-        producer.publish(seq, 0, o.size)?;
+        publish(&mut tx, seq, 0)?;
         seq += 1;
     }
     let t0 = Instant::now();
     let mut frames = 0u64;
     while t0.elapsed().as_secs_f64() < o.seconds {
-        producer.publish(seq, 1, o.size)?;
+        publish(&mut tx, seq, 1)?;
         seq += 1;
         frames += 1;
     }
     let producer_fps = frames as f64 / t0.elapsed().as_secs_f64();
-    drop(producer);
+    drop(tx);
     let results = children.into_iter().map(collect).collect::<Result<Vec<_>, _>>()?;
     let r = BenchResult {
-        memory: if cuda { "cuda" } else { "host" },
+        memory,
         consumers: o.consumers,
         frame_bytes: o.size,
         seconds: o.seconds,
@@ -152,60 +169,6 @@ pub fn run(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// The producer of either memory kind.
-// One long-lived value per producer: the variants' sizes do not matter (and issue 16's single
-// producer type removes this enum).
-#[allow(clippy::large_enum_variant)]
-enum Publisher {
-    Host(Producer),
-    #[cfg(feature = "cuda")]
-    Cuda(gpuring::GpuProducer, std::sync::Arc<gpuring::cuda::kernels::PatternKernels>),
-}
-
-impl Publisher {
-    fn new(b: gpuring::ProducerBuilder, cuda: bool) -> Result<Publisher, String> {
-        let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
-        #[cfg(feature = "cuda")]
-        if cuda {
-            let tx = b.create_gpu(0).map_err(err)?;
-            let k = gpuring::cuda::kernels::PatternKernels::get(tx.context())
-                .map_err(|e| format!("compiling the pattern kernels: {e}"))?;
-            return Ok(Publisher::Cuda(tx, k));
-        }
-        let _ = cuda;
-        Ok(Publisher::Host(b.create().map_err(err)?))
-    }
-
-    fn consumer_count(&self) -> usize {
-        match self {
-            Publisher::Host(tx) => tx.consumer_count(),
-            #[cfg(feature = "cuda")]
-            Publisher::Cuda(tx, _) => tx.consumer_count(),
-        }
-    }
-
-    /// Publishes message `seq` (the test pattern, `len` bytes), `phase` in the user header.
-    fn publish(&mut self, seq: u64, phase: u8, len: usize) -> Result<(), String> {
-        let header = [phase, 0, 0, 0, 0, 0, 0, 0];
-        match self {
-            Publisher::Host(tx) => {
-                let mut slot = tx.acquire().map_err(|e| e.to_string())?;
-                gpuring::pattern::fill(&mut slot[..len], seq);
-                slot.publish(len, &header).map_err(|e| e.to_string())?;
-            }
-            #[cfg(feature = "cuda")]
-            Publisher::Cuda(tx, k) => {
-                let slot = tx.acquire().map_err(|e| e.to_string())?;
-                // SAFETY: the slot holds at least `len` writable bytes until published.
-                unsafe { k.fill(slot.stream(), slot.ptr(), len as u64, seq) }
-                    .map_err(|e| e.to_string())?;
-                slot.publish(len, &header).map_err(|e| e.to_string())?;
-            }
-        }
-        Ok(())
-    }
-}
-
 fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
     if v.is_empty() {
         return (0, 0);
@@ -216,74 +179,48 @@ fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
 
 /// `gpuring bench-consumer NAME`: receives until the producer leaves, prints one JSON line.
 pub fn consumer(name: &str, memory: &str) -> Result<(), String> {
-    let cuda = use_cuda(memory)?;
-    let t = Instant::now();
-    let retry = |e: &OpenError| {
-        matches!(e, OpenError::NotFound | OpenError::NotInitialized)
-            && t.elapsed() < Duration::from_secs(10)
-    };
-    let mut lat = Vec::new();
-    let (mut frames, mut lost, mut bad) = (0u64, 0u64, 0u64);
-    let mut start = None;
-    let mut on_frame = |header: &[u8], ts: u64, lag: u64| -> bool {
-        let measured = header.first() == Some(&1);
-        if measured {
-            start.get_or_insert_with(Instant::now);
-            lat.push(monotonic_ns().saturating_sub(ts));
-            frames += 1;
-            lost += lag;
-        }
-        measured
-    };
     #[cfg(feature = "cuda")]
-    if cuda {
-        use gpuring::cuda::kernels::{MismatchCounter, PatternKernels};
-        use gpuring::gpu::GpuRecvError;
-        let rx = loop {
-            match Consumer::builder(name).start_at(StartAt::Next).open_gpu() {
-                Ok(rx) => break rx,
-                Err(e) if retry(&e) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e) => return Err(format!("open {name}: {e}")),
-            }
-        };
-        let k = PatternKernels::get(rx.context()).map_err(|e| e.to_string())?;
-        let counter = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
-        loop {
-            match rx.recv() {
-                Ok(m) => {
-                    on_frame(m.header(), m.timestamp_ns(), m.lag());
-                    // SAFETY: the message's bytes stay readable on its stream until it is
-                    // released, which dropping `m` records after this kernel.
-                    unsafe {
-                        k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), counter.ptr(), 0)
-                    }
-                    .map_err(|e| e.to_string())?;
-                }
-                Err(GpuRecvError::Disconnected) => break,
-                Err(e) => return Err(format!("recv: {e}")),
-            }
-        }
-        bad = counter.read(rx.stream()).map_err(|e| e.to_string())?;
-        return report(frames, start, lost, lat, bad);
+    if use_cuda(memory)? {
+        return consume_in::<gpuring::Cuda>(name);
     }
-    let _ = cuda;
+    let _ = use_cuda(memory)?;
+    consume_in::<Host>(name)
+}
+
+/// The consumer in memory kind `M`: checks every byte of every message.
+fn consume_in<M: Payload>(name: &str) -> Result<(), String> {
+    let t = Instant::now();
     let rx = loop {
-        match Consumer::builder(name).start_at(StartAt::Next).open() {
+        match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
             Ok(rx) => break rx,
-            Err(e) if retry(&e) => std::thread::sleep(Duration::from_millis(1)),
+            Err(OpenError::NotFound | OpenError::NotInitialized)
+                if t.elapsed() < Duration::from_secs(10) =>
+            {
+                std::thread::sleep(Duration::from_millis(1))
+            }
             Err(e) => return Err(format!("open {name}: {e}")),
         }
     };
+    let checker = M::checker(&rx).map_err(|e| e.to_string())?;
+    let mut lat = Vec::new();
+    let (mut frames, mut lost) = (0u64, 0u64);
+    let mut start = None;
     loop {
         match rx.recv() {
             Ok(m) => {
-                on_frame(m.header(), m.timestamp_ns(), m.lag());
-                bad += gpuring::pattern::mismatches(&m, m.seq());
+                if m.header().first() == Some(&1) {
+                    start.get_or_insert_with(Instant::now);
+                    lat.push(monotonic_ns().saturating_sub(m.timestamp_ns()));
+                    frames += 1;
+                    lost += m.lag();
+                }
+                M::check(&checker, &m).map_err(|e| e.to_string())?;
             }
             Err(RecvError::Disconnected) => break,
             Err(e) => return Err(format!("recv: {e}")),
         }
     }
+    let bad = M::mismatches(&checker, &rx).map_err(|e| e.to_string())?;
     report(frames, start, lost, lat, bad)
 }
 

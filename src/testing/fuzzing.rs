@@ -31,7 +31,7 @@ pub fn segment(data: &[u8]) {
                         let payload = unsafe {
                             std::slice::from_raw_parts(map.payload(m.slot), m.len as usize)
                         };
-                        std::hint::black_box(crate::pattern::mismatches(payload, m.seq));
+                        std::hint::black_box(crate::testing::pattern::mismatches(payload, m.seq));
                     }
                     // SAFETY: the header region is `user_header_size` bytes in the mapping.
                     let header = unsafe {

@@ -15,8 +15,8 @@ fn word(seq: u64, j: u64) -> u64 {
 ///
 /// ```
 /// let mut buf = vec![0u8; 100];
-/// gpuring::pattern::fill(&mut buf, 7);
-/// assert_eq!(gpuring::pattern::mismatches(&buf, 7), 0);
+/// gpuring::testing::pattern::fill(&mut buf, 7);
+/// assert_eq!(gpuring::testing::pattern::mismatches(&buf, 7), 0);
 /// ```
 pub fn fill(buf: &mut [u8], seq: u64) {
     let j = (buf.len() / 8) as u64;
@@ -32,7 +32,7 @@ pub fn fill(buf: &mut [u8], seq: u64) {
 /// Counts the bytes of `buf` that differ from message `seq`'s pattern.
 ///
 /// ```
-/// use gpuring::pattern::{fill, mismatches};
+/// use gpuring::testing::pattern::{fill, mismatches};
 ///
 /// let mut buf = vec![0u8; 64];
 /// fill(&mut buf, 7);
@@ -60,7 +60,7 @@ pub fn mismatches(buf: &[u8], seq: u64) -> u64 {
 ///
 /// ```
 /// for seq in 0..100 {
-///     let len = gpuring::pattern::len_for(seq, 16, 64);
+///     let len = gpuring::testing::pattern::len_for(seq, 16, 64);
 ///     assert!((16..=64).contains(&len));
 /// }
 /// ```

@@ -1,26 +1,18 @@
-//! A consumer: opens a ring, receives messages, releases them on drop.
+//! The consumer: opens a ring, receives messages, releases them on drop. One type for every
+//! memory kind: [`Consumer<M>`] is the ring's consumer state ([`ring`]) plus what memory kind
+//! `M` adds ([`crate::memory`]).
 
-use std::cell::Cell;
+mod ring;
+
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::doorbells::ConsumerBells;
-use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
-use crate::format::view::MappedRing;
-use crate::format::{MemoryKind, Params};
-use crate::ring::{
-    park, ConsumerCore, JoinError, Leave, Left, Pinned, Policy, RingCorrupt, StartAt,
-};
-use crate::shm::process::ProcessId;
-use crate::shm::{OpenOptions, Segment, ShmName};
-use crate::wait::{self, WaitConfig};
+pub(crate) use ring::ConsumerRing;
 
-/// The error of a join whose entry was taken from it before it became active.
-fn lost(entry: usize) -> OpenError {
-    let reason = crate::ring::lease::evict_reason::NONE;
-    OpenError::Corrupt(Corruption::Ring(RingCorrupt::Evicted { entry: entry as u32, reason }))
-}
+use crate::error::{OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::format::MemoryKind;
+use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
+use crate::ring::{Pinned, Policy, StartAt};
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
 ///
@@ -39,12 +31,8 @@ pub struct ConsumerBuilder {
     allow_foreign_owner: bool,
     spin: Duration,
     liveness: Duration,
-    /// The device to read on (CUDA rings); `None`: the producer's.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) device: Option<i32>,
-    /// CUDA rings: how long `recv` polls a frame's ready event before a GPU-side wait.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) gpu_poll: Duration,
+    /// What only some memory kinds read (CUDA: device, polling).
+    pub(crate) kind: RxSettings,
 }
 
 impl ConsumerBuilder {
@@ -128,21 +116,29 @@ impl ConsumerBuilder {
         not_epoch: Option<u64>,
         timeout: Duration,
     ) -> Result<Consumer, OpenError> {
-        self.retry_open(not_epoch, timeout, |b| b.open(), |c: &Consumer| c.epoch())
+        self.open_in_when_ready(not_epoch, timeout)
     }
 
-    /// The waiting loop behind `open_when_ready` (and its CUDA twin).
-    pub(crate) fn retry_open<T>(
+    /// [`open_when_ready`](Self::open_when_ready) for a ring of memory kind `M` (see
+    /// [`open_in`](Self::open_in)).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Host, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-open-in-when-ready").create()?;
+    /// let b = Consumer::builder("doc-consumer-open-in-when-ready");
+    /// let rx = b.open_in_when_ready::<Host>(None, Duration::from_secs(5))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_in_when_ready<M: Memory>(
         self,
         not_epoch: Option<u64>,
         timeout: Duration,
-        open: impl Fn(ConsumerBuilder) -> Result<T, OpenError>,
-        epoch: impl Fn(&T) -> u64,
-    ) -> Result<T, OpenError> {
+    ) -> Result<Consumer<M>, OpenError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let retry = match open(self.clone()) {
-                Ok(c) if not_epoch.is_some_and(|e| e == epoch(&c)) => true,
+            let retry = match self.clone().open_in::<M>() {
+                Ok(c) if not_epoch.is_some_and(|e| e == c.epoch()) => true,
                 Ok(c) => return Ok(c),
                 // Not there yet, half-built (between the producer's shm_open and ftruncate,
                 // or before its magic), or the old instance.
@@ -173,77 +169,41 @@ impl ConsumerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(self) -> Result<Consumer, OpenError> {
-        Ok(self.open_kind(MemoryKind::Host, |_, _, _| Ok(()))?.0)
+        self.open_in()
     }
 
-    /// Opens ring `name` of memory kind `kind`, claims a consumer table entry, lets `setup` fill
-    /// in the transport's state for it, then joins. If `setup` fails, the entry is freed again.
-    pub(crate) fn open_kind<T>(
-        self,
-        kind: MemoryKind,
-        setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenError>,
-    ) -> Result<(Consumer, T), OpenError> {
-        let builder = self.clone();
-        let name = ShmName::new(&self.name).map_err(OpenError::InvalidName)?;
-        let opts = OpenOptions { allow_foreign_owner: self.allow_foreign_owner };
-        let seg = Segment::open(&name, opts)?;
-        let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
-        if params.memory_kind != kind {
-            return Err(OpenError::WrongMemory { found: params.memory_kind });
-        }
-        let map = MappedRing::new(seg, params, layout);
-        let producer =
-            ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
-        // Acquire: pairs with the producer's Release store of `closed`.
-        if map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive() {
-            return Err(OpenError::Disconnected);
-        }
-        let me = ProcessId::current();
-        let ring = map.ring();
-        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time).map_err(|e| match e {
-            JoinError::Full => OpenError::TooManyConsumers { max: params.max_consumers },
-            JoinError::Lost => lost(0),
+    /// Opens a ring of memory kind `M` and joins it: what [`open`](Self::open) does for
+    /// [`Host`], and `open_gpu` for [`Cuda`](crate::Cuda). A ring of another kind is refused
+    /// with [`OpenError::WrongMemory`]. For code generic over the memory kind.
+    ///
+    /// ```
+    /// use gpuring::{Consumer, Host, Memory, OpenError, Producer};
+    ///
+    /// fn join<M: Memory>(name: &str) -> Result<Consumer<M>, OpenError> {
+    ///     Consumer::builder(name).open_in::<M>()
+    /// }
+    /// let tx = Producer::builder("doc-consumer-open-in").create()?;
+    /// let rx = join::<Host>("doc-consumer-open-in")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_in<M: Memory>(self) -> Result<Consumer<M>, OpenError> {
+        let settings = self.kind;
+        let (ring, mem) = ConsumerRing::open(&self, M::KIND, |map, entry, generation| {
+            M::Rx::join(&settings, map, entry, generation)
         })?;
-        let joining_index = joining.index();
-        let extra = match setup(&map, joining.index(), joining.generation()) {
-            Ok(extra) => extra,
-            Err(e) => {
-                joining.abandon(&ring);
-                return Err(e);
-            }
-        };
-        let core = joining.activate(&ring, self.start).map_err(|_| lost(joining_index))?;
-        tracing::info!(
-            ring = %self.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
-            "consumer joined"
-        );
-        let join_wake = core.join_wake();
-        let consumer = Consumer {
-            map,
-            core,
-            producer,
-            producer_dead: Cell::new(false),
-            last_check: Cell::new(Instant::now()),
-            deferred: Cell::new(None),
-            wait: WaitConfig { spin: self.spin, tick: self.liveness },
-            left: false,
-            builder,
-            bells: ConsumerBells::default(),
-            #[cfg(feature = "tokio")]
-            bell: Default::default(),
-        };
-        if join_wake {
-            consumer.wake_producer();
-        }
-        Ok((consumer, extra))
+        Ok(Consumer { ring, mem })
     }
 }
 
-/// One consumer of a ring. Every consumer receives every message (unless it lags under
+/// One consumer of a ring, in host memory ([`Host`], the default) or CUDA memory
+/// ([`Cuda`](crate::Cuda), opened by `ConsumerBuilder::open_gpu`). Every consumer receives every message (unless it lags under
 /// [`Policy::Overwrite`]).
 ///
 /// `recv` takes `&self`, so one consumer may hold several messages at once. A consumer is
 /// `Send` but not `Sync`: use one per thread.
+///
+/// Dropping it leaves the ring: its table entry is freed and it no longer holds the producer
+/// back.
 ///
 /// ```
 /// use gpuring::{Consumer, Producer};
@@ -280,29 +240,14 @@ impl ConsumerBuilder {
 /// });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Consumer {
-    map: MappedRing,
-    core: ConsumerCore,
-    producer: ProcessId,
-    /// Set once the producer was found dead; then the consumer drains and disconnects.
-    producer_dead: Cell<bool>,
-    /// When the producer's liveness was last checked.
-    last_check: Cell<Instant>,
-    /// Damage found while releasing (in `Drop`), reported by the next receive.
-    deferred: Cell<Option<Corruption>>,
-    wait: WaitConfig,
-    /// Whether [`Consumer::leave`] ran.
-    left: bool,
-    /// How it was opened, for [`Consumer::reconnect`].
-    builder: ConsumerBuilder,
-    /// For ringing the producer's doorbell.
-    bells: ConsumerBells,
-    /// Its own doorbell, made by the first async wait.
-    #[cfg(feature = "tokio")]
-    pub(crate) bell: crate::asynch::BellCell,
+pub struct Consumer<M: Memory = Host> {
+    /// The ring's side: segment, entry, cursor, waiting, liveness.
+    ring: ConsumerRing,
+    /// What memory kind `M` adds.
+    mem: M::Rx,
 }
 
-impl Consumer {
+impl Consumer<Host> {
     /// Opens ring `name` with default settings (start at the newest message).
     ///
     /// ```
@@ -331,11 +276,12 @@ impl Consumer {
             allow_foreign_owner: false,
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
-            device: None,
-            gpu_poll: crate::DEFAULT_GPU_POLL,
+            kind: RxSettings::default(),
         }
     }
+}
 
+impl<M: Memory> Consumer<M> {
     /// The ring's name.
     ///
     /// ```
@@ -346,7 +292,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn name(&self) -> &str {
-        self.map.segment().name().ring()
+        self.ring.name()
     }
 
     /// Number of slots.
@@ -359,7 +305,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn capacity(&self) -> u32 {
-        self.map.params().capacity
+        self.ring.map().params().capacity
     }
 
     /// Largest message.
@@ -372,7 +318,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn slot_size(&self) -> usize {
-        self.map.slot_size()
+        self.ring.map().slot_size()
     }
 
     /// User header bytes per message.
@@ -385,7 +331,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn user_header_size(&self) -> usize {
-        self.map.user_header_size()
+        self.ring.map().user_header_size()
     }
 
     /// The producer's policy.
@@ -398,7 +344,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn policy(&self) -> Policy {
-        self.map.policy()
+        self.ring.map().policy()
     }
 
     /// The producer's process id.
@@ -411,7 +357,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn producer_pid(&self) -> u32 {
-        self.producer.pid
+        self.ring.producer().pid
     }
 
     /// The ring instance's epoch: differs between a ring and a later one with the same name.
@@ -424,7 +370,7 @@ impl Consumer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn epoch(&self) -> u64 {
-        self.map.params().epoch
+        self.ring.map().params().epoch
     }
 
     /// After `Disconnected`: waits up to `timeout` for a new producer to create the ring again
@@ -442,9 +388,9 @@ impl Consumer {
     /// let rx = rx.reconnect(Duration::from_secs(5))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reconnect(&self, timeout: Duration) -> Result<Consumer, OpenError> {
+    pub fn reconnect(&self, timeout: Duration) -> Result<Consumer<M>, OpenError> {
         tracing::info!(ring = %self.name(), old_epoch = self.epoch(), "reconnecting");
-        self.builder.clone().open_when_ready(Some(self.epoch()), timeout)
+        self.ring.settings().clone().open_in_when_ready(Some(self.epoch()), timeout)
     }
 
     /// Receives the next message if one is waiting.
@@ -458,18 +404,8 @@ impl Consumer {
     /// assert_eq!(&*rx.try_recv()?, b"hi");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn try_recv(&self) -> Result<ReadSlot<'_>, TryRecvError> {
-        let m = self.try_pin()?;
-        Ok(ReadSlot { consumer: self, m })
-    }
-
-    /// Pins the next message if one is waiting.
-    pub(crate) fn try_pin(&self) -> Result<Pinned, TryRecvError> {
-        match self.poll_once() {
-            Some(Ok(m)) => Ok(m),
-            Some(Err(e)) => Err(e),
-            None => Err(TryRecvError::Empty),
-        }
+    pub fn try_recv(&self) -> Result<ReadSlot<'_, M>, TryRecvError> {
+        Ok(self.receive(Some(Instant::now()), None)?)
     }
 
     /// Receives the next message, waiting as long as it takes. Returns `Disconnected` once the
@@ -484,13 +420,8 @@ impl Consumer {
     /// assert_eq!(&*msg, b"hi");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn recv(&self) -> Result<ReadSlot<'_>, RecvError> {
-        match self.recv_until(None) {
-            Ok(slot) => Ok(slot),
-            Err(RecvTimeoutError::Disconnected) => Err(RecvError::Disconnected),
-            Err(RecvTimeoutError::Corrupt(c)) => Err(RecvError::Corrupt(c)),
-            Err(RecvTimeoutError::Timeout) => unreachable!("no deadline"),
-        }
+    pub fn recv(&self) -> Result<ReadSlot<'_, M>, RecvError> {
+        Ok(self.receive(None, None)?)
     }
 
     /// Receives the next message, waiting at most `timeout`.
@@ -504,8 +435,8 @@ impl Consumer {
     /// assert!(matches!(r, Err(RecvTimeoutError::Timeout)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<ReadSlot<'_>, RecvTimeoutError> {
-        self.recv_until(Some(Instant::now() + timeout))
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<ReadSlot<'_, M>, RecvTimeoutError> {
+        Ok(self.receive(Some(Instant::now() + timeout), None)?)
     }
 
     /// An iterator that receives until the producer disconnects (or the segment is damaged).
@@ -521,210 +452,77 @@ impl Consumer {
     /// assert_eq!(all, [b"a", b"b"]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn iter(&self) -> Iter<'_> {
+    pub fn iter(&self) -> Iter<'_, M> {
         Iter { consumer: self }
     }
 
-    fn recv_until(&self, deadline: Option<Instant>) -> Result<ReadSlot<'_>, RecvTimeoutError> {
-        let m = self.pin_until(deadline)?;
-        Ok(ReadSlot { consumer: self, m })
+    /// The one receive: pins the next message, waiting until `deadline` (`None`: for ever;
+    /// past: not at all), then has the memory kind place it, read on `stream` (or the kind's
+    /// own).
+    pub(crate) fn receive<'a>(
+        &'a self,
+        deadline: Option<Instant>,
+        stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
+    ) -> Result<ReadSlot<'a, M>, Fault> {
+        let m = self.ring.pin_until(deadline)?;
+        self.placed(m, stream)
     }
 
-    /// Pins the next message, waiting until `deadline` (or for ever).
-    pub(crate) fn pin_until(&self, deadline: Option<Instant>) -> Result<Pinned, RecvTimeoutError> {
-        let line = self.map.ring().consumer_wake;
-        let idle = || {
-            self.check_producer();
-            None
-        };
-        match wait::wait_until(line, self.wait, deadline, || self.poll_once(), idle) {
-            Some(Ok(m)) => Ok(m),
-            Some(Err(TryRecvError::Disconnected)) => Err(RecvTimeoutError::Disconnected),
-            Some(Err(TryRecvError::Corrupt(c))) => Err(RecvTimeoutError::Corrupt(c)),
-            Some(Err(TryRecvError::Empty)) | None => Err(RecvTimeoutError::Timeout),
-        }
-    }
-
-    /// Whether the producer closed or died.
-    fn closed(&self) -> bool {
-        // Acquire: pairs with the producer's Release store, so every message it published
-        // before closing is visible to the pin that follows.
-        self.producer_dead.get() || self.map.header().closed.load(Ordering::Acquire) != 0
-    }
-
-    pub(crate) fn check_producer(&self) {
-        self.last_check.set(Instant::now());
-        if self.map.segment().truncated() {
-            self.deferred.set(Some(Corruption::Truncated));
-        }
-        if !self.producer.is_alive() && !self.producer_dead.replace(true) {
-            tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
-        }
-        // Our cursor in the entry may have been overwritten (a damaged segment): a lower value
-        // would hold a Block producer back while we wait for it. Put ours back.
-        if self.core.refresh_cursor(&self.map.ring()) {
-            self.wake_producer();
+    /// Pinned message `m` as a [`ReadSlot`], once the memory kind has placed it (for CUDA:
+    /// found its device address and ordered `stream` after its writer). If that fails the
+    /// message is released again.
+    pub(crate) fn placed<'a>(
+        &'a self,
+        m: Pinned,
+        stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
+    ) -> Result<ReadSlot<'a, M>, Fault> {
+        match self.mem.place(&self.ring, &m, stream) {
+            Ok(addr) => Ok(ReadSlot { consumer: self, m, addr, stream }),
+            Err(e) => {
+                self.ring.release(m.slot);
+                Err(e)
+            }
         }
     }
 
-    /// One attempt: a message, an error, or `None` (nothing yet).
-    pub(crate) fn poll_once(&self) -> Option<Result<Pinned, TryRecvError>> {
-        // Once per liveness interval whatever happens, errors included: a consumer that gets
-        // an error at every call must still learn that the segment was truncated.
-        if self.last_check.get().elapsed() >= self.wait.tick {
-            self.check_producer();
-        }
-        if let Some(c) = self.deferred.take() {
-            return Some(Err(TryRecvError::Corrupt(c)));
-        }
-        if self.map.segment().faulted() {
-            return Some(Err(TryRecvError::Corrupt(Corruption::Truncated)));
-        }
-        match self.pin() {
-            Ok(Some(m)) => Some(Ok(m)),
-            Err(c) => Some(Err(TryRecvError::Corrupt(c))),
-            Ok(None) if !self.closed() => None,
-            // Closed: anything published before the close is visible now; look once more.
-            Ok(None) => match self.pin() {
-                Ok(Some(m)) => Some(Ok(m)),
-                Ok(None) => {
-                    let ring = self.map.ring();
-                    if !self.core.next_is_there(&ring) {
-                        return Some(Err(TryRecvError::Disconnected));
-                    }
-                    // Our next message is there, frozen by a recount (or thawed since): not
-                    // "nothing left". Closed or dead, the producer recounts no more, and one
-                    // killed mid-recount never thaws it: thaw it, then pin again.
-                    crate::ring::thaw(&ring, self.core.next_seq());
-                    None
-                }
-                Err(c) => Some(Err(TryRecvError::Corrupt(c))),
-            },
-        }
+    /// The ring's side.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn ring(&self) -> &ConsumerRing {
+        &self.ring
     }
 
-    fn pin(&self) -> Result<Option<Pinned>, Corruption> {
-        let ring = self.map.ring();
-        let Some((m, wake)) = self.core.try_pin(&ring)? else {
-            return Ok(None);
-        };
-        self.core.write_stats(&ring);
-        if wake {
-            self.wake_producer();
-        }
-        if m.len > self.map.params().slot_size {
-            self.release(m.slot);
-            return Err(Corruption::MessageLength {
-                len: m.len,
-                slot_size: self.map.params().slot_size,
-            });
-        }
-        Ok(Some(m))
+    /// The memory kind's side.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn mem(&self) -> &M::Rx {
+        &self.mem
     }
 
-    /// Wakes the producer, sleeping (futex) or parked (its doorbell); `wants_wake` said yes.
-    fn wake_producer(&self) {
-        let ring = self.map.ring();
-        wait::wake_all(ring.producer_wake);
-        if park::has_parked(ring.producer_wake) {
-            self.bells.knock_producer(self.name(), self.epoch());
-        }
-    }
-
-    /// Releases pinned slot `slot`.
-    pub(crate) fn release(&self, slot: usize) {
-        let ring = self.map.ring();
-        let released = self.core.release(&ring, slot);
-        self.core.write_stats(&ring);
-        match released {
-            Ok(true) => self.wake_producer(),
-            Ok(false) => {}
-            Err(c) => self.deferred.set(Some(c.into())),
-        }
+    /// The memory kind.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, MemoryKind, Producer};
+    /// # let tx = Producer::builder("doc-consumer-memory").create()?;
+    /// let rx = Consumer::open("doc-consumer-memory")?;
+    /// assert_eq!(rx.memory(), MemoryKind::Host);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn memory(&self) -> MemoryKind {
+        M::KIND
     }
 }
 
-/// Used by the async layer (`src/asynch/`).
-#[cfg(feature = "tokio")]
-impl Consumer {
-    /// How long one wait lasts before checking the producer.
-    pub(crate) fn liveness_tick(&self) -> Duration {
-        self.wait.tick
-    }
-
-    /// Whether the producer's liveness is due for a check.
-    pub(crate) fn liveness_due(&self) -> bool {
-        self.last_check.get().elapsed() >= self.wait.tick
-    }
-}
-
-/// Used by the CUDA layer (`src/gpu/`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-impl Consumer {
-    /// The mapped segment.
-    pub(crate) fn map(&self) -> &MappedRing {
-        &self.map
-    }
-
-    /// The settings it was opened with.
-    pub(crate) fn settings(&self) -> ConsumerBuilder {
-        self.builder.clone()
-    }
-
-    /// Its consumer table entry.
-    pub(crate) fn entry(&self) -> usize {
-        self.core.index()
-    }
-
-    /// Whether the producer is known to be dead (checked on the liveness tick).
-    pub(crate) fn wait_config(&self) -> WaitConfig {
-        self.wait
-    }
-
-    /// Steps aside without leaving (see `ConsumerCore::step_aside`).
-    pub(crate) fn step_aside(&mut self) -> bool {
-        self.left = true;
-        self.core.step_aside(&self.map.ring())
-    }
-
-    /// Its consumer table entry's generation while it owns it.
-    pub(crate) fn generation(&self) -> u32 {
-        self.core.generation()
-    }
-
-    pub(crate) fn producer_alive(&self) -> bool {
-        self.check_producer();
-        !self.producer_dead.get()
-    }
-
-    /// Leaves the ring: gives back what it still holds (leaked read slots; the caller is done
-    /// reading them), then frees or retires its entry (`how`). `None` if it already left.
-    pub(crate) fn leave(&mut self, how: Leave) -> Option<Left> {
-        if std::mem::replace(&mut self.left, true) {
-            return None;
-        }
-        let ring = self.map.ring();
-        let left = self.core.leave(&ring, how);
-        if left.wake {
-            self.wake_producer();
-        }
-        if left.released > 0 {
-            tracing::warn!(ring = %self.name(), slots = left.released, "left holding leaked slots: given back");
-        }
-        tracing::info!(ring = %self.name(), "consumer left");
-        Some(left)
-    }
-}
-
-impl Drop for Consumer {
+impl<M: Memory> Drop for Consumer<M> {
     fn drop(&mut self) {
-        self.leave(Leave::Free);
+        self.mem.leave(&mut self.ring);
     }
 }
 
 /// A received message. It stays valid (the producer cannot overwrite it) until dropped.
 ///
-/// Derefs to the message bytes.
+/// In host memory it derefs to the message bytes. In CUDA memory it gives their device address
+/// ([`ptr`](Self::ptr)) and the stream that already waits for the producer's writes
+/// (`stream`); dropping it records the consumer's release event on that stream, so the
+/// producer rewrites the slot only after the kernels queued there.
 ///
 /// ```
 /// use gpuring::{Consumer, Producer};
@@ -750,17 +548,77 @@ impl Drop for Consumer {
 /// drop(msg);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct ReadSlot<'a> {
-    consumer: &'a Consumer,
+pub struct ReadSlot<'a, M: Memory = Host> {
+    consumer: &'a Consumer<M>,
     /// Invariant: pinned by `consumer`, `len <= slot_size`.
     m: Pinned,
+    /// Where its bytes are, as the memory kind placed it: a host address in this process, or
+    /// a device address.
+    addr: u64,
+    /// The stream it is read on, if not the memory kind's own (CUDA: `recv_on`).
+    stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
 }
 
-impl<'a> ReadSlot<'a> {
-    /// Wraps message `m`, which `consumer` has just pinned and checked.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn new(consumer: &'a Consumer, m: Pinned) -> ReadSlot<'a> {
-        ReadSlot { consumer, m }
+impl<'a, M: Memory> ReadSlot<'a, M> {
+    /// Its consumer and stream (for the memory kinds' own methods).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn parts(&self) -> (&'a Consumer<M>, Option<&'a <M::Rx as ConsumerSide>::Stream>) {
+        (self.consumer, self.stream)
+    }
+
+    /// Where the message's bytes are: a device address (`CUdeviceptr`) in a CUDA ring, their
+    /// address in this process in a host ring (where [`Deref`] gives them as a slice).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-ptr").create()?;
+    /// # let rx = Consumer::open("doc-consumer-ptr")?;
+    /// tx.send(b"frame", b"")?;
+    /// let msg = rx.recv()?;
+    /// assert_eq!(msg.ptr(), msg.as_ptr() as u64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ptr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Releases it now, returning what the memory kind's release reported (CUDA: recording
+    /// the release event); dropping it does the same and ignores that.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn finish(self) -> Result<(), Fault> {
+        let this = std::mem::ManuallyDrop::new(self);
+        let c = this.consumer;
+        let r = c.mem.release(&c.ring, &this.m, this.stream);
+        c.ring.release(this.m.slot);
+        r
+    }
+
+    /// Message length in bytes.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-len").create()?;
+    /// # let rx = Consumer::open("doc-consumer-len")?;
+    /// tx.send(b"frame", b"")?;
+    /// assert_eq!(rx.recv()?.len(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.m.len as usize
+    }
+
+    /// Whether the message is empty (0 bytes).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-consumer-is-empty").create()?;
+    /// # let rx = Consumer::open("doc-consumer-is-empty")?;
+    /// tx.send(b"", b"header only")?;
+    /// assert!(rx.recv()?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.m.len == 0
     }
 
     /// Sequence number: the count of messages the producer published before this one.
@@ -823,7 +681,7 @@ impl<'a> ReadSlot<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn header(&self) -> &[u8] {
-        let map = &self.consumer.map;
+        let map = self.consumer.ring.map();
         // SAFETY: the slot is pinned, so no correct producer writes its user header until we
         // release it; the region is `user_header_size` bytes inside the mapping.
         unsafe { std::slice::from_raw_parts(map.user_header(self.m.slot), map.user_header_size()) }
@@ -845,19 +703,23 @@ impl<'a> ReadSlot<'a> {
     }
 }
 
-impl Deref for ReadSlot<'_> {
+impl Deref for ReadSlot<'_, Host> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        let map = &self.consumer.map;
+        let map = self.consumer.ring.map();
         // SAFETY: the slot is pinned (no correct producer writes it until release) and
         // len <= slot_size, checked when it was pinned, so the bytes lie in the slot's payload.
         unsafe { std::slice::from_raw_parts(map.payload(self.m.slot), self.m.len as usize) }
     }
 }
 
-impl Drop for ReadSlot<'_> {
+impl<M: Memory> Drop for ReadSlot<'_, M> {
     fn drop(&mut self) {
-        self.consumer.release(self.m.slot);
+        let c = self.consumer;
+        // A failure is the memory kind's to handle (CUDA: it synchronizes instead); the slot
+        // is released all the same, or it would stay held for ever.
+        let _ = c.mem.release(&c.ring, &self.m, self.stream);
+        c.ring.release(self.m.slot);
     }
 }
 
@@ -874,21 +736,21 @@ impl Drop for ReadSlot<'_> {
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Iter<'a> {
-    consumer: &'a Consumer,
+pub struct Iter<'a, M: Memory = Host> {
+    consumer: &'a Consumer<M>,
 }
 
-impl<'a> Iterator for Iter<'a> {
-    type Item = ReadSlot<'a>;
-    fn next(&mut self) -> Option<ReadSlot<'a>> {
+impl<'a, M: Memory> Iterator for Iter<'a, M> {
+    type Item = ReadSlot<'a, M>;
+    fn next(&mut self) -> Option<ReadSlot<'a, M>> {
         self.consumer.recv().ok()
     }
 }
 
-impl<'a> IntoIterator for &'a Consumer {
-    type Item = ReadSlot<'a>;
-    type IntoIter = Iter<'a>;
-    fn into_iter(self) -> Iter<'a> {
+impl<'a, M: Memory> IntoIterator for &'a Consumer<M> {
+    type Item = ReadSlot<'a, M>;
+    type IntoIter = Iter<'a, M>;
+    fn into_iter(self) -> Iter<'a, M> {
         self.iter()
     }
 }

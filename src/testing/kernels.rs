@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::driver::{CUdeviceptr, DriverError};
-use super::{Context, CudaError, Stream};
+use crate::cuda::driver::{CUdeviceptr, DriverError};
+use crate::cuda::{Context, CudaError, Stream};
 
 /// `kernels/pattern.cu`: `pattern_fill` and `pattern_check`.
 pub const PATTERN_SRC: &str = include_str!("../../kernels/pattern.cu");
@@ -285,16 +285,16 @@ impl PatternKernels {
 /// A device `u64` that [`PatternKernels::check`] adds mismatching bytes to: the one counter
 /// tests, examples and benches keep per consumer.
 pub struct MismatchCounter {
-    cell: super::DevicePool,
+    cell: crate::cuda::DevicePool,
 }
 
 impl MismatchCounter {
     /// A zeroed counter in `stream`'s context (the zeroing is queued on `stream`).
     pub fn new(stream: &Stream) -> Result<MismatchCounter, DriverError> {
-        let cell = super::DevicePool::new(stream.context(), 8)?;
+        let cell = crate::cuda::DevicePool::new(stream.context(), 8)?;
         let _bound = stream.context().bind()?;
         // SAFETY: `cell` is a live allocation of at least 8 bytes; `stream` is live.
-        unsafe { super::driver::memset_async(cell.ptr(), 0, 8, stream.raw()) }?;
+        unsafe { crate::cuda::driver::memset_async(cell.ptr(), 0, 8, stream.raw()) }?;
         Ok(MismatchCounter { cell })
     }
 
@@ -310,7 +310,7 @@ impl MismatchCounter {
         let _bound = stream.context().bind()?;
         let mut out = [0u8; 8];
         // SAFETY: the cell holds 8 bytes and the stream that wrote it is synchronised.
-        unsafe { super::driver::memcpy_dtoh(&mut out, self.cell.ptr()) }?;
+        unsafe { crate::cuda::driver::memcpy_dtoh(&mut out, self.cell.ptr()) }?;
         Ok(u64::from_le_bytes(out))
     }
 }

@@ -1,0 +1,310 @@
+//! What every consumer has, whatever its memory kind: the mapped segment, its table entry and
+//! cursor, waiting for a message, watching the producer, and leaving.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::ConsumerBuilder;
+use crate::doorbells::ConsumerBells;
+use crate::error::{Corruption, OpenError};
+use crate::format::view::MappedRing;
+use crate::format::{MemoryKind, Params};
+use crate::memory::Fault;
+use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
+use crate::shm::process::ProcessId;
+use crate::shm::{OpenOptions, Segment, ShmName};
+use crate::wait::{self, WaitConfig};
+
+/// The error of a join whose entry was taken from it before it became active.
+fn lost(entry: usize) -> OpenError {
+    let reason = crate::ring::lease::evict_reason::NONE;
+    OpenError::Corrupt(Corruption::Ring(RingCorrupt::Evicted { entry: entry as u32, reason }))
+}
+
+/// The ring's side of a consumer. `Consumer<M>` (`super`) is this plus memory kind `M`'s side.
+pub(crate) struct ConsumerRing {
+    map: MappedRing,
+    core: ConsumerCore,
+    producer: ProcessId,
+    /// Set once the producer was found dead; then the consumer drains and disconnects.
+    producer_dead: Cell<bool>,
+    /// When the producer's liveness was last checked.
+    last_check: Cell<Instant>,
+    /// Damage found while releasing (in `Drop`), reported by the next receive.
+    deferred: Cell<Option<Corruption>>,
+    wait: WaitConfig,
+    /// Whether [`ConsumerRing::leave`] (or `step_aside`) ran.
+    left: bool,
+    /// How it was opened, for `Consumer::reconnect`.
+    builder: ConsumerBuilder,
+    /// For ringing the producer's doorbell.
+    bells: ConsumerBells,
+    /// Its own doorbell, made by the first async wait.
+    #[cfg(feature = "tokio")]
+    pub(crate) bell: crate::asynch::BellCell,
+}
+
+impl ConsumerRing {
+    /// Opens ring `b.name` of memory kind `kind`, claims a consumer table entry, lets `setup`
+    /// fill in the memory kind's state for it, then joins. If `setup` fails, the entry is freed
+    /// again.
+    pub(crate) fn open<T>(
+        b: &ConsumerBuilder,
+        kind: MemoryKind,
+        setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenError>,
+    ) -> Result<(ConsumerRing, T), OpenError> {
+        let name = ShmName::new(&b.name).map_err(OpenError::InvalidName)?;
+        let opts = OpenOptions { allow_foreign_owner: b.allow_foreign_owner };
+        let seg = Segment::open(&name, opts)?;
+        let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
+        if params.memory_kind != kind {
+            return Err(OpenError::WrongMemory { found: params.memory_kind });
+        }
+        let map = MappedRing::new(seg, params, layout);
+        let producer =
+            ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive() {
+            return Err(OpenError::Disconnected);
+        }
+        let me = ProcessId::current();
+        let ring = map.ring();
+        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time).map_err(|e| match e {
+            JoinError::Full => OpenError::TooManyConsumers { max: params.max_consumers },
+            JoinError::Lost => lost(0),
+        })?;
+        let joining_index = joining.index();
+        let extra = match setup(&map, joining.index(), joining.generation()) {
+            Ok(extra) => extra,
+            Err(e) => {
+                joining.abandon(&ring);
+                return Err(e);
+            }
+        };
+        let core = joining.activate(&ring, b.start).map_err(|_| lost(joining_index))?;
+        tracing::info!(
+            ring = %b.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
+            "consumer joined"
+        );
+        let join_wake = core.join_wake();
+        let consumer = ConsumerRing {
+            map,
+            core,
+            producer,
+            producer_dead: Cell::new(false),
+            last_check: Cell::new(Instant::now()),
+            deferred: Cell::new(None),
+            wait: WaitConfig { spin: b.spin, tick: b.liveness },
+            left: false,
+            builder: b.clone(),
+            bells: ConsumerBells::default(),
+            #[cfg(feature = "tokio")]
+            bell: Default::default(),
+        };
+        if join_wake {
+            consumer.wake_producer();
+        }
+        Ok((consumer, extra))
+    }
+
+    /// The ring's name.
+    pub(crate) fn name(&self) -> &str {
+        self.map.segment().name().ring()
+    }
+
+    /// The mapped segment.
+    pub(crate) fn map(&self) -> &MappedRing {
+        &self.map
+    }
+
+    /// The producer's process.
+    pub(crate) fn producer(&self) -> ProcessId {
+        self.producer
+    }
+
+    /// The settings it was opened with.
+    pub(crate) fn settings(&self) -> &ConsumerBuilder {
+        &self.builder
+    }
+
+    /// Its consumer table entry.
+    #[cfg_attr(not(any(feature = "cuda", feature = "tokio")), allow(dead_code))]
+    pub(crate) fn entry(&self) -> usize {
+        self.core.index()
+    }
+
+    /// Its consumer table entry's generation while it owns it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn generation(&self) -> u32 {
+        self.core.generation()
+    }
+
+    /// How waiting is configured.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Pins the next message, waiting until `deadline` (`None`: for ever; past: not at all) on
+    /// the consumers' wake line.
+    pub(crate) fn pin_until(&self, deadline: Option<Instant>) -> Result<Pinned, Fault> {
+        let line = self.map.ring().consumer_wake;
+        // `poll_once` checks the producer once per liveness interval by itself.
+        let pinned = wait::wait_until(Some(line), self.wait, deadline, |_| self.poll_once());
+        pinned.unwrap_or(Err(Fault::Blocked))
+    }
+
+    /// [`pin_until`](Self::pin_until) without a deadline, awaiting the message (feature
+    /// `tokio`): the task parks on its own doorbell, which the producer knocks on after a
+    /// publish.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn pin_async(&self) -> Result<Pinned, Fault> {
+        use crate::asynch::{wait_async, Wake};
+        let ring = self.map.ring();
+        let wake = Wake {
+            line: ring.consumer_wake,
+            flag: Some(&ring.consumers[self.entry()].parked),
+            bell: self.bell.get(self),
+        };
+        wait_async(Some(wake), self.wait, |_| self.poll_once()).await
+    }
+
+    /// Whether the producer closed or died.
+    fn closed(&self) -> bool {
+        // Acquire: pairs with the producer's Release store, so every message it published
+        // before closing is visible to the pin that follows.
+        self.producer_dead.get() || self.map.header().closed.load(Ordering::Acquire) != 0
+    }
+
+    /// Looks after its link to the producer: the segment's size, the producer's liveness, its
+    /// own cursor.
+    fn check_producer(&self) {
+        self.last_check.set(Instant::now());
+        if self.map.segment().truncated() {
+            self.deferred.set(Some(Corruption::Truncated));
+        }
+        if !self.producer.is_alive() && !self.producer_dead.replace(true) {
+            tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
+        }
+        // Our cursor in the entry may have been overwritten (a damaged segment): a lower value
+        // would hold a Block producer back while we wait for it. Put ours back.
+        if self.core.refresh_cursor(&self.map.ring()) {
+            self.wake_producer();
+        }
+    }
+
+    /// Whether the producer still runs (checked now).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn producer_alive(&self) -> bool {
+        self.check_producer();
+        !self.producer_dead.get()
+    }
+
+    /// One attempt: a message, an error (`Disconnected` included), or `None` (nothing yet).
+    fn poll_once(&self) -> Option<Result<Pinned, Fault>> {
+        // Once per liveness interval whatever happens, errors included: a consumer that gets
+        // an error at every call must still learn that the segment was truncated.
+        if self.last_check.get().elapsed() >= self.wait.tick {
+            self.check_producer();
+        }
+        if let Some(c) = self.deferred.take() {
+            return Some(Err(Fault::Corrupt(c)));
+        }
+        if self.map.segment().faulted() {
+            return Some(Err(Fault::Corrupt(Corruption::Truncated)));
+        }
+        match self.pin() {
+            Ok(Some(m)) => Some(Ok(m)),
+            Err(c) => Some(Err(Fault::Corrupt(c))),
+            Ok(None) if !self.closed() => None,
+            // Closed: anything published before the close is visible now; look once more.
+            Ok(None) => match self.pin() {
+                Ok(Some(m)) => Some(Ok(m)),
+                Ok(None) => {
+                    let ring = self.map.ring();
+                    if !self.core.next_is_there(&ring) {
+                        return Some(Err(Fault::Disconnected));
+                    }
+                    // Our next message is there, frozen by a recount (or thawed since): not
+                    // "nothing left". Closed or dead, the producer recounts no more, and one
+                    // killed mid-recount never thaws it: thaw it, then pin again.
+                    crate::ring::thaw(&ring, self.core.next_seq());
+                    None
+                }
+                Err(c) => Some(Err(Fault::Corrupt(c))),
+            },
+        }
+    }
+
+    fn pin(&self) -> Result<Option<Pinned>, Corruption> {
+        let ring = self.map.ring();
+        let Some((m, wake)) = self.core.try_pin(&ring)? else {
+            return Ok(None);
+        };
+        self.core.write_stats(&ring);
+        if wake {
+            self.wake_producer();
+        }
+        if m.len > self.map.params().slot_size {
+            self.release(m.slot);
+            return Err(Corruption::MessageLength {
+                len: m.len,
+                slot_size: self.map.params().slot_size,
+            });
+        }
+        Ok(Some(m))
+    }
+
+    /// Wakes the producer, sleeping (futex) or parked (its doorbell); `wants_wake` said yes.
+    fn wake_producer(&self) {
+        let ring = self.map.ring();
+        wait::wake_all(ring.producer_wake);
+        if park::has_parked(ring.producer_wake) {
+            self.bells.knock_producer(self.name(), self.map.params().epoch);
+        }
+    }
+
+    /// Releases pinned slot `slot`.
+    pub(crate) fn release(&self, slot: usize) {
+        let ring = self.map.ring();
+        let released = self.core.release(&ring, slot);
+        self.core.write_stats(&ring);
+        match released {
+            Ok(true) => self.wake_producer(),
+            Ok(false) => {}
+            Err(c) => self.deferred.set(Some(c.into())),
+        }
+    }
+
+    /// Steps aside without leaving (see `ConsumerCore::step_aside`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn step_aside(&mut self) -> bool {
+        self.left = true;
+        self.core.step_aside(&self.map.ring())
+    }
+
+    /// Leaves the ring: gives back what it still holds (leaked read slots; the caller is done
+    /// reading them), then frees or retires its entry (`how`). `None` if it already left.
+    pub(crate) fn leave(&mut self, how: Leave) -> Option<Left> {
+        if std::mem::replace(&mut self.left, true) {
+            return None;
+        }
+        let ring = self.map.ring();
+        let left = self.core.leave(&ring, how);
+        if left.wake {
+            self.wake_producer();
+        }
+        if left.released > 0 {
+            tracing::warn!(ring = %self.name(), slots = left.released, "left holding leaked slots: given back");
+        }
+        tracing::info!(ring = %self.name(), "consumer left");
+        Some(left)
+    }
+}
+
+impl Drop for ConsumerRing {
+    fn drop(&mut self) {
+        self.leave(Leave::Free);
+    }
+}

@@ -1,0 +1,258 @@
+//! CUDA memory: the payload lives in device memory, shared with consumers by legacy IPC
+//! handles, and the hand-off is fenced on the GPU.
+//!
+//! The ring protocol is the host one; what differs is where the bytes live and how reuse is
+//! fenced. Each slot is a region of a dedicated device allocation, shared once per consumer.
+//! Publishing records the slot's ready event on the producer's stream; a consumer's stream
+//! waits on it before its kernels read. Releasing records the consumer's own release event; the
+//! producer polls those (on the CPU, a lap later) before it rewrites the slot, so its stream
+//! never depends on work another process may never run. Consumers never wait for the GPU on the
+//! CPU. See `docs/gpu.md`.
+//!
+//! [`tx`] is the producer's side ([`CudaTx`]), [`rx`] the consumer's ([`CudaRx`]); each also
+//! holds the methods only CUDA rings have (streams, pools, device pointers).
+
+mod fence;
+mod rx;
+mod tx;
+
+use std::time::Duration;
+
+pub(crate) use rx::CudaRx;
+pub(crate) use tx::CudaTx;
+pub use tx::{PoolId, DEFAULT_LINGER, SLOT_ALIGN};
+
+use super::{sealed, Memory};
+use crate::consumer::{Consumer, ConsumerBuilder, ReadSlot};
+use crate::cuda::{Context, CudaError, Stream};
+use crate::error::{CreateError, OpenError};
+use crate::format::MemoryKind;
+use crate::producer::{Producer, ProducerBuilder, WriteSlot};
+
+/// CUDA device memory: the payload lives on a GPU and never crosses PCIe. Feature `cuda`.
+///
+/// ```no_run
+/// use gpuring::{Consumer, Cuda, Producer};
+///
+/// let tx: Producer<Cuda> = Producer::builder("cam0").slot_size(1 << 20).create_gpu(0)?;
+/// // ...in another process:
+/// let rx: Consumer<Cuda> = Consumer::open_gpu("cam0")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cuda;
+
+impl sealed::Sealed for Cuda {}
+
+impl Memory for Cuda {
+    const KIND: MemoryKind = MemoryKind::Cuda;
+    type Tx = CudaTx;
+    type Rx = CudaRx;
+}
+
+/// The producer of a CUDA-memory ring: [`Producer<Cuda>`], under the name it had before the
+/// producer became generic.
+///
+/// ```no_run
+/// let tx: gpuring::GpuProducer = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type GpuProducer = Producer<Cuda>;
+
+/// A consumer of a CUDA-memory ring: [`Consumer<Cuda>`].
+///
+/// ```no_run
+/// let rx: gpuring::GpuConsumer = gpuring::Consumer::open_gpu("cam0")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type GpuConsumer = Consumer<Cuda>;
+
+/// A claimed slot of a CUDA-memory ring: [`WriteSlot<'a, Cuda>`].
+///
+/// ```no_run
+/// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+/// let slot: gpuring::GpuWriteSlot<'_> = tx.acquire()?;
+/// slot.publish(0, b"")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type GpuWriteSlot<'a> = WriteSlot<'a, Cuda>;
+
+/// A received message of a CUDA-memory ring: [`ReadSlot<'a, Cuda>`].
+///
+/// ```no_run
+/// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+/// let frame: gpuring::GpuReadSlot<'_> = rx.recv()?;
+/// println!("{} bytes at {:#x}", frame.len(), frame.ptr());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type GpuReadSlot<'a> = ReadSlot<'a, Cuda>;
+
+/// How a CUDA ring orders the GPU work of its processes: the producer's writes before a
+/// consumer's reads, and those reads before the producer rewrites the slot. Chosen by the
+/// producer ([`ProducerBuilder::fence`]); consumers follow the segment. Either way a wait whose
+/// work already completed is skipped, and a pending one is first polled on the CPU for
+/// `gpu_poll`.
+///
+/// ```no_run
+/// use gpuring::{Fence, Producer};
+///
+/// assert_eq!(Fence::default(), Fence::Events);
+/// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// Interprocess CUDA events: `cuEventRecord`, then `cuStreamWaitEvent` in the other
+    /// process. Works on every CUDA device that supports legacy IPC.
+    #[default]
+    Events,
+    /// Sequence words in a small device allocation shared like the slots:
+    /// `cuStreamWriteValue64` after the work, `cuStreamWaitValue64` (greater or equal) before
+    /// the dependent work. The events are still recorded, after the word, so that the CPU can
+    /// see completion (skipped waits, `gpu_poll`, run-ahead). Needs 64-bit stream memory
+    /// operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`).
+    Memory,
+}
+
+/// Refuses a stream of another device than the ring's (`ctx`'s).
+fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
+    let (theirs, ours) = (stream.context().ordinal(), ctx.ordinal());
+    if theirs != ours {
+        return Err(CudaError::ForeignStream { stream: theirs, ring: ours });
+    }
+    Ok(())
+}
+
+impl ProducerBuilder {
+    /// Creates a CUDA-memory ring on device `ordinal`: one dedicated device allocation holds
+    /// every slot, and each slot has an interprocess ready event. Fails with
+    /// [`CreateError::MemoryUnavailable`] where there is no usable CUDA driver or device.
+    ///
+    /// ```no_run
+    /// use gpuring::{CreateError, Producer};
+    ///
+    /// let frame = 1920 * 1080 * 4; // one 1080p RGBA frame per slot
+    /// match Producer::builder("cam0").capacity(8).slot_size(frame).create_gpu(0) {
+    ///     Ok(tx) => println!("ring {} is on GPU 0", tx.name()),
+    ///     Err(CreateError::MemoryUnavailable { reason }) => eprintln!("no GPU: {reason}"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn create_gpu(mut self, ordinal: i32) -> Result<Producer<Cuda>, CreateError> {
+        self.kind.device = ordinal;
+        self.create_in()
+    }
+
+    /// CUDA rings: the device the ring's memory is on, for
+    /// [`create_in::<Cuda>`](ProducerBuilder::create_in). Default 0. (`create_gpu` takes it as
+    /// its argument.)
+    ///
+    /// ```no_run
+    /// use gpuring::{Cuda, Producer};
+    ///
+    /// let tx = Producer::builder("cam1").device(1).create_in::<Cuda>()?;
+    /// assert_eq!(tx.context().ordinal(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn device(mut self, ordinal: i32) -> Self {
+        self.kind.device = ordinal;
+        self
+    }
+
+    /// CUDA rings: how long `acquire` spins on a pending release event of a slot's previous
+    /// readers (`cuEventQuery`, ~50 ns a look) before it starts yielding the CPU and napping.
+    /// Default [`DEFAULT_GPU_POLL`](crate::DEFAULT_GPU_POLL). (The producer waits for its
+    /// readers on the CPU, never on the GPU: see docs/gpu.md, "Reusing a slot".)
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // Yield at once: for a producer thread that shares its core with other work.
+    /// let tx = gpuring::Producer::builder("cam0").gpu_poll(Duration::ZERO).create_gpu(0)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gpu_poll(mut self, window: Duration) -> Self {
+        self.kind.gpu_poll = window;
+        self
+    }
+
+    /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Events`]; see
+    /// [`Fence`] and docs/performance.md for how the two compare.
+    ///
+    /// ```no_run
+    /// use gpuring::{Fence, Producer};
+    ///
+    /// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fence(mut self, fence: Fence) -> Self {
+        self.kind.memory_fence = fence == Fence::Memory;
+        self
+    }
+}
+
+impl ConsumerBuilder {
+    /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
+    /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
+    /// Maps the producer's pools and opens the slots' ready events once, here.
+    ///
+    /// ```no_run
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let rx = gpuring::Consumer::builder("cam0").open_gpu()?;
+    /// let frame = rx.recv()?; // frame.stream() already waits for the producer's writes
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_gpu(self) -> Result<Consumer<Cuda>, OpenError> {
+        self.open_in()
+    }
+
+    /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
+    /// `not_epoch`, then `open_gpu`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // The producer may start after us: wait up to 10 s for it to create the ring.
+    /// let builder = gpuring::Consumer::builder("cam0");
+    /// let rx = builder.open_gpu_when_ready(None, Duration::from_secs(10))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_gpu_when_ready(
+        self,
+        not_epoch: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Consumer<Cuda>, OpenError> {
+        self.open_in_when_ready(not_epoch, timeout)
+    }
+
+    /// The device to read on (CUDA rings). Default: the producer's device, found by UUID.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::Consumer::builder("cam0").device(0).open_gpu()?;
+    /// assert_eq!(rx.context().ordinal(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn device(mut self, ordinal: i32) -> Self {
+        self.kind.device = Some(ordinal);
+        self
+    }
+
+    /// CUDA rings: how long `recv` polls a frame's ready event on the CPU (`cuEventQuery`)
+    /// before it makes the stream wait for it on the GPU instead. A frame that completes within
+    /// the window is read with no GPU-side wait at all. Default
+    /// [`DEFAULT_GPU_POLL`](crate::DEFAULT_GPU_POLL).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // Hand every pending wait to the GPU at once: lowest latency for a mostly idle ring.
+    /// let rx = gpuring::Consumer::builder("cam0").gpu_poll(Duration::ZERO).open_gpu()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gpu_poll(mut self, window: Duration) -> Self {
+        self.kind.gpu_poll = window;
+        self
+    }
+}

@@ -1,0 +1,558 @@
+//! The consumer's side of a CUDA ring ([`CudaRx`]), and what only CUDA consumers and their
+//! messages have: the context and stream, device pointers, `recv_on`.
+
+use std::cell::RefCell;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::fence::order_after;
+use super::{same_device, Cuda};
+use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
+use crate::cuda::driver::{self, CUdeviceptr, DriverError};
+use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
+use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::format::gpu::{
+    check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, KnownPool,
+    MAX_POOLS,
+};
+use crate::format::view::MappedRing;
+use crate::format::Params;
+use crate::memory::{ConsumerSide, Fault, RxSettings};
+use crate::ring::{Leave, Pinned};
+use crate::wait;
+
+/// Why a pool could not be mapped.
+enum OpenFault {
+    /// Its pool table entry is damaged.
+    Corrupt(Corruption),
+    /// The driver refused.
+    Cuda(CudaError),
+}
+
+impl OpenFault {
+    fn cuda(e: DriverError) -> OpenFault {
+        OpenFault::Cuda(e.into())
+    }
+}
+
+/// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
+const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
+
+/// How long a leaving consumer waits for the producer to drop its imports of the consumer's
+/// release events before it gives up and leaves the events to process exit (docs/gpu.md,
+/// "Leaving"). A producer that acquires, or is closing, answers within a liveness interval.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
+
+/// How long a dropped consumer waits for its own GPU work to finish while the producer lives,
+/// before it leaves everything to process exit (its stream may wait on a fence the producer's
+/// failed context will never write).
+const IDLE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A pool this consumer mapped.
+struct OpenPool {
+    known: KnownPool,
+    mapping: IpcMapping,
+}
+
+/// The consumer's CUDA state.
+///
+/// Invariants: `ready[i]` is slot `i`'s ready event, opened from the segment; `release[i]` is
+/// our release event for slot `i`, whose handle is in our release line `i`; each `pools[p]`
+/// maps pool table entry `p` in generation `known.generation`, and its mapping is at least
+/// `known.size` bytes. Field order is drop order: the stream before the events and mappings.
+pub struct CudaRx {
+    stream: Stream,
+    release: Vec<IpcEvent>,
+    ready: Vec<IpcEvent>,
+    pools: RefCell<Vec<Option<OpenPool>>>,
+    ctx: Arc<Context>,
+    /// With `Fence::Memory`: the device address of the ring's fence words, inside the mapping
+    /// of the fence pool in `pools` (checked at join to hold `fence_bytes`).
+    words: Option<CUdeviceptr>,
+    /// How long to poll a ready event before a GPU-side wait.
+    poll: Duration,
+}
+
+fn cuda_err(e: impl Into<CudaError>) -> OpenError {
+    OpenError::MemoryUnavailable { reason: e.into().to_string() }
+}
+
+fn uuid_hex(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl CudaRx {
+    /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device,
+    /// creates and publishes our release events, opens the ready events and the live pools.
+    fn join(
+        map: &MappedRing,
+        entry: usize,
+        generation: u32,
+        settings: &RxSettings,
+    ) -> Result<CudaRx, OpenError> {
+        let tables = map.gpu();
+        let ring_uuid = load_uuid(&tables.header.device_uuid);
+        let ordinal = match settings.device {
+            Some(d) => {
+                let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
+                if uuid != ring_uuid {
+                    return Err(OpenError::MemoryUnavailable {
+                        reason: format!(
+                            "the ring's memory is on GPU {}, not on device {d} ({}); consumers \
+                             on another GPU are not supported yet",
+                            uuid_hex(&ring_uuid),
+                            uuid_hex(&uuid)
+                        ),
+                    });
+                }
+                d
+            }
+            None => {
+                let n = driver::device_count().map_err(cuda_err)?;
+                (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
+                    || OpenError::MemoryUnavailable {
+                        reason: format!(
+                            "the ring's memory is on GPU {}, which this process cannot see",
+                            uuid_hex(&ring_uuid)
+                        ),
+                    },
+                )?
+            }
+        };
+        if map.params().producer_pid == std::process::id() {
+            // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
+            return Err(OpenError::MemoryUnavailable {
+                reason: "CUDA IPC handles cannot be opened in the process that made them: \
+                         consume a CUDA ring from another process than its producer's"
+                    .into(),
+            });
+        }
+        let ctx = Context::new(ordinal).map_err(cuda_err)?;
+        // Our entry is JOINING. SeqCst, against the fence of the producer's close: either the
+        // closing producer sees our entry taken (and waits for us), or we see `closed` (and
+        // give up, as its memory is about to go).
+        fence(Ordering::SeqCst);
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if map.header().closed.load(Ordering::Acquire) != 0 {
+            return Err(OpenError::Disconnected);
+        }
+        // Our release lines: the producer reads them only once our entry is ACTIVE in this
+        // generation, so nobody reads them while we write.
+        let mut release = Vec::with_capacity(tables.capacity);
+        for line in tables.releases_of(entry) {
+            let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
+            let handle = ev.ipc_handle().map_err(cuda_err)?;
+            line.release_event.store(&driver::event_handle_bytes(&handle));
+            // Relaxed: published by the Release CAS to ACTIVE when we join.
+            line.released.store(0, Ordering::Relaxed);
+            // Release: a producer that Acquire-loads this generation sees the handle above.
+            line.generation.store(generation, Ordering::Release);
+            release.push(ev);
+        }
+        let ready = tables
+            .slots
+            .iter()
+            .map(|line| {
+                let h = driver::event_handle_from_bytes(&line.ready_event.load());
+                IpcEvent::open(&ctx, h)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cuda_err)?;
+        let mut side = CudaRx {
+            stream: Stream::new(&ctx).map_err(cuda_err)?,
+            release,
+            ready,
+            pools: RefCell::new((0..MAX_POOLS).map(|_| None).collect()),
+            ctx,
+            words: None,
+            poll: settings.gpu_poll,
+        };
+        for p in 0..MAX_POOLS {
+            // Acquire: pairs with the producer's Release store of LIVE.
+            if tables.pools[p].state.load(Ordering::Acquire) == pool_state::LIVE {
+                side.open_pool(map, p).map_err(|e| match e {
+                    OpenFault::Corrupt(c) => OpenError::Corrupt(c),
+                    OpenFault::Cuda(e) => cuda_err(e),
+                })?;
+            }
+        }
+        side.words = side.fence_words(map)?;
+        Ok(side)
+    }
+
+    /// The fence words, if the segment says `Fence::Memory`: checks the kind, that the named
+    /// pool is one we mapped, and that it is large enough for every word we may touch.
+    fn fence_words(&self, map: &MappedRing) -> Result<Option<CUdeviceptr>, OpenError> {
+        let header = &map.gpu().header;
+        let bad = |field, value| OpenError::Corrupt(Corruption::Field { field, value });
+        // Relaxed (both): written before `magic`, which the open acquired.
+        match header.fence.load(Ordering::Relaxed) {
+            fence_kind::EVENTS => Ok(None),
+            fence_kind::MEMORY => {
+                let p = header.fence_pool.load(Ordering::Relaxed) as usize;
+                let pools = self.pools.borrow();
+                let Some(Some(pool)) = pools.get(p) else {
+                    return Err(bad("gpu.fence_pool", p as u64));
+                };
+                let params = map.params();
+                let need = fence_bytes(params.capacity as usize);
+                if (pool.known.size as usize) < need {
+                    return Err(bad("gpu.fence_pool size", pool.known.size));
+                }
+                Ok(Some(pool.mapping.ptr()))
+            }
+            other => Err(bad("gpu.fence", other as u64)),
+        }
+    }
+
+    /// Maps pool table entry `p` after checking it: live, on our device, of a sane size, and
+    /// no larger than what the driver maps.
+    fn open_pool(&self, map: &MappedRing, p: usize) -> Result<(), OpenFault> {
+        let entry = &map.gpu().pools[p];
+        let bad = |field, value| OpenFault::Corrupt(Corruption::Field { field, value });
+        // Acquire: pairs with the producer's Release store of LIVE.
+        let state = entry.state.load(Ordering::Acquire);
+        if state != pool_state::LIVE {
+            return Err(bad("pool.state", state as u64));
+        }
+        // Relaxed: written before LIVE, which we acquired.
+        let generation = entry.generation.load(Ordering::Relaxed);
+        let size = entry.size.load(Ordering::Relaxed);
+        if size == 0 || size > MAX_POOL_SIZE {
+            return Err(bad("pool.size", size));
+        }
+        let ring_uuid = load_uuid(&map.gpu().header.device_uuid);
+        if load_uuid(&entry.device_uuid) != ring_uuid {
+            return Err(bad("pool.device_uuid", p as u64));
+        }
+        let handle = driver::mem_handle_from_bytes(&entry.handle.load());
+        let mapping =
+            IpcMapping::open(&self.ctx, handle, size as usize).map_err(OpenFault::cuda)?;
+        if (mapping.mapped_size().map_err(OpenFault::cuda)? as u64) < size {
+            return Err(bad("pool.size", size));
+        }
+        let known = KnownPool { generation, size };
+        self.pools.borrow_mut()[p] = Some(OpenPool { known, mapping });
+        Ok(())
+    }
+
+    /// The device address of pinned message `m`, after checking its descriptor. Maps a pool
+    /// the producer registered after we joined (once).
+    fn locate(&self, map: &MappedRing, m: &Pinned) -> Result<CUdeviceptr, Fault> {
+        let line = &map.gpu().slots[m.slot];
+        // Relaxed: written before the publish stamp store, which our pin acquired.
+        let pool = line.pool.load(Ordering::Relaxed);
+        let generation = line.pool_generation.load(Ordering::Relaxed);
+        let offset = line.offset.load(Ordering::Relaxed);
+        let known = |pools: &Vec<Option<OpenPool>>| -> Vec<Option<KnownPool>> {
+            pools.iter().map(|o| o.as_ref().map(|o| o.known)).collect()
+        };
+        let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
+        if unmapped {
+            self.open_pool(map, pool as usize).map_err(|e| match e {
+                OpenFault::Corrupt(c) => Fault::Corrupt(c),
+                OpenFault::Cuda(e) => Fault::Cuda(e),
+            })?;
+        }
+        let pools = self.pools.borrow();
+        let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
+            .map_err(Fault::Corrupt)?;
+        let base = pools[d.pool].as_ref().expect("checked: mapped").mapping.ptr();
+        Ok(base + d.offset)
+    }
+}
+
+impl ConsumerSide for CudaRx {
+    type Stream = Stream;
+
+    fn join(
+        settings: &RxSettings,
+        map: &MappedRing,
+        entry: usize,
+        generation: u32,
+    ) -> Result<Self, OpenError> {
+        driver::available().map_err(|why| OpenError::MemoryUnavailable {
+            reason: format!("CUDA unavailable: {why}"),
+        })?;
+        CudaRx::join(map, entry, generation, settings)
+    }
+
+    fn place(
+        &self,
+        ring: &ConsumerRing,
+        m: &Pinned,
+        stream: Option<&Stream>,
+    ) -> Result<u64, Fault> {
+        let ptr = self.locate(ring.map(), m)?;
+        self.order_after_write(m, stream.unwrap_or(&self.stream))?;
+        Ok(ptr)
+    }
+
+    /// Records the release event of `m`'s slot on `stream` and says so in our release line;
+    /// the caller then releases the slot. The producer polls that event before it rewrites the
+    /// slot.
+    fn release(
+        &self,
+        ring: &ConsumerRing,
+        m: &Pinned,
+        stream: Option<&Stream>,
+    ) -> Result<(), Fault> {
+        let stream = stream.unwrap_or(&self.stream);
+        let recorded = self.release[m.slot].record(stream);
+        if recorded.is_err() {
+            // Without the event the producer could overwrite what our stream still reads: wait
+            // here instead (an error path, not the steady state). If even that fails the
+            // context is broken and nothing of ours reads any more; the slot is released all
+            // the same, or it would stay held for ever.
+            let _ = stream.synchronize();
+        }
+        let line = &ring.map().gpu().releases_of(ring.entry())[m.slot];
+        // Release: pairs with the producer's Acquire load; it waits for the event recorded
+        // above only when it sees this value.
+        line.released.store(m.seq + 1, Ordering::Release);
+        Ok(recorded?)
+    }
+
+    /// Leaves in the order that keeps every CUDA object valid while someone uses it
+    /// (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the producer
+    /// (mappings, ready events); we give back what we hold and retire the entry; the producer
+    /// drops its imports of our release events and frees the entry; only then do we destroy
+    /// those events.
+    fn leave(&mut self, ring: &mut ConsumerRing) {
+        if !self.wait_idle(ring) {
+            // Our stream waits on a fence that will never complete (its producer died, or its
+            // context failed): nothing it queued may be closed or destroyed under it. Leave it
+            // all to process exit.
+            tracing::warn!(ring = %ring.name(), "our GPU work did not finish: leaving it to exit");
+            if ring.producer_alive() {
+                // Keep the entry (EVICTED) until we exit: a producer that saw it free would free
+                // the memory our unfinished work reads.
+                ring.step_aside();
+            } else {
+                ring.leave(Leave::Free);
+            }
+            let pools = std::mem::replace(&mut self.pools, RefCell::new(Vec::new()));
+            std::mem::forget(pools);
+            std::mem::forget(std::mem::take(&mut self.ready));
+            std::mem::forget(std::mem::take(&mut self.release));
+            return;
+        }
+        let (entry, generation) = (ring.entry(), ring.generation());
+        self.pools.borrow_mut().clear();
+        self.ready.clear();
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
+        let left = ring.leave(Leave::Retire);
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer retiring");
+        let Some(retiring) = left.and_then(|l| l.retiring) else {
+            // The entry was not ours any more: nobody acknowledges it. Keep the events alive
+            // in case the producer still has them open.
+            std::mem::forget(std::mem::take(&mut self.release));
+            return;
+        };
+        if self.wait_retired(ring, retiring) {
+            self.release.clear();
+            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer release events destroyed");
+        } else {
+            crate::ring::consumer::give_up_retiring(&ring.map().ring(), entry, retiring);
+            tracing::info!(
+                ring = %ring.name(), entry,
+                "the producer did not let go of our release events in time: they stay until exit"
+            );
+            std::mem::forget(std::mem::take(&mut self.release));
+        }
+    }
+}
+
+impl CudaRx {
+    /// Makes work queued on `stream` from now on run after the producer's writes of `m`:
+    /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
+    /// the ready event or, with `Fence::Memory`, on the slot's ready word.
+    fn order_after_write(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
+        let word = self.words.map(|w| (w + ready_word(m.slot), m.seq + 1));
+        // SAFETY: the ready word lies in the fence pool we mapped (size checked at join), kept
+        // mapped while we live; the producer writes seq + 1 there after message `seq`.
+        unsafe { order_after(&self.ready[m.slot], word, self.poll, &self.ctx, stream) }
+    }
+
+    /// Waits until our GPU work is done: the stream and every release event complete. Polls,
+    /// checking the producer's liveness once per liveness interval; false if the producer died
+    /// and our work still waits (on a fence of its that will never complete), or if it is not
+    /// done after [`IDLE_PATIENCE`] (a producer whose context failed never writes its fences).
+    fn wait_idle(&self, ring: &ConsumerRing) -> bool {
+        let idle = || {
+            self.stream.is_idle().unwrap_or(true)
+                && self.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
+        };
+        let mut producer_dead_since = None;
+        let config = ring.wait_config();
+        let deadline = Some(Instant::now() + IDLE_PATIENCE);
+        wait::wait_until(None, config, deadline, |tick| {
+            if idle() {
+                return Some(true);
+            }
+            if tick && producer_dead_since.is_none() && !ring.producer_alive() {
+                producer_dead_since = Some(Instant::now());
+            }
+            // Grace for work that was about to complete when the producer died.
+            let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            gone.then_some(false)
+        })
+        .unwrap_or(false)
+    }
+
+    /// After retiring our entry as `retiring`: waits until the producer has let go of it (it
+    /// dropped its imports of our release events), or is closed and gone, or is dead; false
+    /// after [`LEAVE_PATIENCE`] without that.
+    fn wait_retired(&self, ring: &ConsumerRing, retiring: u64) -> bool {
+        let (lines, entry, config) = (ring.map().ring(), ring.entry(), ring.wait_config());
+        let deadline = Some(Instant::now() + LEAVE_PATIENCE);
+        let mut first = true;
+        wait::wait_until(None, config, deadline, |tick| {
+            if crate::ring::consumer::retire_done(&lines, entry, retiring) {
+                return Some(());
+            }
+            let look = std::mem::replace(&mut first, false) || tick;
+            (look && !ring.producer_alive()).then_some(())
+        })
+        .is_some()
+    }
+}
+
+impl Consumer<Cuda> {
+    /// Opens CUDA ring `name` with default settings (`Consumer::builder(name).open_gpu()`).
+    ///
+    /// ```no_run
+    /// let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// println!("{} slots of {} bytes", rx.capacity(), rx.slot_size());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_gpu(name: &str) -> Result<Consumer<Cuda>, OpenError> {
+        Consumer::builder(name).open_gpu()
+    }
+
+    /// The device context this consumer reads in.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// // A stream of your own on the ring's device, for `recv_on`.
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// let frame = rx.recv_on(&infer_stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn context(&self) -> &Arc<Context> {
+        &self.mem().ctx
+    }
+
+    /// The consumer's own stream, the one [`recv`](Self::recv) makes wait.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// # fn my_model<S>(_stream: S) {}
+    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
+    /// my_model(rx.stream().raw());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stream(&self) -> &Stream {
+        &self.mem().stream
+    }
+
+    /// Receives the next message and makes `stream` (yours, of this consumer's device) wait
+    /// for it; its release is recorded on `stream` too.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::Stream;
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// let frame = rx.recv_on(&infer_stream)?; // `infer_stream` waits for the producer's writes
+    /// infer(frame.ptr(), frame.len(), &infer_stream);
+    /// drop(frame); // the release is recorded on `infer_stream`, after infer's kernels
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<ReadSlot<'a, Cuda>, RecvError> {
+        same_device(stream, &self.mem().ctx)?;
+        Ok(self.receive(None, Some(stream))?)
+    }
+
+    /// [`recv_on`](Self::recv_on), waiting at most `timeout`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use gpuring::{cuda::Stream, RecvTimeoutError};
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// match rx.recv_on_timeout(&infer_stream, Duration::from_millis(100)) {
+    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
+    ///     Err(RecvTimeoutError::Timeout) => eprintln!("no frame for 100 ms"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn recv_on_timeout<'a>(
+        &'a self,
+        stream: &'a Stream,
+        timeout: Duration,
+    ) -> Result<ReadSlot<'a, Cuda>, RecvTimeoutError> {
+        same_device(stream, &self.mem().ctx)?;
+        Ok(self.receive(Some(Instant::now() + timeout), Some(stream))?)
+    }
+
+    /// [`recv_on`](Self::recv_on) if a message is waiting, else `Empty`.
+    ///
+    /// ```no_run
+    /// use gpuring::{cuda::Stream, TryRecvError};
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// let infer_stream = Stream::new(rx.context())?;
+    /// match rx.try_recv_on(&infer_stream) {
+    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
+    ///     Err(TryRecvError::Empty) => {} // nothing new
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_recv_on<'a>(
+        &'a self,
+        stream: &'a Stream,
+    ) -> Result<ReadSlot<'a, Cuda>, TryRecvError> {
+        same_device(stream, &self.mem().ctx)?;
+        Ok(self.receive(Some(Instant::now()), Some(stream))?)
+    }
+}
+
+impl ReadSlot<'_, Cuda> {
+    /// The stream that waits for the message: launch kernels that read it here.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// # fn my_model<S>(_src: u64, _len: usize, _stream: S) {}
+    /// let frame = rx.recv()?;
+    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
+    /// my_model(frame.ptr(), frame.len(), frame.stream().raw());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stream(&self) -> &Stream {
+        let (consumer, stream) = self.parts();
+        stream.unwrap_or(&consumer.mem().stream)
+    }
+
+    /// Releases the message after the work queued on its stream so far, reporting a failure
+    /// to record the release event (dropping does the same and ignores it).
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
+    /// let frame = rx.recv()?;
+    /// infer(frame.ptr(), frame.len(), frame.stream());
+    /// frame.release()?; // like drop(frame), but reports a failed event record
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn release(self) -> Result<(), CudaError> {
+        match self.finish() {
+            Ok(()) => Ok(()),
+            Err(Fault::Cuda(e)) => Err(e),
+            Err(other) => unreachable!("a CUDA release fails only in CUDA: {other:?}"),
+        }
+    }
+}

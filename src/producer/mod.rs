@@ -1,0 +1,805 @@
+//! The producer: creates a ring, fills slots, publishes them. One type for every memory kind:
+//! [`Producer<M>`] is the ring's producer state ([`ring`]) plus what memory kind `M` adds
+//! ([`crate::memory`]).
+
+mod ring;
+
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant};
+
+pub(crate) use ring::ProducerRing;
+
+use crate::error::{
+    AcquireError, AcquireTimeoutError, Corruption, CreateError, PublishError, SendError,
+    TryAcquireError,
+};
+use crate::format::{Layout, MemoryKind, Params};
+use crate::memory::{Fault, Host, Memory, ProducerSide, TxSettings};
+use crate::ring::Policy;
+use crate::shm::process::ProcessId;
+use crate::stats::ConsumerInfo;
+use crate::wait::{self, WaitConfig};
+
+/// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
+///
+/// ```
+/// use gpuring::{Policy, Producer};
+///
+/// let tx = Producer::builder("doc-producer-builder")
+///     .capacity(4)
+///     .policy(Policy::Overwrite)
+///     .create()?;
+/// assert_eq!(tx.capacity(), 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ProducerBuilder {
+    name: String,
+    pub(crate) capacity: u32,
+    pub(crate) slot_size: usize,
+    user_header_size: u32,
+    max_consumers: u32,
+    policy: Policy,
+    mode: u32,
+    spin: Duration,
+    liveness: Duration,
+    /// What only some memory kinds read (CUDA: device, polling, fence).
+    pub(crate) kind: TxSettings,
+}
+
+impl ProducerBuilder {
+    /// Number of slots (messages in flight). Default 8.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-capacity").capacity(4).create()?;
+    /// assert_eq!(tx.capacity(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Largest message, in bytes. Default 64 KiB.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-slot-size").slot_size(4096).create()?;
+    /// assert_eq!(tx.slot_size(), 4096);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_size(mut self, bytes: usize) -> Self {
+        self.slot_size = bytes;
+        self
+    }
+
+    /// Bytes of user header carried with each message (frame shape, format...). Default 64.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-builder-header").user_header_size(16).create()?;
+    /// assert_eq!(tx.user_header_size(), 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn user_header_size(mut self, bytes: u32) -> Self {
+        self.user_header_size = bytes;
+        self
+    }
+
+    /// Size of the consumer table. Default 64.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// let tx = Producer::builder("doc-producer-max-consumers").max_consumers(1).create()?;
+    /// let first = Consumer::open("doc-producer-max-consumers")?;
+    /// let second = Consumer::open("doc-producer-max-consumers");
+    /// assert!(matches!(second, Err(OpenError::TooManyConsumers { max: 1 })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_consumers(mut self, n: u32) -> Self {
+        self.max_consumers = n;
+        self
+    }
+
+    /// What to do when the slowest consumer is a full ring behind. Default [`Policy::Block`].
+    ///
+    /// ```
+    /// # use gpuring::{Policy, Producer};
+    /// let tx = Producer::builder("doc-producer-policy-set").policy(Policy::Overwrite).create()?;
+    /// assert_eq!(tx.policy(), Policy::Overwrite);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Permission bits of the segment, applied exactly (no umask). Default `0o600`: only this
+    /// user can open the ring.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::os::unix::fs::PermissionsExt;
+    /// // Let this user's group open the ring too.
+    /// let tx = Producer::builder("doc-producer-mode").mode(0o660).create()?;
+    /// let file = std::fs::metadata("/dev/shm/gpuring.doc-producer-mode")?;
+    /// assert_eq!(file.permissions().mode() & 0o777, 0o660);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How long a blocked `acquire` spins and yields before sleeping. Default 50 µs.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::time::Duration;
+    /// // Sleep at once when the ring is full, without spinning first.
+    /// let tx = Producer::builder("doc-producer-spin").spin(Duration::ZERO).create()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// How long a waiting `acquire` goes between checks for dead consumers. Default 100 ms.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # use std::time::Duration;
+    /// let tx = Producer::builder("doc-producer-liveness")
+    ///     .liveness_interval(Duration::from_millis(20))
+    ///     .create()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn liveness_interval(mut self, every: Duration) -> Self {
+        self.liveness = every;
+        self
+    }
+
+    /// Test support (feature `test-support`): a CUDA producer that does not wait for
+    /// consumers' release events before reusing a slot, to show that the fence test catches
+    /// torn frames. Never use it.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// // `false` is the default.
+    /// let builder = Producer::builder("doc-producer-unfenced").unfenced_for_tests(false);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "test-support")]
+    #[doc(hidden)]
+    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
+        self.kind.unfenced = unfenced;
+        self
+    }
+
+    fn params(&self, memory: MemoryKind) -> Result<Params, CreateError> {
+        let bad = |field, reason| Err(CreateError::InvalidConfig { field, reason });
+        if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
+            return bad("capacity", "must be 1..=65536");
+        }
+        if self.max_consumers == 0 || self.max_consumers > Params::MAX_CONSUMERS {
+            return bad("max_consumers", "must be 1..=4096");
+        }
+        if self.slot_size == 0 || self.slot_size as u64 > Params::MAX_SLOT_SIZE {
+            return bad("slot_size", "must be 1 byte..=1 TiB");
+        }
+        if self.user_header_size > Params::MAX_USER_HEADER {
+            return bad("user_header_size", "must be at most 65536");
+        }
+        if self.mode & !0o777 != 0 {
+            return bad("mode", "only permission bits (0o777) are allowed");
+        }
+        let me = ProcessId::current();
+        let p = Params {
+            capacity: self.capacity,
+            max_consumers: self.max_consumers,
+            slot_size: self.slot_size as u64,
+            user_header_size: self.user_header_size,
+            policy: self.policy as u32,
+            memory_kind: memory,
+            producer_pid: me.pid,
+            producer_start_time: me.start_time,
+            epoch: new_epoch(me),
+        };
+        let total = Layout::of(&p).total as u64;
+        if total > isize::MAX as u64 {
+            return bad("slot_size", "capacity x slot_size is too large to map");
+        }
+        Ok(p)
+    }
+
+    /// Creates a host-memory ring (payload in the segment). If a ring with this name exists but
+    /// its producer is dead, the stale segment is removed first.
+    ///
+    /// ```
+    /// # use gpuring::{CreateError, MemoryKind, Producer};
+    /// let tx = Producer::builder("doc-producer-create").create()?;
+    /// assert_eq!(tx.memory(), MemoryKind::Host);
+    /// // The name is taken while `tx` lives.
+    /// let again = Producer::builder("doc-producer-create").create();
+    /// assert!(matches!(again, Err(CreateError::AlreadyExists { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn create(self) -> Result<Producer<Host>, CreateError> {
+        self.create_in()
+    }
+
+    /// Creates a ring of memory kind `M`: what [`create`](Self::create) does for [`Host`], and
+    /// `create_gpu` for [`Cuda`](crate::Cuda) (on the device set with `device`, default 0). For
+    /// code generic over the memory kind.
+    ///
+    /// ```
+    /// use gpuring::{Host, Memory, Producer};
+    ///
+    /// fn make<M: Memory>(name: &str) -> Result<Producer<M>, gpuring::CreateError> {
+    ///     Producer::builder(name).capacity(4).create_in::<M>()
+    /// }
+    /// let tx = make::<Host>("doc-producer-create-in")?;
+    /// assert_eq!(tx.capacity(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn create_in<M: Memory>(self) -> Result<Producer<M>, CreateError> {
+        let (ring, mem) =
+            ProducerRing::build(&self, M::KIND, |map| M::Tx::create(&self.kind, map))?;
+        Ok(Producer { ring, mem })
+    }
+}
+
+/// A fresh instance id: time and pid, so that a restarted ring differs from its predecessor.
+fn new_epoch(me: ProcessId) -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64) ^ (me.pid as u64)
+}
+
+/// The single producer of a ring, in host memory ([`Host`], the default) or CUDA memory
+/// ([`Cuda`](crate::Cuda), made by `ProducerBuilder::create_gpu`).
+///
+/// Dropping it closes the ring: consumers receive what was published, then
+/// [`RecvError::Disconnected`](crate::RecvError::Disconnected). The segment's name is removed at
+/// once; consumers keep their mappings until they drop.
+///
+/// ```
+/// use gpuring::{Consumer, Producer, RecvError};
+///
+/// let mut tx = Producer::builder("doc-producer-type").create()?;
+/// let rx = Consumer::open("doc-producer-type")?;
+/// tx.send(b"hello", b"")?;
+/// drop(tx);
+/// assert_eq!(&*rx.recv()?, b"hello");
+/// assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Producer<M: Memory = Host> {
+    /// The ring's side: segment, protocol, waiting, reaping.
+    ring: ProducerRing,
+    /// What memory kind `M` adds.
+    mem: M::Tx,
+}
+
+impl Producer<Host> {
+    /// Starts configuring a ring named `name`.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-new").capacity(16).slot_size(4096).create()?;
+    /// assert_eq!((tx.capacity(), tx.slot_size()), (16, 4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(name: &str) -> ProducerBuilder {
+        ProducerBuilder {
+            name: name.to_owned(),
+            capacity: 8,
+            slot_size: 64 * 1024,
+            user_header_size: 64,
+            max_consumers: 64,
+            policy: Policy::Block,
+            mode: 0o600,
+            spin: Duration::from_micros(50),
+            liveness: Duration::from_millis(100),
+            kind: TxSettings::default(),
+        }
+    }
+
+    /// Copies `data` into the next slot and publishes it with `header`, waiting for a slot as
+    /// [`acquire`](Self::acquire) does. Returns the message's sequence number.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-producer-send").create()?;
+    /// # let rx = Consumer::open("doc-producer-send")?;
+    /// assert_eq!(tx.send(b"hello", b"text")?, 0);
+    /// assert_eq!(&*rx.recv()?, b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn send(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
+        if data.len() > self.slot_size() {
+            let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
+            return Err(SendError::Publish(e));
+        }
+        let mut slot = self.acquire_until(None, None).map_err(SendError::from)?;
+        slot[..data.len()].copy_from_slice(data);
+        slot.publish(data.len(), header).map_err(SendError::Publish)
+    }
+}
+
+impl<M: Memory> Producer<M> {
+    /// The ring's name.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-name").create()?;
+    /// assert_eq!(tx.name(), "doc-producer-name");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn name(&self) -> &str {
+        self.ring.name()
+    }
+
+    /// Number of slots.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-capacity").create()?;
+    /// assert_eq!(tx.capacity(), 8); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(&self) -> u32 {
+        self.ring.map().params().capacity
+    }
+
+    /// Largest message.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-slot-size").create()?;
+    /// assert_eq!(tx.slot_size(), 64 * 1024); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_size(&self) -> usize {
+        self.ring.map().slot_size()
+    }
+
+    /// User header bytes per message.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-user-header-size").create()?;
+    /// assert_eq!(tx.user_header_size(), 64); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn user_header_size(&self) -> usize {
+        self.ring.map().user_header_size()
+    }
+
+    /// The policy.
+    ///
+    /// ```
+    /// # use gpuring::{Policy, Producer};
+    /// let tx = Producer::builder("doc-producer-policy").create()?;
+    /// assert_eq!(tx.policy(), Policy::Block); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self) -> Policy {
+        self.ring.map().policy()
+    }
+
+    /// Messages published so far.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-published").create()?;
+    /// tx.send(b"a", b"")?;
+    /// tx.send(b"b", b"")?;
+    /// assert_eq!(tx.published(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn published(&self) -> u64 {
+        self.ring.published()
+    }
+
+    /// Consumers currently joined.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-producer-consumer-count").create()?;
+    /// assert_eq!(tx.consumer_count(), 0);
+    /// let rx = Consumer::open("doc-producer-consumer-count")?;
+    /// assert_eq!(tx.consumer_count(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consumer_count(&self) -> usize {
+        crate::stats::consumer_count(&self.ring.map().ring())
+    }
+
+    /// A snapshot of every joined consumer's counters.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let tx = Producer::builder("doc-producer-consumers").create()?;
+    /// let rx = Consumer::open("doc-producer-consumers")?;
+    /// let info = tx.consumers();
+    /// assert_eq!(info.len(), 1);
+    /// assert_eq!(info[0].pid, std::process::id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consumers(&self) -> Vec<ConsumerInfo> {
+        crate::stats::consumers(&self.ring.map().ring())
+    }
+
+    /// Slots that some consumer holds now. Once every consumer has released what it received
+    /// (or died and was reaped), this is 0: a slot still counted then has leaked.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # let mut tx = Producer::builder("doc-producer-held-slots").create()?;
+    /// # let rx = Consumer::open("doc-producer-held-slots")?;
+    /// tx.send(b"frame", b"")?;
+    /// let msg = rx.recv()?;
+    /// assert_eq!(tx.held_slots(), 1);
+    /// drop(msg);
+    /// assert_eq!(tx.held_slots(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn held_slots(&self) -> usize {
+        crate::stats::held_slots(&self.ring.map().ring())
+    }
+
+    /// The ring instance's epoch (see `Consumer::epoch`).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-producer-epoch").create()?;
+    /// let rx = Consumer::open("doc-producer-epoch")?;
+    /// assert_eq!(rx.epoch(), tx.epoch());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn epoch(&self) -> u64 {
+        self.ring.map().params().epoch
+    }
+
+    /// The memory kind: `M::KIND`.
+    ///
+    /// ```
+    /// # use gpuring::{MemoryKind, Producer};
+    /// let tx = Producer::builder("doc-producer-memory").create()?;
+    /// assert_eq!(tx.memory(), MemoryKind::Host);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn memory(&self) -> MemoryKind {
+        M::KIND
+    }
+
+    /// Reclaims every consumer whose process died: its held slots come back, it stops gating
+    /// the producer and its table entry is freed. Returns how many entries were freed.
+    /// `acquire` does this by itself once per liveness interval and whenever a consumer joins or
+    /// leaves.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let mut tx = Producer::builder("doc-producer-reap").create()?;
+    /// let rx = Consumer::open("doc-producer-reap")?;
+    /// assert_eq!(tx.reap()?, 0); // `rx` is alive
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reap(&mut self) -> Result<usize, Corruption> {
+        let Producer { ring, mem } = self;
+        Ok(ring.reap_with(&mut |e, g| mem.forget(e, g))?.freed as usize)
+    }
+
+    /// A slot for the next message, if one is free now. In a CUDA ring, a slot whose previous
+    /// readers are still reading it on their GPUs is not free: the next acquire picks up where
+    /// this one stopped.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, TryAcquireError};
+    /// let mut tx = Producer::builder("doc-producer-try-acquire").capacity(1).create()?;
+    /// let rx = Consumer::open("doc-producer-try-acquire")?;
+    /// tx.try_acquire()?.publish(0, b"")?;
+    /// // `rx` has not read message 0 yet, so the only slot is not free.
+    /// assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Full)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire(&mut self) -> Result<WriteSlot<'_, M>, TryAcquireError> {
+        Ok(self.acquire_until(Some(Instant::now()), None)?)
+    }
+
+    /// A slot for the next message, waiting as long as it takes (under `Block`, for the slowest
+    /// consumer; under both policies, for consumers that hold the slot, and in a CUDA ring for
+    /// their GPU reads of it).
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-acquire").create()?;
+    /// let mut slot = tx.acquire()?;
+    /// slot[..5].copy_from_slice(b"hello");
+    /// assert_eq!(slot.publish(5, b"")?, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire(&mut self) -> Result<WriteSlot<'_, M>, AcquireError> {
+        Ok(self.acquire_until(None, None)?)
+    }
+
+    /// A slot for the next message, waiting at most `timeout`. After `Timeout` the next acquire
+    /// picks up where this one stopped.
+    ///
+    /// ```
+    /// # use gpuring::{AcquireTimeoutError, Consumer, Producer};
+    /// # use std::time::Duration;
+    /// let mut tx = Producer::builder("doc-producer-acquire-timeout").capacity(1).create()?;
+    /// let rx = Consumer::open("doc-producer-acquire-timeout")?;
+    /// tx.send(b"unread", b"")?;
+    /// let r = tx.acquire_timeout(Duration::from_millis(10));
+    /// assert!(matches!(r, Err(AcquireTimeoutError::Timeout)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<WriteSlot<'_, M>, AcquireTimeoutError> {
+        Ok(self.acquire_until(Some(Instant::now() + timeout), None)?)
+    }
+
+    /// The one acquire: waits, until `deadline` (`None`: for ever; past: not at all), for the
+    /// payload's last write of the next slot to be done, claims the slot, waits for the readers
+    /// of its previous message, and hands it out to be written on `stream` (or the memory
+    /// kind's own). See docs/gpu.md, "Run-ahead" and "Reusing a slot".
+    pub(crate) fn acquire_until<'a>(
+        &'a mut self,
+        deadline: Option<Instant>,
+        stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
+    ) -> Result<WriteSlot<'a, M>, Fault> {
+        let seq = self.ring.published();
+        let cap = self.capacity() as u64;
+        let next = (seq % cap) as usize;
+        if seq >= cap {
+            self.poll(deadline, |p| p.mem.written(next))?;
+        }
+        let Producer { ring, mem } = &mut *self;
+        let slot = ring.claim_until(deadline, &mut |e, g| mem.forget(e, g))?;
+        debug_assert_eq!(slot, next);
+        if seq >= cap {
+            self.poll(deadline, |p| p.mem.readers_done(&mut p.ring, slot, seq - cap))?;
+        }
+        Ok(WriteSlot { producer: self, slot, stream })
+    }
+
+    /// Polls `done` until it says yes, or `deadline` passes (`Blocked`), reaping the consumer
+    /// table once per liveness interval meanwhile (dead consumers are noticed, retiring ones let
+    /// go): through the crate's one wait (`wait::wait_until`), with no wake line (nobody wakes a
+    /// producer for a GPU event), spinning for the memory kind's spin time first.
+    fn poll(
+        &mut self,
+        deadline: Option<Instant>,
+        mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
+    ) -> Result<(), Fault> {
+        let config = self.poll_config();
+        let waited =
+            wait::wait_until(None, config, deadline, |tick| self.poll_step(tick, &mut done));
+        waited.unwrap_or(Err(Fault::Blocked))
+    }
+
+    /// How [`poll`](Self::poll) (and its async twin) waits: the ring's liveness tick, the
+    /// memory kind's spin.
+    pub(crate) fn poll_config(&self) -> WaitConfig {
+        WaitConfig { spin: self.mem.spin(), ..self.ring.wait_config() }
+    }
+
+    /// One step of [`poll`](Self::poll) (and its async twin): reap if `tick`, then ask `done`.
+    pub(crate) fn poll_step(
+        &mut self,
+        tick: bool,
+        done: &mut impl FnMut(&mut Self) -> Result<bool, Fault>,
+    ) -> Option<Result<(), Fault>> {
+        if tick {
+            if let Err(c) = self.reap() {
+                return Some(Err(Fault::Corrupt(c)));
+            }
+        }
+        match done(self) {
+            Ok(false) => None,
+            Ok(true) => Some(Ok(())),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The ring's side and the memory kind's, borrowed at once.
+    #[cfg_attr(not(any(feature = "cuda", feature = "tokio")), allow(dead_code))]
+    pub(crate) fn parts(&mut self) -> (&mut ProducerRing, &mut M::Tx) {
+        (&mut self.ring, &mut self.mem)
+    }
+
+    /// The memory kind's side.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn mem(&self) -> &M::Tx {
+        &self.mem
+    }
+}
+
+impl<M: Memory> Drop for Producer<M> {
+    fn drop(&mut self) {
+        self.mem.close(&mut self.ring);
+    }
+}
+
+/// A claimed slot: fill it, then [`publish`](WriteSlot::publish) it. Dropping it unpublished keeps
+/// it claimed; the next acquire returns the same slot.
+///
+/// In host memory it derefs to the slot's whole payload buffer (`slot_size` bytes); in CUDA
+/// memory it gives the device pointer and the stream to write it on.
+///
+/// ```
+/// use gpuring::Producer;
+///
+/// let mut tx = Producer::builder("doc-producer-write-slot").create()?;
+/// let mut slot = tx.acquire()?;
+/// slot[0] = 1;
+/// slot.publish(1, b"")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A slot cannot be used after `publish`, which takes it by value:
+///
+/// ```compile_fail,E0382
+/// # use gpuring::Producer;
+/// # let mut tx = Producer::builder("doc-producer-write-slot-moved").create()?;
+/// let mut slot = tx.acquire()?;
+/// slot.publish(1, b"")?;
+/// slot[0] = 1; // error: `slot` was moved by `publish`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A producer hands out one slot at a time: `acquire` borrows it until the slot is published or
+/// dropped:
+///
+/// ```compile_fail,E0499
+/// # use gpuring::Producer;
+/// # let mut tx = Producer::builder("doc-producer-write-slot-two").create()?;
+/// let first = tx.acquire()?;
+/// let second = tx.acquire()?; // error: `tx` is still borrowed by `first`
+/// first.publish(0, b"")?;
+/// second.publish(0, b"")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct WriteSlot<'a, M: Memory = Host> {
+    producer: &'a mut Producer<M>,
+    /// Invariant: claimed by `producer` and not yet published.
+    slot: usize,
+    /// The stream it is written on, if not the memory kind's own (CUDA: `acquire_on`).
+    stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
+}
+
+impl<'a, M: Memory> WriteSlot<'a, M> {
+    /// Wraps slot `slot`, which `producer` has just claimed (and waited for).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn new(producer: &'a mut Producer<M>, slot: usize) -> WriteSlot<'a, M> {
+        WriteSlot { producer, slot, stream: None }
+    }
+
+    /// Its producer, slot index and stream (for the memory kinds' own methods).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn parts(
+        &self,
+    ) -> (&Producer<M>, usize, Option<&'a <M::Tx as ProducerSide>::Stream>) {
+        (self.producer, self.slot, self.stream)
+    }
+
+    /// Where the slot's bytes are: a device address (`CUdeviceptr`, aligned to
+    /// [`SLOT_ALIGN`](crate::memory::SLOT_ALIGN)) in a CUDA ring, their address in this process in
+    /// a host ring (where [`DerefMut`] gives them as a slice).
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-write-slot-ptr").create()?;
+    /// let mut slot = tx.acquire()?;
+    /// assert_eq!(slot.ptr(), slot.as_mut_ptr() as u64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ptr(&self) -> u64 {
+        let Producer { ring, mem } = &*self.producer;
+        mem.slot_addr(ring, self.slot)
+    }
+
+    /// The slot's index in the ring.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-write-slot-slot").capacity(4).create()?;
+    /// tx.send(b"first", b"")?;
+    /// assert_eq!(tx.acquire()?.slot(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Sequence number this message will have.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-producer-write-slot-seq").create()?;
+    /// tx.send(b"first", b"")?;
+    /// let slot = tx.acquire()?;
+    /// assert_eq!(slot.seq(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn seq(&self) -> u64 {
+        self.producer.ring.published()
+    }
+
+    /// Publishes the first `len` bytes of the slot with user header `header` (shorter than the
+    /// ring's user-header size is fine; the rest is zeroed). Returns the sequence number.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// # let mut tx = Producer::builder("doc-producer-publish").create()?;
+    /// let mut slot = tx.acquire()?;
+    /// slot[..2].copy_from_slice(b"hi");
+    /// let seq = slot.publish(2, b"text")?; // consumers see 2 bytes and the header
+    /// assert_eq!(seq, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn publish(self, len: usize, header: &[u8]) -> Result<u64, PublishError> {
+        let slot_size = self.producer.slot_size();
+        if len > slot_size {
+            return Err(PublishError::TooLong { len, slot_size });
+        }
+        let at = self.producer.mem.slot_region(self.slot);
+        self.publish_at(at, len as u64, header)
+    }
+
+    /// Publishes message `len` at `at` (pool, offset), whose length the caller checked: the
+    /// memory kind's records first (fences, descriptor), then the ring's.
+    pub(crate) fn publish_at(
+        self,
+        at: (u32, u64),
+        len: u64,
+        header: &[u8],
+    ) -> Result<u64, PublishError> {
+        let Producer { ring, mem } = self.producer;
+        let max = ring.map().user_header_size();
+        if header.len() > max {
+            return Err(PublishError::HeaderTooLong { len: header.len(), max });
+        }
+        mem.publish(ring, self.slot, at, self.stream)?;
+        ring.publish_claimed(self.slot, len, header)
+    }
+}
+
+impl Deref for WriteSlot<'_, Host> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let map = self.producer.ring.map();
+        // SAFETY: the slot is claimed by us (no correct peer writes it) and lies in the mapping.
+        unsafe { std::slice::from_raw_parts(map.payload(self.slot), map.slot_size()) }
+    }
+}
+
+impl DerefMut for WriteSlot<'_, Host> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let map = self.producer.ring.map();
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference we hand out.
+        unsafe { std::slice::from_raw_parts_mut(map.payload(self.slot), map.slot_size()) }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock of message timestamps.
+///
+/// ```
+/// # use gpuring::{Consumer, Producer};
+/// # let mut tx = Producer::builder("doc-producer-monotonic-ns").create()?;
+/// # let rx = Consumer::open("doc-producer-monotonic-ns")?;
+/// tx.send(b"frame", b"")?;
+/// let msg = rx.recv()?;
+/// let age_ns = gpuring::monotonic_ns() - msg.timestamp_ns();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

@@ -1,0 +1,331 @@
+//! What every producer has, whatever its memory kind: the mapped segment, the ring protocol's
+//! state, waiting for a free slot, and looking after the consumer table.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{monotonic_ns, ProducerBuilder};
+use crate::doorbells::ProducerBells;
+use crate::error::{Corruption, CreateError, PublishError};
+use crate::format::view::MappedRing;
+use crate::format::{Layout, MemoryKind, MAGIC};
+use crate::memory::Fault;
+use crate::ring::producer::{wants_wake, ClaimError};
+use crate::ring::{audit, park, stamp, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
+use crate::shm::process::ProcessId;
+use crate::shm::ShmName;
+use crate::wait::{self, WaitConfig};
+
+/// The ring's side of a producer. `Producer<M>` (`super`) is this plus memory kind `M`'s side.
+pub(crate) struct ProducerRing {
+    map: MappedRing,
+    core: ProducerCore,
+    wait: WaitConfig,
+    /// Whether [`ProducerRing::close`] ran.
+    closed: bool,
+    /// The consumer table's (`joins`, `retires`) counts when it was last reaped.
+    table_seen: (u64, u64),
+    /// When the table was last reaped: it is reaped at least once per liveness interval while
+    /// the producer acquires, blocked or not.
+    last_reap: Instant,
+    /// Its doorbell, and the addresses of parked consumers' doorbells.
+    bells: ProducerBells,
+}
+
+/// What the memory kind does when the producer frees a consumer table entry (`entry`,
+/// `generation`): drop what it opened of it. Called before the entry is freed.
+pub(crate) type OnFree<'a> = &'a mut (dyn FnMut(usize, u32) + Send);
+
+/// Whether the owner of a consumer table entry still runs: by pid and start time, or by pid
+/// alone while its start time is not stored yet (see `ring::reclaim`).
+fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
+    match start_time {
+        Some(start_time) => ProcessId { pid, start_time }.is_alive(),
+        None => crate::shm::process::is_running(pid),
+    }
+}
+
+/// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
+/// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze slots.
+/// Unless the ring is `closed`, also audits the next slot's held count
+/// (`ring::reclaim::audit`), so that a count a damaged segment left too high cannot hold the
+/// producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
+fn look_after(
+    ring: &Ring<'_>,
+    core: &mut ProducerCore,
+    bells: &ProducerBells,
+    on_free: OnFree<'_>,
+    closed: bool,
+) -> Result<Reaped, RingCorrupt> {
+    // Closed: nothing is published any more, and a recount's freeze could make a draining
+    // consumer take a published message for none (`ring::reclaim`).
+    let recount = if closed { Recount::No } else { Recount::Yes };
+    let r = crate::ring::reap(
+        ring,
+        owner_alive,
+        |entry, generation| {
+            tracing::debug!(target: "gpuring::lifecycle", entry, generation, "entry freed");
+            on_free(entry, generation)
+        },
+        recount,
+    )?;
+    if r.dead > 0 || r.slots > 0 {
+        tracing::info!(dead = r.dead, freed = r.freed, slots = r.slots, "dead consumers reclaimed");
+    }
+    let mut wake = r.wake_consumers;
+    let mut lowered = false;
+    if !closed {
+        let (l, w) = audit(ring, ring.slot_of(core.next_seq()))?;
+        (lowered, wake) = (l, wake || w);
+    }
+    if wake {
+        wake_consumers(ring, bells);
+    }
+    if r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered {
+        core.forget_min_cursor();
+    }
+    Ok(r)
+}
+
+/// Wakes the consumers that sleep (futex) or are parked (doorbells); `wants_wake` said yes.
+fn wake_consumers(ring: &Ring<'_>, bells: &ProducerBells) {
+    wait::wake_all(ring.consumer_wake);
+    if park::has_parked(ring.consumer_wake) {
+        bells.ring_parked(ring);
+    }
+}
+
+/// Adds the time since `started` to the producer's blocked-time statistic.
+fn add_blocked(ring: &Ring<'_>, started: Instant) {
+    let ns = started.elapsed().as_nanos() as u64;
+    // Relaxed: a statistic, written only by the producer.
+    let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
+    ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+}
+
+impl ProducerRing {
+    /// Creates the segment for `memory` as `b` says, lets `init` fill in the memory kind's
+    /// tables, then publishes the header. If `init` fails, the segment is removed again.
+    pub(crate) fn build<T>(
+        b: &ProducerBuilder,
+        memory: MemoryKind,
+        init: impl FnOnce(&MappedRing) -> Result<T, CreateError>,
+    ) -> Result<(ProducerRing, T), CreateError> {
+        let name = ShmName::new(&b.name).map_err(CreateError::InvalidName)?;
+        let params = b.params(memory)?;
+        let layout = Layout::of(&params);
+        // Replaces a dead producer's segment of this name, if there is one.
+        let seg = crate::shm::stale::create(&name, layout.total, b.mode)?;
+        // Build everything, then publish the header with `magic` last.
+        params.write(seg.header(), layout.total as u64);
+        let map = MappedRing::new(seg, params, layout);
+        for (i, line) in map.ring().slots.iter().enumerate() {
+            // Relaxed: published by the Release store of `magic` below.
+            line.stamp.store(stamp::initial(i as u32, params.capacity), Ordering::Relaxed);
+        }
+        // Dropped on failure below: that marks it closed and unlinks the name.
+        let ring = ProducerRing {
+            map,
+            core: ProducerCore::new(),
+            wait: WaitConfig { spin: b.spin, tick: b.liveness },
+            closed: false,
+            table_seen: (0, 0),
+            last_reap: Instant::now(),
+            bells: ProducerBells::bind(&b.name, params.epoch, params.max_consumers),
+        };
+        let extra = init(&ring.map)?;
+        // Release: a consumer that Acquire-loads the magic sees the whole built segment.
+        ring.map.header().magic.store(MAGIC, Ordering::Release);
+        // Built: the creator's exclusive lock on the file becomes a shared one (shm/stale.rs).
+        ring.map.segment().mark_ready();
+        tracing::info!(
+            ring = %b.name, ?memory, capacity = params.capacity, slot_size = params.slot_size,
+            policy = ?ring.map.policy(), epoch = params.epoch, "ring created"
+        );
+        Ok((ring, extra))
+    }
+
+    /// The ring's name.
+    pub(crate) fn name(&self) -> &str {
+        self.map.segment().name().ring()
+    }
+
+    /// The mapped segment.
+    pub(crate) fn map(&self) -> &MappedRing {
+        &self.map
+    }
+
+    /// How waiting is configured.
+    pub(crate) fn wait_config(&self) -> WaitConfig {
+        self.wait
+    }
+
+    /// Messages published so far = sequence number of the next one.
+    pub(crate) fn published(&self) -> u64 {
+        self.core.next_seq()
+    }
+
+    /// Claims the next slot, waiting until `deadline` (`None`: for ever; past: not at all) on
+    /// the producer's wake line, looking after the consumer table once per liveness interval
+    /// meanwhile. Returns its index.
+    pub(crate) fn claim_until(
+        &mut self,
+        deadline: Option<Instant>,
+        on_free: OnFree<'_>,
+    ) -> Result<usize, Fault> {
+        self.before_claim(on_free)?;
+        let ProducerRing { map, core, wait, last_reap, bells, closed, .. } = self;
+        let (ring, bells) = (map.ring(), &*bells);
+        let started = Instant::now();
+        let mut tries = 0;
+        let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
+            tries += 1;
+            if tick {
+                *last_reap = Instant::now();
+                if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
+                    return Some(Err(Fault::Corrupt(c.into())));
+                }
+            }
+            claim(core, &ring)
+        });
+        if tries > 1 {
+            add_blocked(&ring, started);
+        }
+        claimed.unwrap_or(Err(Fault::Blocked))
+    }
+
+    /// [`claim_until`](Self::claim_until) without a deadline, awaiting the slot (feature
+    /// `tokio`): the task parks on the producer's doorbell, which a consumer's release knocks
+    /// on.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<usize, Fault> {
+        use crate::asynch::{wait_async, Wake};
+        self.before_claim(on_free)?;
+        let ProducerRing { map, core, wait, last_reap, bells, closed, .. } = self;
+        let (ring, bells) = (map.ring(), &*bells);
+        let started = Instant::now();
+        let mut tries = 0;
+        let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
+        let claimed = wait_async(Some(wake), *wait, |tick| {
+            tries += 1;
+            if tick {
+                *last_reap = Instant::now();
+                if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
+                    return Some(Err(Fault::Corrupt(c.into())));
+                }
+            }
+            claim(core, &ring)
+        })
+        .await;
+        if tries > 1 {
+            add_blocked(&ring, started);
+        }
+        claimed
+    }
+
+    /// What every claim does first: refuse a truncated segment, and look after the consumer
+    /// table if it changed or is due ([`maintain`](Self::maintain)).
+    fn before_claim(&mut self, on_free: OnFree<'_>) -> Result<(), Fault> {
+        if self.map.segment().faulted() {
+            return Err(Fault::Corrupt(Corruption::Truncated));
+        }
+        Ok(self.maintain(on_free)?)
+    }
+
+    /// Reaps the consumer table and audits the next slot (`look_after`), telling the memory
+    /// kind about each entry it frees.
+    pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
+        self.last_reap = Instant::now();
+        let ProducerRing { map, core, bells, closed, .. } = self;
+        Ok(look_after(&map.ring(), core, bells, on_free, *closed)?)
+    }
+
+    /// Reaps when the consumer table changed since the last look (a consumer joined or
+    /// retired) or a liveness interval has passed: dead consumers are noticed while the
+    /// producer runs, not only when it is blocked, and retiring consumers are let go quickly.
+    fn maintain(&mut self, on_free: OnFree<'_>) -> Result<(), Corruption> {
+        let line = self.map.ring().producer;
+        // Acquire: pairs with the consumers' Release bumps, made after their lease CASes, so a
+        // reap that follows a moved count sees the entry that moved it.
+        let seen = (line.joins.load(Ordering::Acquire), line.retires.load(Ordering::Acquire));
+        if seen != self.table_seen || self.last_reap.elapsed() >= self.wait.tick {
+            self.table_seen = seen;
+            self.reap_with(on_free)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts the consumer of entry `entry`, whose lease was seen as `seen`, for `reason` (a
+    /// `ring::lease::evict_reason`): a failure the producer met was attributable to that entry
+    /// alone, so that consumer goes and the others are served on. Returns whether it evicted.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn evict(&mut self, entry: usize, seen: u64, reason: u32) -> bool {
+        let ring = self.map.ring();
+        let evicted = crate::ring::evict(&ring, entry, seen, reason);
+        if evicted {
+            let why = crate::ring::lease::evict_reason::describe(reason);
+            let pid = crate::ring::lease::pid(seen);
+            tracing::warn!(ring = %self.name(), entry, pid, "consumer evicted: {why}");
+            self.core.forget_min_cursor();
+        }
+        evicted
+    }
+
+    /// Writes `header` into claimed slot `slot`'s user header and publishes message `len`.
+    /// The caller checked `len` and `header` against what the message may hold.
+    pub(crate) fn publish_claimed(
+        &mut self,
+        slot: usize,
+        len: u64,
+        header: &[u8],
+    ) -> Result<u64, PublishError> {
+        let map = &self.map;
+        let max = map.user_header_size();
+        if header.len() > max {
+            return Err(PublishError::HeaderTooLong { len: header.len(), max });
+        }
+        let dst = map.user_header(slot);
+        // SAFETY: the slot is claimed by us, so no correct peer touches its user header; the
+        // region is `max` bytes long and header.len() <= max.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, header.len());
+            std::ptr::write_bytes(dst.add(header.len()), 0, max - header.len());
+        }
+        let ring = map.ring();
+        let (seq, wake) = self.core.publish(&ring, len, monotonic_ns());
+        if wake {
+            wake_consumers(&ring, &self.bells);
+        }
+        Ok(seq)
+    }
+
+    /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
+    pub(crate) fn close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        tracing::info!(ring = %self.name(), published = self.published(), "ring closed");
+        let ring = self.map.ring();
+        // Release: consumers that see `closed` (Acquire) see every publish before it.
+        self.map.header().closed.store(1, Ordering::Release);
+        if wants_wake(ring.consumer_wake) {
+            wake_consumers(&ring, &self.bells);
+        }
+        self.map.segment().unlink();
+    }
+}
+
+/// One try at claiming the next slot: `None` while it is not free.
+fn claim(core: &mut ProducerCore, ring: &Ring<'_>) -> Option<Result<usize, Fault>> {
+    match core.try_claim(ring) {
+        Ok(slot) => Some(Ok(slot)),
+        Err(ClaimError::Blocked(_)) => None,
+        Err(ClaimError::Corrupt(c)) => Some(Err(Fault::Corrupt(c.into()))),
+    }
+}
+
+impl Drop for ProducerRing {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
