@@ -11,14 +11,15 @@
 // byte crosses PCIe. Without one it runs the same pipeline in host memory.
 
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use gpuring::testing::pattern;
+use gpuring::testing::payload::Payload;
 use gpuring::{
     monotonic_ns,
     tensor::{DType, TensorHeader},
-    Consumer, ConsumerInfo, Policy, Producer, RecvError, StartAt,
+    Consumer, Host, Memory, MemoryKind, Policy, Producer, ReadSlot, RecvError, StartAt,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -105,37 +106,66 @@ fn frame_bytes(args: &Args) -> usize {
     args.width as usize * args.height as usize * 4
 }
 
+/// Runs the producer in the memory `--memory` asks for.
 fn producer(args: &Args) -> ExitCode {
+    #[cfg(feature = "cuda")]
+    {
+        let usable = gpuring::cuda::driver::available().is_ok();
+        if args.memory == MemoryArg::Cuda || (args.memory == MemoryArg::Auto && usable) {
+            return producer_in::<gpuring::Cuda>(args);
+        }
+    }
+    if args.memory == MemoryArg::Cuda {
+        eprintln!("pipeline: this build has no CUDA support (feature `cuda`)");
+        return ExitCode::FAILURE;
+    }
+    producer_in::<Host>(args)
+}
+
+/// The memory kind's name, as `--memory` spells it.
+fn kind_name<M: Memory>() -> &'static str {
+    match M::KIND {
+        MemoryKind::Host => "host",
+        MemoryKind::Cuda => "cuda",
+    }
+}
+
+/// The producer, for memory kind `M`: writes each frame's pattern (a kernel on the slot's
+/// stream in CUDA memory), publishes it, and reports once a second.
+fn producer_in<M: Timed>(args: &Args) -> ExitCode {
     let name = args.name.clone().unwrap_or_else(|| format!("pipeline-{}", std::process::id()));
     let policy = match args.policy {
         PolicyArg::Block => Policy::Block,
         PolicyArg::Overwrite => Policy::Overwrite,
     };
     let bytes = frame_bytes(args);
-    let builder = Producer::builder(&name)
+    let made = Producer::builder(&name)
         .capacity(args.capacity)
         .slot_size(bytes)
         .user_header_size(HEADER_BYTES)
-        .policy(policy);
-    let mut tx = match Tx::create(builder, args.memory) {
-        Ok(tx) => tx,
+        .policy(policy)
+        .create_in::<M>()
+        .map_err(|e| e.to_string())
+        .and_then(|tx| Ok((M::writer(&tx).map_err(|e| e.to_string())?, tx)));
+    let (writer, mut tx) = match made {
+        Ok(made) => made,
         Err(e) => {
             eprintln!("pipeline: cannot create ring {name}: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let memory = kind_name::<M>();
     println!(
-        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {} memory, {} consumers",
+        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {memory} memory, {} consumers",
         args.width,
         args.height,
         bytes as f64 / (1 << 20) as f64,
         args.capacity,
         policy,
-        tx.memory(),
         args.consumers
     );
     let children: Vec<Child> =
-        match (0..args.consumers).map(|k| spawn_consumer(args, &name, k, tx.memory())).collect() {
+        match (0..args.consumers).map(|k| spawn_consumer(args, &name, k, memory)).collect() {
             Ok(children) => children,
             Err(e) => {
                 eprintln!("pipeline: cannot start a consumer process: {e}");
@@ -168,7 +198,7 @@ fn producer(args: &Args) -> ExitCode {
                 std::thread::sleep(due - now);
             }
         }
-        if let Err(e) = tx.publish_frame(bytes, seq, &frame_header(args, seq)) {
+        if let Err(e) = publish_frame(&mut tx, &writer, bytes, seq, &frame_header(args, seq)) {
             eprintln!("pipeline: publishing frame {seq}: {e}");
             return ExitCode::FAILURE;
         }
@@ -219,6 +249,20 @@ fn producer(args: &Args) -> ExitCode {
     }
 }
 
+/// Writes frame `seq` into a free slot and publishes it.
+fn publish_frame<M: Timed>(
+    tx: &mut Producer<M>,
+    writer: &M::Writer,
+    bytes: usize,
+    seq: u64,
+    header: &[u8],
+) -> Result<(), String> {
+    let mut slot = tx.acquire().map_err(|e| e.to_string())?;
+    M::fill(writer, &mut slot, bytes, seq).map_err(|e| e.to_string())?;
+    slot.publish(bytes, header).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 fn spawn_consumer(args: &Args, name: &str, k: usize, memory: &str) -> std::io::Result<Child> {
     Command::new(std::env::current_exe()?)
         .args(["--name", name, "--role-consumer", &k.to_string(), "--memory", memory])
@@ -227,45 +271,103 @@ fn spawn_consumer(args: &Args, name: &str, k: usize, memory: &str) -> std::io::R
         .spawn()
 }
 
+/// Runs consumer `k` in the memory its producer chose (passed as `--memory`).
 fn consumer(args: &Args, k: usize) -> ExitCode {
-    let name = args.name.as_deref().expect("--name");
     #[cfg(feature = "cuda")]
     if args.memory == MemoryArg::Cuda {
-        return gpu::consumer(args, k, name);
+        return consumer_in::<gpuring::Cuda>(args, k);
     }
-    let rx = match Consumer::builder(name).start_at(StartAt::Next).open() {
+    consumer_in::<Host>(args, k)
+}
+
+/// Consumer `k`, for memory kind `M`: checks every byte of every frame (a kernel on the
+/// consumer's stream in CUDA memory, which the ring made wait for the producer's kernel) and
+/// its header, until the ring closes; then reports.
+fn consumer_in<M: Timed>(args: &Args, k: usize) -> ExitCode {
+    let name = args.name.as_deref().expect("--name");
+    let rx = match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
         Ok(rx) => rx,
         Err(e) => {
             eprintln!("consumer {k}: cannot open {name}: {e}");
             return ExitCode::FAILURE;
         }
     };
+    match check_frames(args, k, &rx) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("consumer {k}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Receives and checks frames until the ring closes; then reports.
+fn check_frames<M: Timed>(args: &Args, k: usize, rx: &Consumer<M>) -> Result<ExitCode, String> {
+    let checker = M::checker(rx).map_err(|e| e.to_string())?;
     let bytes = frame_bytes(args);
+    let latencies = Latencies::default();
     let mut stats = Stats::default();
     let start = Instant::now();
     loop {
         let frame = match rx.recv() {
             Ok(f) => f,
             Err(RecvError::Disconnected) => break,
-            Err(e) => {
-                eprintln!("consumer {k}: {e}");
-                return ExitCode::FAILURE;
-            }
+            Err(e) => return Err(e.to_string()),
         };
-        stats.latencies_us.push((monotonic_ns().saturating_sub(frame.timestamp_ns())) as f64 / 1e3);
-        let seq = frame.seq();
+        M::stamp(&frame, &latencies)?;
         stats.lost += frame.lag();
-        // "Process" the frame: check every byte, and the header.
-        let mismatched =
-            if frame.len() == bytes { pattern::mismatches(&frame, seq) } else { bytes as u64 };
-        let header_ok = frame.header()[..40] == frame_header(args, seq);
-        if mismatched > 0 || !header_ok {
+        let header_ok = frame.header()[..40] == frame_header(args, frame.seq());
+        if frame.len() != bytes || !header_ok {
             stats.bad_frames += 1;
-            stats.bad_bytes += mismatched;
+        } else {
+            M::check(&checker, &frame).map_err(|e| e.to_string())?;
         }
         stats.frames += 1;
     }
-    stats.report(k, start.elapsed().as_secs_f64(), "publish->recv")
+    stats.bad_bytes = M::mismatches(&checker, rx).map_err(|e| e.to_string())?;
+    stats.latencies_us = std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(stats.report(k, start.elapsed().as_secs_f64(), M::LATENCY))
+}
+
+/// Frame latencies in microseconds, from the publish to the moment the frame is ready to read.
+type Latencies = Arc<Mutex<Vec<f64>>>;
+
+/// How a memory kind's consumer times a frame.
+trait Timed: Payload {
+    /// What the latency measures.
+    const LATENCY: &'static str;
+
+    /// Adds `m`'s latency to `into`, now or once its stream has it.
+    fn stamp(m: &ReadSlot<'_, Self>, into: &Latencies) -> Result<(), String>;
+}
+
+/// Host memory: a frame is ready when `recv` returns it.
+impl Timed for Host {
+    const LATENCY: &'static str = "publish->recv";
+
+    fn stamp(m: &ReadSlot<'_, Host>, into: &Latencies) -> Result<(), String> {
+        let us = monotonic_ns().saturating_sub(m.timestamp_ns()) as f64 / 1e3;
+        into.lock().unwrap_or_else(|p| p.into_inner()).push(us);
+        Ok(())
+    }
+}
+
+/// CUDA memory: a frame is ready when the consumer's stream has it (a host callback queued
+/// right after the wait that `recv` queued).
+#[cfg(feature = "cuda")]
+impl Timed for gpuring::Cuda {
+    const LATENCY: &'static str = "publish->stream-ready";
+
+    fn stamp(m: &ReadSlot<'_, gpuring::Cuda>, into: &Latencies) -> Result<(), String> {
+        let (published, into) = (m.timestamp_ns(), into.clone());
+        let stamp = move || {
+            let us = monotonic_ns().saturating_sub(published) as f64 / 1e3;
+            into.lock().unwrap_or_else(|p| p.into_inner()).push(us);
+        };
+        // SAFETY: the callback and what it captures (an Arc of a Mutex of numbers) make no
+        // CUDA call.
+        unsafe { m.stream().on_complete(stamp) }.map_err(|e| e.to_string())
+    }
 }
 
 /// What a consumer counted.
@@ -297,180 +399,5 @@ impl Stats {
         } else {
             ExitCode::FAILURE
         }
-    }
-}
-
-/// The producer's ring, in host or device memory. (One long-lived value: the variants' sizes
-/// do not matter.)
-#[allow(clippy::large_enum_variant)]
-enum Tx {
-    Host(Producer),
-    #[cfg(feature = "cuda")]
-    Gpu(gpu::GpuTx),
-}
-
-impl Tx {
-    fn create(b: gpuring::ProducerBuilder, memory: MemoryArg) -> Result<Tx, gpuring::CreateError> {
-        #[cfg(feature = "cuda")]
-        {
-            let usable = gpuring::cuda::driver::available().is_ok();
-            if memory == MemoryArg::Cuda || (memory == MemoryArg::Auto && usable) {
-                return gpu::GpuTx::create(b).map(Tx::Gpu);
-            }
-        }
-        if memory == MemoryArg::Cuda {
-            let reason = "this build has no CUDA support (feature `cuda`)".to_owned();
-            return Err(gpuring::CreateError::MemoryUnavailable { reason });
-        }
-        b.create().map(Tx::Host)
-    }
-
-    fn memory(&self) -> &'static str {
-        match self {
-            Tx::Host(_) => "host",
-            #[cfg(feature = "cuda")]
-            Tx::Gpu(_) => "cuda",
-        }
-    }
-
-    fn publish_frame(&mut self, bytes: usize, seq: u64, header: &[u8]) -> Result<(), String> {
-        match self {
-            Tx::Host(tx) => {
-                let mut slot = tx.acquire().map_err(|e| e.to_string())?;
-                pattern::fill(&mut slot[..bytes], seq);
-                slot.publish(bytes, header).map_err(|e| e.to_string())?;
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            Tx::Gpu(tx) => tx.publish_frame(bytes, seq, header),
-        }
-    }
-
-    fn published(&self) -> u64 {
-        match self {
-            Tx::Host(tx) => tx.published(),
-            #[cfg(feature = "cuda")]
-            Tx::Gpu(tx) => tx.tx.published(),
-        }
-    }
-
-    fn consumer_count(&self) -> usize {
-        match self {
-            Tx::Host(tx) => tx.consumer_count(),
-            #[cfg(feature = "cuda")]
-            Tx::Gpu(tx) => tx.tx.consumer_count(),
-        }
-    }
-
-    fn consumers(&self) -> Vec<ConsumerInfo> {
-        match self {
-            Tx::Host(tx) => tx.consumers(),
-            #[cfg(feature = "cuda")]
-            Tx::Gpu(tx) => tx.tx.consumers(),
-        }
-    }
-}
-
-#[cfg(feature = "cuda")]
-mod gpu {
-    use std::sync::{Arc, Mutex};
-
-    use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
-    use gpuring::RecvError;
-    use gpuring::{GpuProducer, ProducerBuilder};
-
-    use super::*;
-
-    pub struct GpuTx {
-        pub tx: GpuProducer,
-        k: Arc<PatternKernels>,
-    }
-
-    impl GpuTx {
-        pub fn create(b: ProducerBuilder) -> Result<GpuTx, gpuring::CreateError> {
-            let tx = b.create_gpu(0)?;
-            let k = PatternKernels::get(tx.context())
-                .map_err(|e| gpuring::CreateError::MemoryUnavailable { reason: e.to_string() })?;
-            Ok(GpuTx { tx, k })
-        }
-
-        /// Writes frame `seq` with a kernel on the slot's stream and publishes it.
-        pub fn publish_frame(
-            &mut self,
-            bytes: usize,
-            seq: u64,
-            header: &[u8],
-        ) -> Result<(), String> {
-            let slot = self.tx.acquire().map_err(|e| e.to_string())?;
-            // SAFETY: the slot holds slot_size = bytes bytes, is ours until publish, and the
-            // kernel runs on the slot's stream, which publish's ready event follows.
-            unsafe { self.k.fill(slot.stream(), slot.ptr(), bytes as u64, seq) }
-                .map_err(|e| e.to_string())?;
-            slot.publish(bytes, header).map_err(|e| e.to_string())?;
-            Ok(())
-        }
-    }
-
-    /// A consumer in device memory: a check kernel per frame on the consumer's stream, which
-    /// the ring made wait for the producer's kernel. The latency is publish -> the moment the
-    /// consumer's stream has the frame (a host callback queued right after the wait).
-    pub fn consumer(args: &Args, k: usize, name: &str) -> ExitCode {
-        let rx = match Consumer::builder(name).start_at(StartAt::Next).open_gpu() {
-            Ok(rx) => rx,
-            Err(e) => {
-                eprintln!("consumer {k}: cannot open {name}: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        match check_frames(args, k, &rx) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("consumer {k}: {e}");
-                ExitCode::FAILURE
-            }
-        }
-    }
-
-    /// Receives and checks frames until the ring closes; then reports.
-    fn check_frames(args: &Args, k: usize, rx: &gpuring::GpuConsumer) -> Result<ExitCode, String> {
-        let kernels = PatternKernels::get(rx.context()).map_err(|e| e.to_string())?;
-        let bad = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
-        let bytes = frame_bytes(args);
-        let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
-        let mut stats = Stats::default();
-        let start = Instant::now();
-        loop {
-            let frame = match rx.recv() {
-                Ok(f) => f,
-                Err(RecvError::Disconnected) => break,
-                Err(e) => return Err(e.to_string()),
-            };
-            let (seq, published) = (frame.seq(), frame.timestamp_ns());
-            let lat = latencies.clone();
-            let stamp = move || {
-                let us = monotonic_ns().saturating_sub(published) as f64 / 1e3;
-                lat.lock().unwrap_or_else(|p| p.into_inner()).push(us);
-            };
-            // SAFETY: the callback and what it captures (an Arc of a Mutex of numbers) make no
-            // CUDA call.
-            unsafe { frame.stream().on_complete(stamp) }.map_err(|e| e.to_string())?;
-            stats.lost += frame.lag();
-            let header_ok = frame.header()[..40] == frame_header(args, seq);
-            if frame.len() != bytes || !header_ok {
-                stats.bad_frames += 1;
-            } else {
-                // SAFETY: the frame's bytes stay readable on its stream until the release
-                // that dropping `frame` records after this kernel; `bad` is a device u64.
-                unsafe {
-                    kernels.check(frame.stream(), frame.ptr(), bytes as u64, seq, bad.ptr(), 0)
-                }
-                .map_err(|e| e.to_string())?;
-            }
-            stats.frames += 1;
-        }
-        stats.bad_bytes = bad.read(rx.stream()).map_err(|e| e.to_string())?;
-        stats.latencies_us =
-            std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
-        Ok(stats.report(k, start.elapsed().as_secs_f64(), "publish->stream-ready"))
     }
 }

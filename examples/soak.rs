@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use gpuring::testing::pattern;
-use gpuring::{monotonic_ns, Consumer, Policy, Producer, RecvError, StartAt};
+use gpuring::testing::payload::Payload;
+use gpuring::{monotonic_ns, Consumer, Host, Policy, Producer, ReadSlot, RecvError, StartAt};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Soak test: random consumer kills and producer restarts")]
@@ -25,8 +26,8 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     minutes: f64,
     /// Where frames live.
-    #[arg(long, value_enum, default_value_t = Memory::Host)]
-    memory: Memory,
+    #[arg(long, value_enum, default_value_t = MemoryArg::Host)]
+    memory: MemoryArg,
     /// Steady consumers (each verifies every frame it gets).
     #[arg(long, default_value_t = 3)]
     consumers: usize,
@@ -54,7 +55,7 @@ struct Args {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Memory {
+enum MemoryArg {
     Host,
     Cuda,
 }
@@ -121,7 +122,7 @@ fn spawn(
 ) -> Child {
     let mut child = Command::new(std::env::current_exe().expect("current_exe"))
         .args(["--role", role, "--name", name, "--memory"])
-        .arg(if args.memory == Memory::Cuda { "cuda" } else { "host" })
+        .arg(if args.memory == MemoryArg::Cuda { "cuda" } else { "host" })
         .args(["--policy", if args.policy == PolicyArg::Block { "block" } else { "overwrite" }])
         .args(["--release-spin-us", &args.release_spin_us.to_string()])
         .args(extra)
@@ -179,7 +180,7 @@ fn orchestrate(args: &Args) -> ExitCode {
         if now >= next_kill {
             if rng.next() % 2 == 0 {
                 // Long enough to have joined (a CUDA context takes a while) and hold slots.
-                let hold = if args.memory == Memory::Cuda { 400 } else { 40 };
+                let hold = if args.memory == MemoryArg::Cuda { 400 } else { 40 };
                 victims.push((
                     spawn(args, "victim", &name, &[], &lines_tx),
                     now + rng.around(Duration::from_millis(hold)),
@@ -327,59 +328,47 @@ fn orchestrate(args: &Args) -> ExitCode {
     }
 }
 
-/// What a producer instance needs of its ring, host or CUDA.
-trait Ring {
-    fn publish(&mut self, seq: u64) -> bool;
-    fn consumers(&self) -> Vec<gpuring::ConsumerInfo>;
-    fn held_slots(&self) -> usize;
-    fn reap(&mut self);
-}
-
-impl Ring for Producer {
-    fn publish(&mut self, seq: u64) -> bool {
-        let Ok(mut slot) = self.acquire_timeout(Duration::from_millis(50)) else { return false };
-        let len = pattern::len_for(seq, 1, SLOT);
-        pattern::fill(&mut slot[..len], seq);
-        slot.publish(len, &seq.to_le_bytes()).is_ok()
-    }
-    fn consumers(&self) -> Vec<gpuring::ConsumerInfo> {
-        Producer::consumers(self)
-    }
-    fn held_slots(&self) -> usize {
-        Producer::held_slots(self)
-    }
-    fn reap(&mut self) {
-        let _ = Producer::reap(self);
-    }
-}
-
+/// Runs a producer instance in the memory `--memory` names.
 fn producer(args: &Args) -> ExitCode {
+    let made = match args.memory {
+        MemoryArg::Host => producer_in::<Host>(args),
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => producer_in::<gpuring::Cuda>(args),
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err("built without the cuda feature".into()),
+    };
+    match made {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soak producer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A producer instance for memory kind `M`: publishes checked frames for `--run-s`, then
+/// settles and reports what is still held.
+fn producer_in<M: Soaked>(args: &Args) -> Result<(), String> {
     let name = args.name.as_deref().expect("--name");
     let policy = if args.policy == PolicyArg::Block { Policy::Block } else { Policy::Overwrite };
-    let b = Producer::builder(name)
+    let mut tx = Producer::builder(name)
         .capacity(16)
         .slot_size(SLOT)
         .policy(policy)
-        .liveness_interval(LIVENESS);
-    let made: Result<Box<dyn Ring>, String> = match args.memory {
-        Memory::Host => {
-            b.create().map(|tx| Box::new(tx) as Box<dyn Ring>).map_err(|e| e.to_string())
-        }
-        Memory::Cuda => gpu::producer(b),
-    };
-    let mut ring = match made {
-        Ok(ring) => ring,
-        Err(e) => {
-            eprintln!("soak producer: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+        .liveness_interval(LIVENESS)
+        .create_in::<M>()
+        .map_err(|e| e.to_string())?;
+    let writer = M::writer(&tx).map_err(|e| e.to_string())?;
     let run = Duration::from_secs_f64(args.run_s.unwrap_or(10.0));
     let start = Instant::now();
     let mut seq = 0u64;
     while start.elapsed() < run {
-        if ring.publish(seq) {
-            seq += 1;
+        if let Ok(mut slot) = tx.acquire_timeout(Duration::from_millis(50)) {
+            let len = pattern::len_for(seq, 1, SLOT);
+            M::fill(&writer, &mut slot, len, seq).map_err(|e| format!("fill: {e}"))?;
+            if slot.publish(len, &seq.to_le_bytes()).is_ok() {
+                seq += 1;
+            }
         }
         // Pace to about 2000 frames/s so the victims get to hold slots.
         std::thread::sleep(Duration::from_micros(300));
@@ -387,16 +376,16 @@ fn producer(args: &Args) -> ExitCode {
     // Settle: every live consumer caught up, the dead reaped; then nothing may still be held.
     let t = Instant::now();
     loop {
-        ring.reap();
-        let cs = ring.consumers();
+        let _ = tx.reap();
+        let cs = tx.consumers();
         if cs.iter().all(|c| c.lag == 0 && c.holding == 0) || t.elapsed() > Duration::from_secs(20)
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    println!("published={seq} leaked={} closing_at={}", ring.held_slots(), monotonic_ns());
-    ExitCode::SUCCESS
+    println!("published={seq} leaked={} closing_at={}", tx.held_slots(), monotonic_ns());
+    Ok(())
 }
 
 /// Kills this process with SIGKILL, as a crash would.
@@ -405,182 +394,107 @@ fn die() -> ! {
     unreachable!("SIGKILL")
 }
 
-/// A consumer of `kind` (see [`Kind`]).
+/// A consumer of `kind` (see [`Kind`]), in the memory `--memory` names.
 fn consumer(args: &Args, kind: Kind) -> ExitCode {
     let name = args.name.as_deref().expect("--name");
-    if args.memory == Memory::Cuda {
-        return match gpu::consumer(name, kind, args.release_spin_us) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("soak consumer: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let victim = kind != Kind::Steady;
-    let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
-    let Ok(mut rx) = builder.clone().open_when_ready(None, Duration::from_secs(10)) else {
-        return ExitCode::SUCCESS; // the soak ended before we got in
+    let spin = args.release_spin_us;
+    let done = match args.memory {
+        MemoryArg::Host => consumer_in::<Host>(name, kind, spin),
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => consumer_in::<gpuring::Cuda>(name, kind, spin),
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err("built without the cuda feature".into()),
     };
-    if kind == Kind::Releaser {
-        if let Ok(m) = rx.recv() {
-            std::hint::black_box(pattern::mismatches(&m, m.seq()));
-            drop(m);
-            die();
-        }
-        return ExitCode::SUCCESS;
-    }
-    if victim {
-        let mut held = Vec::new();
-        while let Ok(m) = rx.recv() {
-            held.push(m);
-            if held.len() == 4 {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
-        return ExitCode::SUCCESS;
-    }
-    let (mut verified, mut mismatches) = (0u64, 0u64);
-    loop {
-        let disconnected = match rx.recv() {
-            Ok(m) => {
-                mismatches += pattern::mismatches(&m, m.seq());
-                verified += 1;
-                false
-            }
-            Err(RecvError::Disconnected) => true,
-            Err(e) => {
-                eprintln!("consumer: {e}");
-                mismatches += 1;
-                break;
-            }
-        };
-        if disconnected {
-            println!("disconnected_at={}", monotonic_ns());
-            match rx.reconnect(Duration::from_secs(5)) {
-                Ok(next) => rx = next,
-                Err(_) => break,
-            }
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soak consumer: {e}");
+            ExitCode::FAILURE
         }
     }
-    println!("verified={verified} mismatches={mismatches}");
-    ExitCode::SUCCESS
 }
 
-#[cfg(not(feature = "cuda"))]
-mod gpu {
-    use super::*;
-    pub fn producer(_: gpuring::ProducerBuilder) -> Result<Box<dyn Ring>, String> {
-        Err("built without the cuda feature".into())
+/// A consumer of `kind` for memory kind `M`. Every frame is checked (on the GPU, by a kernel
+/// on the message's stream, in CUDA memory); holders keep four and sleep until killed.
+fn consumer_in<M: Soaked>(name: &str, kind: Kind, release_spin_us: u64) -> Result<(), String> {
+    let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
+    let Ok(mut rx) = builder.open_in_when_ready::<M>(None, Duration::from_secs(10)) else {
+        return Ok(()); // the soak ended before we got in
+    };
+    let victim = kind != Kind::Steady;
+    let (mut verified, mut mismatches) = (0u64, 0u64);
+    loop {
+        let checker = M::checker(&rx).map_err(|e| e.to_string())?;
+        if kind == Kind::Releaser {
+            let Ok(m) = rx.recv() else { return Ok(()) };
+            M::check_then_release(&checker, m, release_spin_us)?;
+            die();
+        }
+        let mut held = Vec::new();
+        let disconnected = loop {
+            match rx.recv() {
+                Ok(m) => {
+                    M::check(&checker, &m).map_err(|e| e.to_string())?;
+                    verified += 1;
+                    if victim {
+                        held.push(m);
+                        if held.len() == 4 {
+                            std::thread::sleep(Duration::from_secs(3600));
+                        }
+                    }
+                }
+                Err(RecvError::Disconnected) => break true,
+                Err(e) => {
+                    eprintln!("consumer: {e}");
+                    mismatches += 1;
+                    break false;
+                }
+            }
+        };
+        drop(held);
+        mismatches += M::mismatches(&checker, &rx).map_err(|e| e.to_string())?;
+        if !disconnected || victim {
+            break;
+        }
+        println!("disconnected_at={}", monotonic_ns());
+        match rx.reconnect(Duration::from_secs(5)) {
+            Ok(next) => rx = next,
+            Err(_) => break,
+        }
     }
-    pub fn consumer(_: &str, _: Kind, _: u64) -> Result<ExitCode, String> {
-        Err("built without the cuda feature".into())
+    if !victim {
+        println!("verified={verified} mismatches={mismatches}");
+    }
+    Ok(())
+}
+
+/// What the releaser does per memory kind, before it kills itself.
+trait Soaked: Payload {
+    /// Checks `m`, then releases it; in CUDA memory the check is a kernel that spins
+    /// `spin_us` before it reads, so that it is still running when the process dies.
+    fn check_then_release(
+        c: &Self::Checker,
+        m: ReadSlot<'_, Self>,
+        spin_us: u64,
+    ) -> Result<(), String>;
+}
+
+impl Soaked for Host {
+    fn check_then_release(c: &Self::Checker, m: ReadSlot<'_, Host>, _: u64) -> Result<(), String> {
+        Host::check(c, &m).map_err(|e| e.to_string())?;
+        drop(m);
+        Ok(())
     }
 }
 
 #[cfg(feature = "cuda")]
-mod gpu {
-    use std::sync::Arc;
-
-    use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
-    use gpuring::RecvError;
-    use gpuring::{GpuProducer, ProducerBuilder};
-
-    use super::*;
-
-    struct Gpu {
-        tx: GpuProducer,
-        k: Arc<PatternKernels>,
-    }
-
-    impl Ring for Gpu {
-        fn publish(&mut self, seq: u64) -> bool {
-            let Ok(slot) = self.tx.acquire_timeout(Duration::from_millis(50)) else { return false };
-            let len = pattern::len_for(seq, 1, SLOT) as u64;
-            // SAFETY: the slot holds SLOT >= len bytes and is ours until publish, which fences
-            // the kernel's writes (it runs on the slot's stream).
-            if let Err(e) = unsafe { self.k.fill(slot.stream(), slot.ptr(), len, seq) } {
-                eprintln!("soak producer: fill: {e}");
-                return false;
-            }
-            slot.publish(len as usize, &seq.to_le_bytes()).is_ok()
-        }
-        fn consumers(&self) -> Vec<gpuring::ConsumerInfo> {
-            self.tx.consumers()
-        }
-        fn held_slots(&self) -> usize {
-            self.tx.held_slots()
-        }
-        fn reap(&mut self) {
-            let _ = self.tx.reap();
-        }
-    }
-
-    pub fn producer(b: ProducerBuilder) -> Result<Box<dyn Ring>, String> {
-        let tx = b.create_gpu(0).map_err(|e| e.to_string())?;
-        let k = PatternKernels::get(tx.context()).map_err(|e| e.to_string())?;
-        Ok(Box::new(Gpu { tx, k }))
-    }
-
-    pub fn consumer(name: &str, kind: Kind, release_spin_us: u64) -> Result<ExitCode, String> {
-        let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
-        let Ok(mut rx) = builder.open_gpu_when_ready(None, Duration::from_secs(10)) else {
-            return Ok(ExitCode::SUCCESS);
-        };
-        let victim = kind != Kind::Steady;
-        let (mut verified, mut mismatches) = (0u64, 0u64);
-        loop {
-            let k = PatternKernels::get(rx.context()).map_err(|e| e.to_string())?;
-            let bad = MismatchCounter::new(rx.stream()).map_err(|e| e.to_string())?;
-            if kind == Kind::Releaser {
-                let Ok(m) = rx.recv() else { return Ok(ExitCode::SUCCESS) };
-                let spin = release_spin_us * 1000;
-                // SAFETY: as below; the kernel spins `spin` ns before it reads.
-                unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), spin) }
-                    .map_err(|e| e.to_string())?;
-                m.release().map_err(|e| e.to_string())?;
-                die();
-            }
-            let mut held = Vec::new();
-            let disconnected = loop {
-                match rx.recv() {
-                    Ok(m) => {
-                        // SAFETY: the slot's bytes stay readable on its stream until the
-                        // release recorded after this kernel.
-                        unsafe {
-                            k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0)
-                        }
-                        .map_err(|e| e.to_string())?;
-                        verified += 1;
-                        if victim {
-                            held.push(m);
-                            if held.len() == 4 {
-                                std::thread::sleep(Duration::from_secs(3600));
-                            }
-                        }
-                    }
-                    Err(RecvError::Disconnected) => break true,
-                    Err(e) => {
-                        eprintln!("consumer: {e}");
-                        mismatches += 1;
-                        break false;
-                    }
-                }
-            };
-            drop(held);
-            mismatches += bad.read(rx.stream()).map_err(|e| e.to_string())?;
-            if !disconnected || victim {
-                break;
-            }
-            println!("disconnected_at={}", monotonic_ns());
-            match rx.reconnect(Duration::from_secs(5)) {
-                Ok(next) => rx = next,
-                Err(_) => break,
-            }
-        }
-        if !victim {
-            println!("verified={verified} mismatches={mismatches}");
-        }
-        Ok(ExitCode::SUCCESS)
+impl Soaked for gpuring::Cuda {
+    fn check_then_release(
+        c: &Self::Checker,
+        m: ReadSlot<'_, gpuring::Cuda>,
+        spin_us: u64,
+    ) -> Result<(), String> {
+        c.check_spinning(&m, spin_us * 1000).map_err(|e| e.to_string())?;
+        m.release().map_err(|e| e.to_string())
     }
 }

@@ -84,6 +84,9 @@ impl Payload for Host {
 }
 
 #[cfg(feature = "cuda")]
+pub use cuda::CudaChecker;
+
+#[cfg(feature = "cuda")]
 mod cuda {
     use std::sync::Arc;
 
@@ -97,6 +100,23 @@ mod cuda {
     pub struct CudaChecker {
         k: Arc<PatternKernels>,
         bad: MismatchCounter,
+    }
+
+    impl CudaChecker {
+        /// [`Payload::check`], with a kernel that spins `spin_ns` on the GPU before it reads:
+        /// work still running when the consumer releases the message, or dies.
+        pub fn check_spinning(
+            &self,
+            m: &ReadSlot<'_, Cuda>,
+            spin_ns: u64,
+        ) -> Result<(), PayloadError> {
+            let (k, bad) = (&self.k, self.bad.ptr());
+            // SAFETY: the message's `len` bytes at `ptr` (a descriptor checked when it was
+            // received) stay readable on its stream until the release that dropping or
+            // releasing `m` records after this kernel; `bad` is a device u64 of this context.
+            unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad, spin_ns) }?;
+            Ok(())
+        }
     }
 
     impl Payload for Cuda {
@@ -130,11 +150,7 @@ mod cuda {
         }
 
         fn check(c: &CudaChecker, m: &ReadSlot<'_, Cuda>) -> Result<(), PayloadError> {
-            // SAFETY: the message's `len` bytes at `ptr` (a descriptor checked when it was
-            // received) stay readable on its stream until the release that dropping `m` records
-            // after this kernel; `bad` is a device u64 of this context.
-            unsafe { c.k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), c.bad.ptr(), 0) }?;
-            Ok(())
+            c.check_spinning(m, 0)
         }
 
         fn mismatches(c: &CudaChecker, rx: &Consumer<Cuda>) -> Result<u64, PayloadError> {
