@@ -324,7 +324,7 @@ pub enum TryRecvError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -351,7 +351,7 @@ pub enum RecvError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -376,7 +376,7 @@ pub enum RecvTimeoutError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -399,7 +399,7 @@ pub enum TryAcquireError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -421,7 +421,7 @@ pub enum AcquireError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -445,7 +445,7 @@ pub enum AcquireTimeoutError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -488,7 +488,7 @@ pub enum PublishError {
         size: u64,
     },
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -509,7 +509,7 @@ pub enum SendError {
     /// The segment is damaged.
     Corrupt(Corruption),
     /// A CUDA call failed (CUDA rings).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
 }
 
@@ -527,7 +527,7 @@ pub enum SendError {
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", not(loom)))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegisterError {
     /// All pool table entries are used.
@@ -547,7 +547,7 @@ macro_rules! display {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 match self {
                     $($pat => write!(f, $($fmt),+),)*
-                    #[cfg(feature = "cuda")]
+                    #[cfg(all(feature = "cuda", not(loom)))]
                     $ty::Cuda(e) => e.fmt(f),
                 }
             }
@@ -555,19 +555,19 @@ macro_rules! display {
         impl std::error::Error for $ty {
             fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
                 match self {
-                    #[cfg(feature = "cuda")]
+                    #[cfg(all(feature = "cuda", not(loom)))]
                     $ty::Cuda(e) => Some(e),
                     _ => None,
                 }
             }
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(all(feature = "cuda", not(loom)))]
         impl From<crate::cuda::CudaError> for $ty {
             fn from(e: crate::cuda::CudaError) -> Self {
                 $ty::Cuda(e)
             }
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(all(feature = "cuda", not(loom)))]
         impl From<crate::cuda::DriverError> for $ty {
             fn from(e: crate::cuda::DriverError) -> Self {
                 $ty::Cuda(e.into())
@@ -607,7 +607,7 @@ display!(PublishError {
     PublishError::UnknownPool => "no such pool in this producer";
     PublishError::OutsidePool { offset, len, size } => "region {}+{} lies outside the {}-byte pool", offset, len, size;
 });
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", not(loom)))]
 display!(RegisterError {
     RegisterError::TableFull => "the ring's pool table is full";
     RegisterError::OtherDevice => "the allocation is on another device";

@@ -68,7 +68,7 @@ mod producer;
 #[cfg(not(loom))]
 mod stats;
 pub mod tensor;
-#[cfg(feature = "test-support")]
+#[cfg(all(feature = "test-support", not(loom)))]
 #[doc(hidden)]
 pub mod testing;
 #[cfg(not(loom))]
@@ -78,7 +78,7 @@ mod wait;
 pub use asynch::Messages;
 #[cfg(not(loom))]
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", not(loom)))]
 pub use error::RegisterError;
 pub use error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, NameError, OpenError, PublishError,
