@@ -315,6 +315,7 @@ impl std::error::Error for OpenError {
 /// # assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TryRecvError {
     /// No message is waiting.
@@ -344,6 +345,7 @@ pub enum TryRecvError {
 /// assert_eq!(rx.recv().err(), Some(RecvError::Disconnected));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecvError {
     /// The producer closed or died and every message was received.
@@ -367,6 +369,7 @@ pub enum RecvError {
 /// assert_eq!(r.err(), Some(RecvTimeoutError::Timeout));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecvTimeoutError {
     /// No message came in time.
@@ -391,6 +394,7 @@ pub enum RecvTimeoutError {
 /// assert_eq!(tx.try_acquire().err(), Some(TryAcquireError::Full));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TryAcquireError {
     /// The next slot is not free: a `Block` consumer is a full ring behind, or a consumer holds
@@ -416,6 +420,7 @@ pub enum TryAcquireError {
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireError {
     /// The segment is damaged.
@@ -438,6 +443,7 @@ pub enum AcquireError {
 /// assert_eq!(r.err(), Some(AcquireTimeoutError::Timeout));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireTimeoutError {
     /// No slot came free in time.
@@ -460,6 +466,7 @@ pub enum AcquireTimeoutError {
 /// assert_eq!(err, PublishError::TooLong { len: 17, slot_size: 16 });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PublishError {
     /// The length exceeds the slot size.
@@ -502,6 +509,7 @@ pub enum PublishError {
 /// assert_eq!(err, SendError::Publish(PublishError::HeaderTooLong { len: 9, max: 8 }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SendError {
     /// The message or header does not fit.

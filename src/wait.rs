@@ -32,7 +32,7 @@ pub(crate) struct WaitConfig {
 /// How long a wait nobody wakes yields the CPU between looks, after its spin, before it naps:
 /// an OS sleep of even 10 µs lasts ~60 µs, which a GPU handoff of ~10 µs cannot afford, while
 /// a yield on an idle core returns in about a microsecond.
-const YIELD_PHASE: Duration = Duration::from_micros(200);
+pub(crate) const YIELD_PHASE: Duration = Duration::from_micros(200);
 
 /// The first nap of a wait nobody wakes; each next one doubles, up to [`MAX_NAP`].
 const FIRST_NAP: Duration = Duration::from_micros(10);
@@ -40,37 +40,56 @@ const FIRST_NAP: Duration = Duration::from_micros(10);
 /// The longest nap of a wait nobody wakes.
 const MAX_NAP: Duration = Duration::from_millis(1);
 
+/// When a wait gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// After the first look (a `try_` operation): reads no clock.
+    Now,
+    /// Once this instant has passed.
+    At(Instant),
+    /// Never.
+    Never,
+}
+
+impl Deadline {
+    /// `timeout` from now (`Never` if that is past the clock's range).
+    pub(crate) fn after(timeout: Duration) -> Deadline {
+        Instant::now().checked_add(timeout).map_or(Deadline::Never, Deadline::At)
+    }
+}
+
 /// Waits until `step` returns `Some`, or `deadline` passes (then `None`; a deadline already
-/// past when the first step finds nothing returns at once: a `try_` operation).
+/// past when the first step finds nothing returns at once, as [`Deadline::Now`] does).
 ///
-/// `step`'s argument is true once per `cfg.tick`: the time for its slower checks (liveness),
-/// which may end the wait too. With a wake `line`, the waiter sleeps on its futex word after
-/// the spin, and whoever makes the condition true bumps and wakes it; without one, it yields
-/// for [`YIELD_PHASE`] more, then naps, from [`FIRST_NAP`] doubling up to [`MAX_NAP`].
+/// The first step runs before any clock read: most waits end there, and a clock read costs
+/// about as much as a whole host message. `step`'s argument is true once per `cfg.tick`, never
+/// on the first step: the time for its slower checks (liveness), which may end the wait too.
+/// With a wake `line`, the waiter sleeps on its futex word after the spin, and whoever makes
+/// the condition true bumps and wakes it; without one, it yields for [`YIELD_PHASE`] more,
+/// then naps, from [`FIRST_NAP`] doubling up to [`MAX_NAP`].
 pub(crate) fn wait_until<T>(
     line: Option<&WakeLine>,
     cfg: WaitConfig,
-    deadline: Option<Instant>,
+    deadline: Deadline,
     mut step: impl FnMut(bool) -> Option<T>,
 ) -> Option<T> {
+    if let Some(v) = step(false) {
+        return Some(v);
+    }
+    if deadline == Deadline::Now {
+        return None;
+    }
     let start = Instant::now();
     let mut last_tick = start;
     let backoff = Backoff::new();
     let mut nap = FIRST_NAP;
     loop {
         let now = Instant::now();
-        let tick = now - last_tick >= cfg.tick;
-        if tick {
-            last_tick = now;
-        }
-        if let Some(v) = step(tick) {
-            return Some(v);
-        }
-        let now = Instant::now();
         let left = match deadline {
-            Some(d) if now >= d => return None,
-            Some(d) => d - now,
-            None => Duration::MAX,
+            Deadline::At(d) if now >= d => return None,
+            Deadline::At(d) => d - now,
+            Deadline::Now => return None,
+            Deadline::Never => Duration::MAX,
         };
         let waited = now - start;
         if waited < cfg.spin {
@@ -80,20 +99,28 @@ pub(crate) fn wait_until<T>(
                 // A poll of a GPU event already costs ~50 ns: spin on it.
                 None => std::hint::spin_loop(),
             }
-            continue;
-        }
-        match line {
-            Some(line) => {
-                let until_tick = cfg.tick.saturating_sub(last_tick.elapsed());
-                if let Some(v) = sleep_on(line, until_tick.min(left), || step(false)) {
-                    return Some(v);
+        } else {
+            match line {
+                Some(line) => {
+                    let until_tick = cfg.tick.saturating_sub(last_tick.elapsed());
+                    if let Some(v) = sleep_on(line, until_tick.min(left), || step(false)) {
+                        return Some(v);
+                    }
+                }
+                None if waited < cfg.spin + YIELD_PHASE => std::thread::yield_now(),
+                None => {
+                    std::thread::sleep(nap.min(left));
+                    nap = (nap * 2).min(MAX_NAP);
                 }
             }
-            None if waited < cfg.spin + YIELD_PHASE => std::thread::yield_now(),
-            None => {
-                std::thread::sleep(nap.min(left));
-                nap = (nap * 2).min(MAX_NAP);
-            }
+        }
+        let now = Instant::now();
+        let tick = now - last_tick >= cfg.tick;
+        if tick {
+            last_tick = now;
+        }
+        if let Some(v) = step(tick) {
+            return Some(v);
         }
     }
 }
@@ -110,6 +137,8 @@ fn sleep_on<T>(line: &WakeLine, nap: Duration, check: impl FnOnce() -> Option<T>
     let word = line.word.load(Ordering::Acquire);
     let ready = check();
     if ready.is_none() && !nap.is_zero() {
+        // At most a day: a longer timeout (a huge liveness interval) would not fit a timespec.
+        let nap = nap.min(Duration::from_secs(86_400));
         let ts =
             rustix::time::Timespec { tv_sec: nap.as_secs() as _, tv_nsec: nap.subsec_nanos() as _ };
         // EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: look again.

@@ -30,7 +30,7 @@ fn gpu_mismatches(k: &PatternKernels, s: &Stream, src: u64, seq: u64) -> u64 {
     let counter = MismatchCounter::new(s).unwrap();
     // SAFETY: `src` holds LEN bytes; the counter is a device u64.
     unsafe { k.check(s, src, LEN, seq, counter.ptr(), 0).unwrap() };
-    counter.read(s).unwrap()
+    counter.read().unwrap()
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::cuda::driver::{self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
-use gpuring::cuda::{DevicePool, Stream};
+use gpuring::cuda::DevicePool;
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::RecvError;
 use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
@@ -23,10 +23,6 @@ fn counters() -> [u64; 4] {
 /// A mismatch counter for the check kernels on `rx`'s stream.
 fn counter(rx: &GpuConsumer) -> MismatchCounter {
     MismatchCounter::new(rx.stream()).unwrap()
-}
-
-fn read_counter(s: &Stream, bad: &MismatchCounter) -> u64 {
-    bad.read(s).unwrap()
 }
 
 fn open_when_created(name: &str) -> GpuConsumer {
@@ -74,7 +70,7 @@ fn consume(rx: &GpuConsumer, spin_ns: u64) -> (u64, u64) {
             .unwrap();
         n += 1;
     }
-    (n, read_counter(rx.stream(), &bad))
+    (n, bad.read().unwrap())
 }
 
 /// Producer writing `frames` frames of `len` bytes as fast as the ring lets it.
@@ -179,7 +175,7 @@ fn steady_state_opens_nothing_and_never_syncs() {
             }
             let at_end = counters();
             assert_eq!(at_first.unwrap(), at_end, "[mem opens, event opens, closes, syncs]");
-            assert_eq!(read_counter(rx.stream(), &bad), 0);
+            assert_eq!(bad.read().unwrap(), 0);
             assert_eq!(n, FRAMES);
             eprintln!("consumer: counters {at_end:?} unchanged over {n} frames");
         }
@@ -327,7 +323,7 @@ fn consumers_join_and_leave_mid_stream() {
                     .unwrap();
                     frames += 1;
                 }
-                assert_eq!(read_counter(rx.stream(), &bad), 0, "round {rounds}");
+                assert_eq!(bad.read().unwrap(), 0, "round {rounds}");
                 rounds += 1;
             }
             eprintln!("churn: {rounds} rounds, {frames} frames checked");
@@ -388,7 +384,7 @@ fn async_gpu_consumers_read_every_byte() {
                 n += 1;
             }
         });
-        let bad = read_counter(rx.stream(), &bad);
+        let bad = bad.read().unwrap();
         eprintln!("async gpu consumer: {n} frames, {bad} mismatching bytes");
         assert_eq!((n, bad), (FRAMES, 0));
         return;

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use gpuring::cuda::Stream;
-use gpuring::{ConsumerBuilder, Memory, OpenError, ReadSlot, RecvTimeoutError, TryRecvError};
+use gpuring::{ConsumerBuilder, Memory, OpenError, ReadSlot, RecvTimeoutError};
 
 use crate::kind::Kind;
 
@@ -55,16 +55,9 @@ impl<K: Kind> Reader<K> {
 
 impl<K: Kind> Receiver for Reader<K> {
     fn recv(&self, wait: Option<Duration>) -> Result<Box<dyn Message + '_>, RecvTimeoutError> {
-        let got = match wait {
-            Some(w) => K::recv_timeout(&self.rx, &self.on, w),
-            None => K::try_recv(&self.rx, &self.on).map_err(|e| match e {
-                TryRecvError::Empty => RecvTimeoutError::Timeout,
-                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
-                TryRecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
-                TryRecvError::Cuda(e) => RecvTimeoutError::Cuda(e),
-            }),
-        };
-        Ok(Box::new(got?))
+        // No wait: one look, as `try_recv` makes.
+        let got = K::recv_timeout(&self.rx, &self.on, wait.unwrap_or(Duration::ZERO))?;
+        Ok(Box::new(got))
     }
 
     fn capacity(&self) -> u32 {

@@ -9,7 +9,7 @@ use gpuring::cuda::Stream;
 use gpuring::tensor::TensorHeader;
 use gpuring::{
     AcquireTimeoutError, Consumer, Cuda, Host, Memory, Producer, ReadSlot, RecvTimeoutError,
-    TryRecvError, WriteSlot,
+    WriteSlot,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
@@ -41,12 +41,6 @@ pub trait Kind: Memory {
 
     /// The GPU `rx` reads on; None for host memory.
     fn device(rx: &Consumer<Self>) -> Option<i32>;
-
-    /// The next message if one is waiting, read on `on`.
-    fn try_recv<'a>(
-        rx: &'a Consumer<Self>,
-        on: &'a Self::Stream,
-    ) -> Result<ReadSlot<'a, Self>, TryRecvError>;
 
     /// The next message within `wait`, read on `on`.
     fn recv_timeout<'a>(
@@ -102,10 +96,6 @@ impl Kind for Host {
 
     fn device(_: &Consumer<Host>) -> Option<i32> {
         None
-    }
-
-    fn try_recv<'a>(rx: &'a Consumer<Host>, _: &()) -> Result<ReadSlot<'a, Host>, TryRecvError> {
-        rx.try_recv()
     }
 
     fn recv_timeout<'a>(
@@ -189,13 +179,6 @@ impl Kind for Cuda {
 
     fn device(rx: &Consumer<Cuda>) -> Option<i32> {
         Some(rx.context().ordinal())
-    }
-
-    fn try_recv<'a>(
-        rx: &'a Consumer<Cuda>,
-        on: &'a Stream,
-    ) -> Result<ReadSlot<'a, Cuda>, TryRecvError> {
-        rx.try_recv_on(on)
     }
 
     fn recv_timeout<'a>(

@@ -1,5 +1,5 @@
 //! Async waiting (feature `tokio`): [`Consumer::recv_async`](crate::Consumer::recv_async),
-//! [`Consumer::messages`](crate::Consumer::stream) and
+//! [`Consumer::messages`](crate::Consumer::messages) and
 //! [`Producer::acquire_async`](crate::Producer::acquire_async).
 //!
 //! An async waiter never spins and never blocks its thread. It parks ([`crate::ring::park`])
@@ -31,7 +31,7 @@ use tokio::io::Interest;
 
 use crate::ring::{park, WakeLine};
 use crate::shm::doorbell::Doorbell;
-use crate::wait::WaitConfig;
+use crate::wait::{WaitConfig, YIELD_PHASE};
 
 pub(crate) use consumer::BellCell;
 pub use consumer::Messages;
@@ -52,26 +52,24 @@ pub(crate) struct Wake<'a> {
 }
 
 /// The async twin of `wait::wait_until`, without a deadline: awaits until `step` returns
-/// `Some`. `step`'s argument is true once per `cfg.tick` (its slower checks, liveness).
+/// `Some`. `step`'s argument is true once per `cfg.tick` (its slower checks, liveness), never
+/// on the first step, which reads no clock.
 ///
 /// With `wake`, the task parks on the line and awaits the doorbell, at most until the next
-/// tick; without one (a GPU event nobody wakes us for), it yields to the runtime for four spin
-/// times, then sleeps [`POLL_NAP`] at a time.
+/// tick; without one (a GPU event nobody wakes us for), it yields to the runtime for the spin
+/// time and `wait::YIELD_PHASE` more, as the blocking wait does, then sleeps [`POLL_NAP`] at a
+/// time.
 pub(crate) async fn wait_async<T>(
     wake: Option<Wake<'_>>,
     cfg: WaitConfig,
     mut step: impl FnMut(bool) -> Option<T>,
 ) -> T {
+    if let Some(v) = step(false) {
+        return v;
+    }
     let start = Instant::now();
     let mut last_tick = start;
     loop {
-        let tick = last_tick.elapsed() >= cfg.tick;
-        if tick {
-            last_tick = Instant::now();
-        }
-        if let Some(v) = step(tick) {
-            return v;
-        }
         match &wake {
             Some(w) => {
                 let _parked = Parked::new(w.line, w.flag);
@@ -81,8 +79,15 @@ pub(crate) async fn wait_async<T>(
                 }
                 ring_or_nap(w.bell, cfg.tick.saturating_sub(last_tick.elapsed())).await;
             }
-            None if start.elapsed() < cfg.spin * 4 => tokio::task::yield_now().await,
+            None if start.elapsed() < cfg.spin + YIELD_PHASE => tokio::task::yield_now().await,
             None => tokio::time::sleep(POLL_NAP).await,
+        }
+        let tick = last_tick.elapsed() >= cfg.tick;
+        if tick {
+            last_tick = Instant::now();
+        }
+        if let Some(v) = step(tick) {
+            return v;
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::error::{OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::MemoryKind;
 use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
 use crate::ring::{Pinned, Policy, StartAt};
+use crate::wait::Deadline;
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
 ///
@@ -405,7 +406,7 @@ impl<M: Memory> Consumer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_recv(&self) -> Result<ReadSlot<'_, M>, TryRecvError> {
-        Ok(self.receive(Some(Instant::now()), None)?)
+        Ok(self.receive(Deadline::Now, None)?)
     }
 
     /// Receives the next message, waiting as long as it takes. Returns `Disconnected` once the
@@ -421,7 +422,7 @@ impl<M: Memory> Consumer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn recv(&self) -> Result<ReadSlot<'_, M>, RecvError> {
-        Ok(self.receive(None, None)?)
+        Ok(self.receive(Deadline::Never, None)?)
     }
 
     /// Receives the next message, waiting at most `timeout`.
@@ -436,7 +437,7 @@ impl<M: Memory> Consumer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<ReadSlot<'_, M>, RecvTimeoutError> {
-        Ok(self.receive(Some(Instant::now() + timeout), None)?)
+        Ok(self.receive(Deadline::after(timeout), None)?)
     }
 
     /// An iterator that receives until the producer disconnects (or the segment is damaged).
@@ -456,12 +457,11 @@ impl<M: Memory> Consumer<M> {
         Iter { consumer: self }
     }
 
-    /// The one receive: pins the next message, waiting until `deadline` (`None`: for ever;
-    /// past: not at all), then has the memory kind place it, read on `stream` (or the kind's
+    /// The one receive: pins the next message, waiting until `deadline`, then has the memory kind place it, read on `stream` (or the kind's
     /// own).
     pub(crate) fn receive<'a>(
         &'a self,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
     ) -> Result<ReadSlot<'a, M>, Fault> {
         let m = self.ring.pin_until(deadline)?;

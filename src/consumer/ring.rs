@@ -14,7 +14,7 @@ use crate::memory::Fault;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::{OpenOptions, Segment, ShmName};
-use crate::wait::{self, WaitConfig};
+use crate::wait::{self, Deadline, WaitConfig};
 
 /// The error of a join whose entry was taken from it before it became active.
 fn lost(entry: usize) -> OpenError {
@@ -146,9 +146,8 @@ impl ConsumerRing {
         self.wait
     }
 
-    /// Pins the next message, waiting until `deadline` (`None`: for ever; past: not at all) on
-    /// the consumers' wake line.
-    pub(crate) fn pin_until(&self, deadline: Option<Instant>) -> Result<Pinned, Fault> {
+    /// Pins the next message, waiting until `deadline` on the consumers' wake line.
+    pub(crate) fn pin_until(&self, deadline: Deadline) -> Result<Pinned, Fault> {
         let line = self.map.ring().consumer_wake;
         // `poll_once` checks the producer once per liveness interval by itself.
         let pinned = wait::wait_until(Some(line), self.wait, deadline, |_| self.poll_once());

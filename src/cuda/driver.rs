@@ -447,6 +447,17 @@ pub unsafe fn stream_synchronize(s: CUstream) -> DriverResult<()> {
     check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s) })
 }
 
+/// `cuCtxSynchronize`: waits for every stream of the current context. Tests and teardown
+/// only.
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn ctx_synchronize() -> DriverResult<()> {
+    CPU_SYNCS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: by (1).
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
 /// `cuMemcpyDtoH_v2` into `dst`.
 ///
 /// # Safety

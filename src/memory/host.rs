@@ -39,7 +39,13 @@ pub struct HostTx;
 impl ProducerSide for HostTx {
     type Stream = ();
 
-    fn create(_: &TxSettings, _: &MappedRing) -> Result<Self, CreateError> {
+    type Prepared = ();
+
+    fn prepare(_: &TxSettings) -> Result<(), CreateError> {
+        Ok(())
+    }
+
+    fn create(_: (), _: &TxSettings, _: &MappedRing) -> Result<Self, CreateError> {
         Ok(HostTx)
     }
 

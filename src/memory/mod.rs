@@ -125,8 +125,19 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     /// The stream a slot is written on (`()` for host memory, which has none).
     type Stream: 'static;
 
+    /// What the kind needs before the segment exists (CUDA: the device's context).
+    type Prepared;
+
+    /// Makes what the kind needs first, so that a kind that cannot be had (no usable GPU) is
+    /// refused before the segment is created (or a dead producer's replaced).
+    fn prepare(settings: &TxSettings) -> Result<Self::Prepared, CreateError>;
+
     /// Creates the kind's tables in the segment, which nobody sees yet.
-    fn create(settings: &TxSettings, map: &MappedRing) -> Result<Self, CreateError>;
+    fn create(
+        prepared: Self::Prepared,
+        settings: &TxSettings,
+        map: &MappedRing,
+    ) -> Result<Self, CreateError>;
 
     /// How long the producer spins on a pending condition of this kind before it yields.
     fn spin(&self) -> Duration;

@@ -5,7 +5,7 @@
 mod ring;
 
 use std::ops::{Deref, DerefMut};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) use ring::ProducerRing;
 
@@ -18,7 +18,7 @@ use crate::memory::{Fault, Host, Memory, ProducerSide, TxSettings};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
 use crate::stats::ConsumerInfo;
-use crate::wait::{self, WaitConfig};
+use crate::wait::{self, Deadline, WaitConfig};
 
 /// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
 ///
@@ -245,8 +245,9 @@ impl ProducerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn create_in<M: Memory>(self) -> Result<Producer<M>, CreateError> {
+        let prepared = M::Tx::prepare(&self.kind)?;
         let (ring, mem) =
-            ProducerRing::build(&self, M::KIND, |map| M::Tx::create(&self.kind, map))?;
+            ProducerRing::build(&self, M::KIND, |map| M::Tx::create(prepared, &self.kind, map))?;
         Ok(Producer { ring, mem })
     }
 }
@@ -322,7 +323,7 @@ impl Producer<Host> {
             let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
             return Err(SendError::Publish(e));
         }
-        let mut slot = self.acquire_until(None, None).map_err(SendError::from)?;
+        let mut slot = self.acquire_until(Deadline::Never, None).map_err(SendError::from)?;
         slot[..data.len()].copy_from_slice(data);
         slot.publish(data.len(), header).map_err(SendError::Publish)
     }
@@ -506,7 +507,7 @@ impl<M: Memory> Producer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_acquire(&mut self) -> Result<WriteSlot<'_, M>, TryAcquireError> {
-        Ok(self.acquire_until(Some(Instant::now()), None)?)
+        Ok(self.acquire_until(Deadline::Now, None)?)
     }
 
     /// A slot for the next message, waiting as long as it takes (under `Block`, for the slowest
@@ -522,7 +523,7 @@ impl<M: Memory> Producer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire(&mut self) -> Result<WriteSlot<'_, M>, AcquireError> {
-        Ok(self.acquire_until(None, None)?)
+        Ok(self.acquire_until(Deadline::Never, None)?)
     }
 
     /// A slot for the next message, waiting at most `timeout`. After `Timeout` the next acquire
@@ -542,7 +543,7 @@ impl<M: Memory> Producer<M> {
         &mut self,
         timeout: Duration,
     ) -> Result<WriteSlot<'_, M>, AcquireTimeoutError> {
-        Ok(self.acquire_until(Some(Instant::now() + timeout), None)?)
+        Ok(self.acquire_until(Deadline::after(timeout), None)?)
     }
 
     /// The one acquire: waits, until `deadline` (`None`: for ever; past: not at all), for the
@@ -551,7 +552,7 @@ impl<M: Memory> Producer<M> {
     /// kind's own). See docs/gpu.md, "Run-ahead" and "Reusing a slot".
     pub(crate) fn acquire_until<'a>(
         &'a mut self,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
     ) -> Result<WriteSlot<'a, M>, Fault> {
         let seq = self.ring.published();
@@ -575,7 +576,7 @@ impl<M: Memory> Producer<M> {
     /// producer for a GPU event), spinning for the memory kind's spin time first.
     fn poll(
         &mut self,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
     ) -> Result<(), Fault> {
         let config = self.poll_config();

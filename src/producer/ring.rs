@@ -14,7 +14,7 @@ use crate::ring::producer::{wants_wake, ClaimError};
 use crate::ring::{audit, park, stamp, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::ShmName;
-use crate::wait::{self, WaitConfig};
+use crate::wait::{self, Deadline, WaitConfig};
 
 /// The ring's side of a producer. `Producer<M>` (`super`) is this plus memory kind `M`'s side.
 pub(crate) struct ProducerRing {
@@ -95,6 +95,16 @@ fn wake_consumers(ring: &Ring<'_>, bells: &ProducerBells) {
     }
 }
 
+/// Whether the consumer table's (`joins`, `retires`) counts moved since `seen`, which is
+/// brought up to date: a consumer joined or retired, and a reap should look at it.
+fn table_moved(ring: &Ring<'_>, seen: &mut (u64, u64)) -> bool {
+    let line = ring.producer;
+    // Acquire: pairs with the consumers' Release bumps, made after their lease CASes, so a
+    // reap that follows a moved count sees the entry that moved it.
+    let now = (line.joins.load(Ordering::Acquire), line.retires.load(Ordering::Acquire));
+    std::mem::replace(seen, now) != now
+}
+
 /// Adds the time since `started` to the producer's blocked-time statistic.
 fn add_blocked(ring: &Ring<'_>, started: Instant) {
     let ns = started.elapsed().as_nanos() as u64;
@@ -165,22 +175,24 @@ impl ProducerRing {
         self.core.next_seq()
     }
 
-    /// Claims the next slot, waiting until `deadline` (`None`: for ever; past: not at all) on
-    /// the producer's wake line, looking after the consumer table once per liveness interval
-    /// meanwhile. Returns its index.
+    /// Claims the next slot, waiting until `deadline` on the producer's wake line, looking
+    /// after the consumer table meanwhile: once per liveness interval, and whenever it changed
+    /// (a consumer joined or retired: a retiring one waits for us). Returns its index.
     pub(crate) fn claim_until(
         &mut self,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         on_free: OnFree<'_>,
     ) -> Result<usize, Fault> {
         self.before_claim(on_free)?;
-        let ProducerRing { map, core, wait, last_reap, bells, closed, .. } = self;
+        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
         let (ring, bells) = (map.ring(), &*bells);
+        // The first try reads no clock: most claims end here.
+        if let Some(claimed) = claim(core, &ring) {
+            return claimed;
+        }
         let started = Instant::now();
-        let mut tries = 0;
         let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
-            tries += 1;
-            if tick {
+            if tick || table_moved(&ring, table_seen) {
                 *last_reap = Instant::now();
                 if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
                     return Some(Err(Fault::Corrupt(c.into())));
@@ -188,27 +200,26 @@ impl ProducerRing {
             }
             claim(core, &ring)
         });
-        if tries > 1 {
-            add_blocked(&ring, started);
-        }
+        add_blocked(&ring, started);
         claimed.unwrap_or(Err(Fault::Blocked))
     }
 
     /// [`claim_until`](Self::claim_until) without a deadline, awaiting the slot (feature
-    /// `tokio`): the task parks on the producer's doorbell, which a consumer's release knocks
-    /// on.
+    /// `tokio`): the task parks on the producer's doorbell, which a consumer's release (or
+    /// retire) knocks on.
     #[cfg(feature = "tokio")]
     pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<usize, Fault> {
         use crate::asynch::{wait_async, Wake};
         self.before_claim(on_free)?;
-        let ProducerRing { map, core, wait, last_reap, bells, closed, .. } = self;
+        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
         let (ring, bells) = (map.ring(), &*bells);
+        if let Some(claimed) = claim(core, &ring) {
+            return claimed;
+        }
         let started = Instant::now();
-        let mut tries = 0;
         let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
         let claimed = wait_async(Some(wake), *wait, |tick| {
-            tries += 1;
-            if tick {
+            if tick || table_moved(&ring, table_seen) {
                 *last_reap = Instant::now();
                 if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
                     return Some(Err(Fault::Corrupt(c.into())));
@@ -217,9 +228,7 @@ impl ProducerRing {
             claim(core, &ring)
         })
         .await;
-        if tries > 1 {
-            add_blocked(&ring, started);
-        }
+        add_blocked(&ring, started);
         claimed
     }
 
@@ -244,12 +253,8 @@ impl ProducerRing {
     /// retired) or a liveness interval has passed: dead consumers are noticed while the
     /// producer runs, not only when it is blocked, and retiring consumers are let go quickly.
     fn maintain(&mut self, on_free: OnFree<'_>) -> Result<(), Corruption> {
-        let line = self.map.ring().producer;
-        // Acquire: pairs with the consumers' Release bumps, made after their lease CASes, so a
-        // reap that follows a moved count sees the entry that moved it.
-        let seen = (line.joins.load(Ordering::Acquire), line.retires.load(Ordering::Acquire));
-        if seen != self.table_seen || self.last_reap.elapsed() >= self.wait.tick {
-            self.table_seen = seen;
+        let moved = table_moved(&self.map.ring(), &mut self.table_seen);
+        if moved || self.last_reap.elapsed() >= self.wait.tick {
             self.reap_with(on_free)?;
         }
         Ok(())

@@ -283,9 +283,12 @@ impl PatternKernels {
 }
 
 /// A device `u64` that [`PatternKernels::check`] adds mismatching bytes to: the one counter
-/// tests, examples and benches keep per consumer.
+/// tests, examples and benches keep per consumer. Checks may be queued on any stream of its
+/// context: reading it and dropping it wait for all of them.
 pub struct MismatchCounter {
     cell: crate::cuda::DevicePool,
+    /// The context `cell` lives in.
+    ctx: std::sync::Arc<crate::cuda::Context>,
 }
 
 impl MismatchCounter {
@@ -295,7 +298,7 @@ impl MismatchCounter {
         let _bound = stream.context().bind()?;
         // SAFETY: `cell` is a live allocation of at least 8 bytes; `stream` is live.
         unsafe { crate::cuda::driver::memset_async(cell.ptr(), 0, 8, stream.raw()) }?;
-        Ok(MismatchCounter { cell })
+        Ok(MismatchCounter { cell, ctx: stream.context().clone() })
     }
 
     /// Its device address, for [`PatternKernels::check`].
@@ -303,15 +306,27 @@ impl MismatchCounter {
         self.cell.ptr()
     }
 
-    /// Waits for `stream` (which must carry every check that adds to it), then reads it. A CPU
-    /// sync: for the end of a run, never per frame.
-    pub fn read(&self, stream: &Stream) -> Result<u64, DriverError> {
-        stream.synchronize()?;
-        let _bound = stream.context().bind()?;
+    /// Waits for the context's work (every check that adds to it, on whichever stream), then
+    /// reads it. A CPU sync: for the end of a run, never per frame.
+    pub fn read(&self) -> Result<u64, DriverError> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: the context is bound on this thread just above.
+        unsafe { crate::cuda::driver::ctx_synchronize() }?;
         let mut out = [0u8; 8];
-        // SAFETY: the cell holds 8 bytes and the stream that wrote it is synchronised.
+        // SAFETY: the cell holds 8 bytes, and the work that wrote it is synchronised.
         unsafe { crate::cuda::driver::memcpy_dtoh(&mut out, self.cell.ptr()) }?;
         Ok(u64::from_le_bytes(out))
+    }
+}
+
+impl Drop for MismatchCounter {
+    /// Waits for the checks still queued before the cell is freed (`DevicePool`'s owners
+    /// synchronise first).
+    fn drop(&mut self) {
+        if let Ok(_bound) = self.ctx.bind() {
+            // SAFETY: the context is bound on this thread just above.
+            let _ = unsafe { crate::cuda::driver::ctx_synchronize() };
+        }
     }
 }
 

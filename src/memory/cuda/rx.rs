@@ -20,7 +20,7 @@ use crate::format::view::MappedRing;
 use crate::format::Params;
 use crate::memory::{ConsumerSide, Fault, RxSettings};
 use crate::ring::{Leave, Pinned};
-use crate::wait;
+use crate::wait::{self, Deadline};
 
 /// Why a pool could not be mapped.
 enum OpenFault {
@@ -386,7 +386,7 @@ impl CudaRx {
         };
         let mut producer_dead_since = None;
         let config = ring.wait_config();
-        let deadline = Some(Instant::now() + IDLE_PATIENCE);
+        let deadline = Deadline::after(IDLE_PATIENCE);
         wait::wait_until(None, config, deadline, |tick| {
             if idle() {
                 return Some(true);
@@ -406,7 +406,7 @@ impl CudaRx {
     /// after [`LEAVE_PATIENCE`] without that.
     fn wait_retired(&self, ring: &ConsumerRing, retiring: u64) -> bool {
         let (lines, entry, config) = (ring.map().ring(), ring.entry(), ring.wait_config());
-        let deadline = Some(Instant::now() + LEAVE_PATIENCE);
+        let deadline = Deadline::after(LEAVE_PATIENCE);
         let mut first = true;
         wait::wait_until(None, config, deadline, |tick| {
             if crate::ring::consumer::retire_done(&lines, entry, retiring) {
@@ -473,7 +473,7 @@ impl Consumer<Cuda> {
     /// ```
     pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<ReadSlot<'a, Cuda>, RecvError> {
         same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(None, Some(stream))?)
+        Ok(self.receive(Deadline::Never, Some(stream))?)
     }
 
     /// [`recv_on`](Self::recv_on), waiting at most `timeout`.
@@ -496,7 +496,7 @@ impl Consumer<Cuda> {
         timeout: Duration,
     ) -> Result<ReadSlot<'a, Cuda>, RecvTimeoutError> {
         same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(Some(Instant::now() + timeout), Some(stream))?)
+        Ok(self.receive(Deadline::after(timeout), Some(stream))?)
     }
 
     /// [`recv_on`](Self::recv_on) if a message is waiting, else `Empty`.
@@ -517,7 +517,7 @@ impl Consumer<Cuda> {
         stream: &'a Stream,
     ) -> Result<ReadSlot<'a, Cuda>, TryRecvError> {
         same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(Some(Instant::now()), Some(stream))?)
+        Ok(self.receive(Deadline::Now, Some(stream))?)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{same_device, Cuda};
 use crate::cuda::driver::{self, CUdeviceptr};
@@ -16,7 +16,7 @@ use crate::producer::{Producer, ProducerRing, WriteSlot};
 use crate::ring::lease::{self, evict_reason};
 use crate::ring::Ring;
 use crate::shm::process::ProcessId;
-use crate::wait::{self, WaitConfig};
+use crate::wait::{self, Deadline, WaitConfig};
 
 /// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
 ///
@@ -38,6 +38,15 @@ pub const SLOT_ALIGN: usize = 256;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
+
+/// How long a closing producer waits for its own last writes before it frees its memory:
+/// polled, not synchronised, so that a wedged GPU cannot hang the process in `drop`.
+const WRITES_PATIENCE: Duration = Duration::from_secs(1);
+
+/// A CUDA failure while creating a ring: the memory kind cannot be had.
+fn unavailable(e: CudaError) -> CreateError {
+    CreateError::MemoryUnavailable { reason: e.to_string() }
+}
 
 /// A pool table entry of a CUDA producer: the slots' own allocation (0) or one registered
 /// with [`Producer::register`].
@@ -315,9 +324,18 @@ fn consumers_gone(ring: &Ring<'_>) -> bool {
 impl ProducerSide for CudaTx {
     type Stream = Stream;
 
-    fn create(settings: &TxSettings, map: &MappedRing) -> Result<Self, CreateError> {
-        let unavailable = |e: CudaError| CreateError::MemoryUnavailable { reason: e.to_string() };
-        let ctx = Context::new(settings.device).map_err(unavailable)?;
+    /// The device's context.
+    type Prepared = Arc<Context>;
+
+    fn prepare(settings: &TxSettings) -> Result<Arc<Context>, CreateError> {
+        Context::new(settings.device).map_err(unavailable)
+    }
+
+    fn create(
+        ctx: Arc<Context>,
+        settings: &TxSettings,
+        map: &MappedRing,
+    ) -> Result<Self, CreateError> {
         let params = map.params();
         let (slot_size, capacity) = (params.slot_size as usize, params.capacity as usize);
         CudaTx::build(&ctx, map, slot_size, capacity, settings).map_err(unavailable)
@@ -441,7 +459,7 @@ impl ProducerSide for CudaTx {
         // Meanwhile reap every tick: retiring consumers are let go (our imports of their
         // events dropped first), dead ones reclaimed.
         let config = WaitConfig { tick: Duration::from_millis(10), ..ring.wait_config() };
-        let deadline = Some(Instant::now() + self.linger);
+        let deadline = Deadline::after(self.linger);
         let all_left = wait::wait_until(None, config, deadline, |tick| {
             if tick {
                 let _ = ring.reap_with(&mut |e, g| self.forget_reader(e, g));
@@ -451,14 +469,11 @@ impl ProducerSide for CudaTx {
         .is_some();
         // Our own writes must end before the memory is freed. Poll rather than synchronize: a
         // wedged GPU must not hang the process here.
-        let written_by = Instant::now() + Duration::from_secs(1);
-        let written = loop {
-            let done = self.ready.iter().all(|ev| ev.is_complete().unwrap_or(true));
-            if done || Instant::now() >= written_by {
-                break done;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        };
+        let ready = &self.ready;
+        let written = wait::wait_until(None, config, Deadline::after(WRITES_PATIENCE), |_| {
+            ready.iter().all(|ev| ev.is_complete().unwrap_or(true)).then_some(())
+        })
+        .is_some();
         // Whoever is still there may destroy its events once we are gone: close our imports
         // of them first, always; then let go of every retiring entry.
         let entries = self.readers.len() / self.capacity.max(1);
@@ -606,7 +621,7 @@ impl Producer<Cuda> {
         stream: &'a Stream,
     ) -> Result<WriteSlot<'a, Cuda>, AcquireError> {
         same_device(stream, &self.mem().ctx)?;
-        Ok(self.acquire_until(None, Some(stream))?)
+        Ok(self.acquire_until(Deadline::Never, Some(stream))?)
     }
 
     /// [`acquire_on`](Self::acquire_on), waiting at most `timeout` (see
@@ -632,7 +647,7 @@ impl Producer<Cuda> {
         timeout: Duration,
     ) -> Result<WriteSlot<'a, Cuda>, AcquireTimeoutError> {
         same_device(stream, &self.mem().ctx)?;
-        Ok(self.acquire_until(Some(Instant::now() + timeout), Some(stream))?)
+        Ok(self.acquire_until(Deadline::after(timeout), Some(stream))?)
     }
 }
 
