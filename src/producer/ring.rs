@@ -192,13 +192,8 @@ impl ProducerRing {
         }
         let started = Instant::now();
         let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
-            if tick || table_moved(&ring, table_seen) {
-                *last_reap = Instant::now();
-                if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
-                    return Some(Err(Fault::Corrupt(c.into())));
-                }
-            }
-            claim(core, &ring)
+            let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
+            claim_step(&ring, core, look, bells, on_free, *closed)
         });
         add_blocked(&ring, started);
         claimed.unwrap_or(Err(Fault::Blocked))
@@ -219,13 +214,8 @@ impl ProducerRing {
         let started = Instant::now();
         let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
         let claimed = wait_async(Some(wake), *wait, |tick| {
-            if tick || table_moved(&ring, table_seen) {
-                *last_reap = Instant::now();
-                if let Err(c) = look_after(&ring, core, bells, on_free, *closed) {
-                    return Some(Err(Fault::Corrupt(c.into())));
-                }
-            }
-            claim(core, &ring)
+            let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
+            claim_step(&ring, core, look, bells, on_free, *closed)
         })
         .await;
         add_blocked(&ring, started);
@@ -318,6 +308,25 @@ impl ProducerRing {
         }
         self.map.segment().unlink();
     }
+}
+
+/// One step of a claim's wait: if `look` (the liveness tick, or a table that moved), look after
+/// the consumer table first and note when in `look`; then try to claim.
+fn claim_step(
+    ring: &Ring<'_>,
+    core: &mut ProducerCore,
+    look: Option<&mut Instant>,
+    bells: &ProducerBells,
+    on_free: OnFree<'_>,
+    closed: bool,
+) -> Option<Result<usize, Fault>> {
+    if let Some(last_reap) = look {
+        *last_reap = Instant::now();
+        if let Err(c) = look_after(ring, core, bells, on_free, closed) {
+            return Some(Err(Fault::Corrupt(c.into())));
+        }
+    }
+    claim(core, ring)
 }
 
 /// One try at claiming the next slot: `None` while it is not free.
