@@ -43,7 +43,7 @@ const MAX_NAP: Duration = Duration::from_millis(1);
 /// When a wait gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Deadline {
-    /// After the first look (a `try_` operation): reads no clock.
+    /// After the first look (a `try_` operation): the wait reads no clock.
     Now,
     /// Once this instant has passed.
     At(Instant),
@@ -61,8 +61,8 @@ impl Deadline {
 /// Waits until `step` returns `Some`, or `deadline` passes (then `None`; a deadline already
 /// past when the first step finds nothing returns at once, as [`Deadline::Now`] does).
 ///
-/// The first step runs before any clock read: most waits end there, and a clock read costs
-/// about as much as a whole host message. `step`'s argument is true once per `cfg.tick`, never
+/// The first step runs before the wait reads a clock: most waits end there, and a clock read
+/// costs a sixth of a whole host message. `step`'s argument is true once per `cfg.tick`, never
 /// on the first step: the time for its slower checks (liveness), which may end the wait too.
 /// With a wake `line`, the waiter sleeps on its futex word after the spin, and whoever makes
 /// the condition true bumps and wakes it; without one, it yields for [`YIELD_PHASE`] more,
@@ -107,7 +107,7 @@ pub(crate) fn wait_until<T>(
                         return Some(v);
                     }
                 }
-                None if waited < cfg.spin + YIELD_PHASE => std::thread::yield_now(),
+                None if waited < cfg.spin.saturating_add(YIELD_PHASE) => std::thread::yield_now(),
                 None => {
                     std::thread::sleep(nap.min(left));
                     nap = (nap * 2).min(MAX_NAP);

@@ -53,7 +53,7 @@ pub(crate) struct Wake<'a> {
 
 /// The async twin of `wait::wait_until`, without a deadline: awaits until `step` returns
 /// `Some`. `step`'s argument is true once per `cfg.tick` (its slower checks, liveness), never
-/// on the first step, which reads no clock.
+/// on the first step, before which the wait reads no clock.
 ///
 /// With `wake`, the task parks on the line and awaits the doorbell, at most until the next
 /// tick; without one (a GPU event nobody wakes us for), it yields to the runtime for the spin
@@ -79,7 +79,9 @@ pub(crate) async fn wait_async<T>(
                 }
                 ring_or_nap(w.bell, cfg.tick.saturating_sub(last_tick.elapsed())).await;
             }
-            None if start.elapsed() < cfg.spin + YIELD_PHASE => tokio::task::yield_now().await,
+            None if start.elapsed() < cfg.spin.saturating_add(YIELD_PHASE) => {
+                tokio::task::yield_now().await
+            }
             None => tokio::time::sleep(POLL_NAP).await,
         }
         let tick = last_tick.elapsed() >= cfg.tick;

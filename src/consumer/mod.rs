@@ -197,8 +197,8 @@ impl ConsumerBuilder {
 }
 
 /// One consumer of a ring, in host memory ([`Host`], the default) or CUDA memory
-/// ([`Cuda`](crate::Cuda), opened by `ConsumerBuilder::open_gpu`). Every consumer receives every message (unless it lags under
-/// [`Policy::Overwrite`]).
+/// ([`Cuda`](crate::Cuda), opened by `ConsumerBuilder::open_gpu`). Every consumer receives
+/// every message (unless it lags under [`Policy::Overwrite`]).
 ///
 /// `recv` takes `&self`, so one consumer may hold several messages at once. A consumer is
 /// `Send` but not `Sync`: use one per thread.
@@ -457,8 +457,8 @@ impl<M: Memory> Consumer<M> {
         Iter { consumer: self }
     }
 
-    /// The one receive: pins the next message, waiting until `deadline`, then has the memory kind place it, read on `stream` (or the kind's
-    /// own).
+    /// The one receive: pins the next message, waiting until `deadline`, then has the memory
+    /// kind place it, read on `stream` (or the kind's own).
     pub(crate) fn receive<'a>(
         &'a self,
         deadline: Deadline,

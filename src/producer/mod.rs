@@ -245,9 +245,9 @@ impl ProducerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn create_in<M: Memory>(self) -> Result<Producer<M>, CreateError> {
-        let prepared = M::Tx::prepare(&self.kind)?;
-        let (ring, mem) =
-            ProducerRing::build(&self, M::KIND, |map| M::Tx::create(prepared, &self.kind, map))?;
+        let prepare = || M::Tx::prepare(&self.kind);
+        let init = |prepared, map: &_| M::Tx::create(prepared, &self.kind, map);
+        let (ring, mem) = ProducerRing::build(&self, M::KIND, prepare, init)?;
         Ok(Producer { ring, mem })
     }
 }
@@ -546,8 +546,7 @@ impl<M: Memory> Producer<M> {
         Ok(self.acquire_until(Deadline::after(timeout), None)?)
     }
 
-    /// The one acquire: waits, until `deadline` (`None`: for ever; past: not at all), for the
-    /// payload's last write of the next slot to be done, claims the slot, waits for the readers
+    /// The one acquire: waits, until `deadline`, for the payload's last write of the next slot to be done, claims the slot, waits for the readers
     /// of its previous message, and hands it out to be written on `stream` (or the memory
     /// kind's own). See docs/gpu.md, "Run-ahead" and "Reusing a slot".
     pub(crate) fn acquire_until<'a>(

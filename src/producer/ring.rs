@@ -116,13 +116,16 @@ fn add_blocked(ring: &Ring<'_>, started: Instant) {
 impl ProducerRing {
     /// Creates the segment for `memory` as `b` says, lets `init` fill in the memory kind's
     /// tables, then publishes the header. If `init` fails, the segment is removed again.
-    pub(crate) fn build<T>(
+    pub(crate) fn build<P, T>(
         b: &ProducerBuilder,
         memory: MemoryKind,
-        init: impl FnOnce(&MappedRing) -> Result<T, CreateError>,
+        prepare: impl FnOnce() -> Result<P, CreateError>,
+        init: impl FnOnce(P, &MappedRing) -> Result<T, CreateError>,
     ) -> Result<(ProducerRing, T), CreateError> {
         let name = ShmName::new(&b.name).map_err(CreateError::InvalidName)?;
         let params = b.params(memory)?;
+        // Once the settings are known to be good, and before the segment exists.
+        let prepared = prepare()?;
         let layout = Layout::of(&params);
         // Replaces a dead producer's segment of this name, if there is one.
         let seg = crate::shm::stale::create(&name, layout.total, b.mode)?;
@@ -143,7 +146,7 @@ impl ProducerRing {
             last_reap: Instant::now(),
             bells: ProducerBells::bind(&b.name, params.epoch, params.max_consumers),
         };
-        let extra = init(&ring.map)?;
+        let extra = init(prepared, &ring.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
         ring.map.header().magic.store(MAGIC, Ordering::Release);
         // Built: the creator's exclusive lock on the file becomes a shared one (shm/stale.rs).
@@ -189,6 +192,9 @@ impl ProducerRing {
         // The first try reads no clock: most claims end here.
         if let Some(claimed) = claim(core, &ring) {
             return claimed;
+        }
+        if deadline == Deadline::Now {
+            return Err(Fault::Blocked);
         }
         let started = Instant::now();
         let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
