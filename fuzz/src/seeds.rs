@@ -1,7 +1,8 @@
 //! Writes the seed corpus for the `segment` target into the directory given as argument:
 //! valid empty segments of both memory kinds, and a live host segment with messages published,
 //! one held and a consumer in the table.
-use gpuring::{fuzzing, Consumer, MemoryKind, Producer, StartAt};
+use gpuring::testing::fuzzing;
+use gpuring::{Consumer, MemoryKind, Producer, StartAt};
 
 fn main() {
     let dir = std::env::args().nth(1).expect("usage: seeds DIR");
@@ -11,7 +12,8 @@ fn main() {
     write("host-wide", &fuzzing::sample_segment(MemoryKind::Host, 4, 3, 200));
     write("cuda-empty", &fuzzing::sample_segment(MemoryKind::Cuda, 2, 2, 4096));
     let name = format!("fuzz-seed-{}", std::process::id());
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).max_consumers(2).create().unwrap();
+    let mut tx =
+        Producer::builder(&name).capacity(4).slot_size(64).max_consumers(2).create().unwrap();
     let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
     for i in 0..6u64 {
         tx.send(&i.to_le_bytes(), b"hdr").unwrap();

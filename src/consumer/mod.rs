@@ -486,13 +486,13 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// The ring's side.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    #[cfg(feature = "tokio")]
     pub(crate) fn ring(&self) -> &ConsumerRing {
         &self.ring
     }
 
     /// The memory kind's side.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn mem(&self) -> &M::Rx {
         &self.mem
     }
@@ -561,7 +561,7 @@ pub struct ReadSlot<'a, M: Memory = Host> {
 
 impl<'a, M: Memory> ReadSlot<'a, M> {
     /// Its consumer and stream (for the memory kinds' own methods).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn parts(&self) -> (&'a Consumer<M>, Option<&'a <M::Rx as ConsumerSide>::Stream>) {
         (self.consumer, self.stream)
     }
@@ -584,7 +584,7 @@ impl<'a, M: Memory> ReadSlot<'a, M> {
 
     /// Releases it now, returning what the memory kind's release reported (CUDA: recording
     /// the release event); dropping it does the same and ignores that.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn finish(self) -> Result<(), Fault> {
         let this = std::mem::ManuallyDrop::new(self);
         let c = this.consumer;

@@ -129,19 +129,19 @@ impl ConsumerRing {
     }
 
     /// Its consumer table entry.
-    #[cfg_attr(not(any(feature = "cuda", feature = "tokio")), allow(dead_code))]
+    #[cfg(any(feature = "cuda", feature = "tokio"))]
     pub(crate) fn entry(&self) -> usize {
         self.core.index()
     }
 
     /// Its consumer table entry's generation while it owns it.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn generation(&self) -> u32 {
         self.core.generation()
     }
 
     /// How waiting is configured.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn wait_config(&self) -> WaitConfig {
         self.wait
     }
@@ -194,7 +194,7 @@ impl ConsumerRing {
     }
 
     /// Whether the producer still runs (checked now).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn producer_alive(&self) -> bool {
         self.check_producer();
         !self.producer_dead.get()
@@ -277,7 +277,7 @@ impl ConsumerRing {
     }
 
     /// Steps aside without leaving (see `ConsumerCore::step_aside`).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn step_aside(&mut self) -> bool {
         self.left = true;
         self.core.step_aside(&self.map.ring())

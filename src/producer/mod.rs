@@ -609,13 +609,13 @@ impl<M: Memory> Producer<M> {
     }
 
     /// The ring's side and the memory kind's, borrowed at once.
-    #[cfg_attr(not(any(feature = "cuda", feature = "tokio")), allow(dead_code))]
+    #[cfg(any(feature = "cuda", feature = "tokio"))]
     pub(crate) fn parts(&mut self) -> (&mut ProducerRing, &mut M::Tx) {
         (&mut self.ring, &mut self.mem)
     }
 
     /// The memory kind's side.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn mem(&self) -> &M::Tx {
         &self.mem
     }
@@ -676,13 +676,13 @@ pub struct WriteSlot<'a, M: Memory = Host> {
 
 impl<'a, M: Memory> WriteSlot<'a, M> {
     /// Wraps slot `slot`, which `producer` has just claimed (and waited for).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    #[cfg(feature = "tokio")]
     pub(crate) fn new(producer: &'a mut Producer<M>, slot: usize) -> WriteSlot<'a, M> {
         WriteSlot { producer, slot, stream: None }
     }
 
     /// Its producer, slot index and stream (for the memory kinds' own methods).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn parts(
         &self,
     ) -> (&Producer<M>, usize, Option<&'a <M::Tx as ProducerSide>::Stream>) {

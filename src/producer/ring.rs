@@ -259,7 +259,7 @@ impl ProducerRing {
     /// Evicts the consumer of entry `entry`, whose lease was seen as `seen`, for `reason` (a
     /// `ring::lease::evict_reason`): a failure the producer met was attributable to that entry
     /// alone, so that consumer goes and the others are served on. Returns whether it evicted.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn evict(&mut self, entry: usize, seen: u64, reason: u32) -> bool {
         let ring = self.map.ring();
         let evicted = crate::ring::evict(&ring, entry, seen, reason);
