@@ -153,6 +153,23 @@ mod tests {
         rustix::fs::stat(name.path()).unwrap().st_ino
     }
 
+    /// `create`, once a child that another test forked has let go of our lock: until it execs,
+    /// it shares every open file description, and with it the lock of a segment we dropped
+    /// (`AlreadyExists { pid: 0 }`: locked, by nobody alive that the header names).
+    fn create_after_forks(n: &ShmName) -> Result<Segment, CreateError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match create(n, 4096, 0o600) {
+                Err(CreateError::AlreadyExists { pid: 0 })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                made => return made,
+            }
+        }
+    }
+
     /// A header naming process `p`, as a producer writes it.
     fn claim(seg: &Segment, p: ProcessId) {
         // Relaxed: read by other processes only through the file, after the lock.
@@ -187,7 +204,7 @@ mod tests {
         claim(&seg, ProcessId { start_time: me.start_time + 1, ..me });
         let old = ino(&n);
         drop(seg); // Its lock goes with it; the name stays (no unlink).
-        let new = create(&n, 4096, 0o600).unwrap();
+        let new = create_after_forks(&n).unwrap();
         assert_ne!(ino(&n), old, "a dead producer's segment is replaced");
         new.unlink();
         // An empty file with no lock: a creator that died before its ftruncate.
