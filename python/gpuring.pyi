@@ -266,8 +266,9 @@ class Producer:
     """Creates ring `name` and publishes into it.
 
     `memory`: "cuda" (slots on GPU `device`), "host", or "auto" (CUDA where a GPU is usable).
-    `policy`: "block" (wait for the slowest consumer) or "overwrite" (never wait; slow
-    consumers lose messages). The ring is removed when the producer is closed or freed.
+    `policy`: "block" (wait for the slowest consumer) or "overwrite" (no wait for slow readers;
+    they lose messages). In both, a slot a consumer still holds is waited for when the producer
+    comes round to it. The ring is removed when the producer is closed or freed.
     """
 
     def __new__(

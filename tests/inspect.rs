@@ -136,3 +136,41 @@ fn cli_bench_host_checks_every_byte() {
     assert!(fps.iter().all(|f| f.as_f64().unwrap() > 0.0), "{out}");
     assert!(r["p50_ns"].as_array().unwrap().iter().all(|p| p.as_u64().unwrap() > 0), "{out}");
 }
+
+#[cfg(feature = "cli")]
+#[test]
+fn cli_bench_with_a_slow_consumer_runs_both_and_compares() {
+    let args = [
+        "bench",
+        "--memory",
+        "host",
+        "--consumers",
+        "1",
+        "--seconds",
+        "0.3",
+        "--policy",
+        "overwrite",
+        "--capacity",
+        "4",
+        "--slow-hold-ms",
+        "20",
+        "--json",
+    ];
+    let (code, out, err) = run_cli(&args);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (without, with) = (&r["without_slow"], &r["with_slow"]);
+    assert_eq!(without["consumers"], 1, "{out}");
+    assert_eq!(without["slow_hold_ms"], 0, "{out}");
+    assert_eq!(with["consumers"], 2, "{out}");
+    assert_eq!(with["slow_hold_ms"], 20, "{out}");
+    assert_eq!(with["policy"], "overwrite", "{out}");
+    for run in [without, with] {
+        assert_eq!(run["bad_bytes"], 0, "{out}");
+        assert!(run["producer_fps"].as_f64().unwrap() > 0.0, "{out}");
+    }
+    // The slow consumer received something, and the ratios are the runs' own.
+    assert!(with["consumer_fps"][1].as_f64().unwrap() > 0.0, "{out}");
+    let ratio = with["producer_fps"].as_f64().unwrap() / without["producer_fps"].as_f64().unwrap();
+    assert!((r["producer_ratio"].as_f64().unwrap() - ratio).abs() < 1e-9, "{out}");
+}

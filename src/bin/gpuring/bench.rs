@@ -3,14 +3,19 @@
 //!
 //! One generic run per memory kind (`gpuring::testing::payload`): host memory writes each
 //! frame's test pattern on the CPU and each consumer checks every byte on the CPU; CUDA memory
-//! does both with kernels, a consumer's on its stream. Latency is publish → `recv` returning (CLOCK_MONOTONIC, CPU side), not the GPU's.
+//! does both with kernels, a consumer's on its stream. Latency is publish → `recv` returning
+//! (CLOCK_MONOTONIC, CPU side), not the GPU's.
+//!
+//! With `--slow-hold-ms`, it runs twice on fresh rings: first the fast consumers alone, then
+//! with one more consumer that holds each message that long (an inference process reading a
+//! frame in place), and reports how the producer's and the fast consumers' rates compare.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuring::testing::payload::Payload;
-use gpuring::{monotonic_ns, Consumer, Host, OpenError, Producer, RecvError, StartAt};
+use gpuring::{monotonic_ns, Consumer, Host, OpenError, Policy, Producer, RecvError, StartAt};
 use serde::{Deserialize, Serialize};
 
 /// What a consumer process reports.
@@ -25,18 +30,34 @@ pub struct ConsumerResult {
     bad_bytes: u64,
 }
 
-/// What `gpuring bench` prints with `--json`.
+/// One run, as `gpuring bench` prints it with `--json`.
 #[derive(Serialize)]
 struct BenchResult {
     memory: &'static str,
+    policy: &'static str,
+    capacity: u32,
     consumers: usize,
+    /// How long the slow consumer (the last one) holds each message, in ms; 0: none.
+    slow_hold_ms: u64,
     frame_bytes: usize,
     seconds: f64,
     producer_fps: f64,
     consumer_fps: Vec<f64>,
+    lost: Vec<u64>,
     p50_ns: Vec<u64>,
     p99_ns: Vec<u64>,
     bad_bytes: u64,
+}
+
+/// What `--slow-hold-ms` prints with `--json`: both runs, and the ratios.
+#[derive(Serialize)]
+struct SlowResult {
+    without_slow: BenchResult,
+    with_slow: BenchResult,
+    /// Producer frames/s with the slow consumer / without it.
+    producer_ratio: f64,
+    /// The fast consumers' mean frames/s with the slow consumer / without it.
+    fast_consumer_ratio: f64,
 }
 
 /// The options of `gpuring bench`.
@@ -45,6 +66,8 @@ pub struct Options {
     pub consumers: usize,
     pub size: usize,
     pub seconds: f64,
+    pub capacity: u32,
+    pub policy: Policy,
     pub json: bool,
 }
 
@@ -63,10 +86,11 @@ fn use_cuda(memory: &str) -> Result<bool, String> {
     }
 }
 
-fn spawn(name: &str, memory: &str) -> Result<Child, String> {
+fn spawn(name: &str, memory: &str, hold: Duration) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     Command::new(exe)
         .args(["bench-consumer", name, "--memory", memory])
+        .args(["--hold-ms", &hold.as_millis().to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -83,22 +107,70 @@ fn collect(mut child: Child) -> Result<ConsumerResult, String> {
     serde_json::from_str(out.trim()).map_err(|e| format!("a consumer's result: {e}"))
 }
 
-/// Runs the bench and prints its result.
-pub fn run(o: &Options) -> Result<(), String> {
-    if o.consumers == 0 || o.size < 16 || o.seconds <= 0.0 {
-        return Err("need --consumers >= 1, --size >= 16, --seconds > 0".into());
+/// Runs the bench and prints its result; with a `slow_hold`, twice (see the module docs).
+pub fn run(o: &Options, slow_hold: Duration) -> Result<(), String> {
+    if o.consumers == 0 || o.size < 16 || o.seconds <= 0.0 || o.capacity == 0 {
+        return Err("need --consumers >= 1, --size >= 16, --seconds > 0, --capacity >= 1".into());
     }
     #[cfg(feature = "cuda")]
     if use_cuda(&o.memory)? {
-        return run_in::<gpuring::Cuda>(o, "cuda");
+        return run_all::<gpuring::Cuda>(o, "cuda", slow_hold);
     }
-    run_in::<Host>(o, "host")
+    run_all::<Host>(o, "host", slow_hold)
 }
 
-/// The bench in memory kind `M` (`memory` names it for the consumers and the report).
-fn run_in<M: Payload>(o: &Options, memory: &'static str) -> Result<(), String> {
+/// Every run the options ask for, in memory kind `M`, and the report.
+fn run_all<M: Payload>(
+    o: &Options,
+    memory: &'static str,
+    slow_hold: Duration,
+) -> Result<(), String> {
+    if slow_hold.is_zero() {
+        let r = run_in::<M>(o, memory, None)?;
+        if o.json {
+            println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
+        } else {
+            print(&r);
+        }
+        return check(&r);
+    }
+    let without_slow = run_in::<M>(o, memory, None)?;
+    let with_slow = run_in::<M>(o, memory, Some(slow_hold))?;
+    let fast =
+        |r: &BenchResult| r.consumer_fps[..o.consumers].iter().sum::<f64>() / o.consumers as f64;
+    let s = SlowResult {
+        producer_ratio: with_slow.producer_fps / without_slow.producer_fps.max(1e-9),
+        fast_consumer_ratio: fast(&with_slow) / fast(&without_slow).max(1e-9),
+        without_slow,
+        with_slow,
+    };
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?);
+    } else {
+        print(&s.without_slow);
+        print(&s.with_slow);
+        println!(
+            "with the slow consumer / without: producer {:.2}x, fast consumers {:.2}x",
+            s.producer_ratio, s.fast_consumer_ratio
+        );
+    }
+    check(&s.without_slow)?;
+    check(&s.with_slow)
+}
+
+/// One run in memory kind `M` (`memory` names it for the consumers and the report), with one
+/// more consumer holding each message for `slow_hold` if given.
+fn run_in<M: Payload>(
+    o: &Options,
+    memory: &'static str,
+    slow_hold: Option<Duration>,
+) -> Result<BenchResult, String> {
     let name = format!("gpuring-bench-{}", std::process::id());
-    let builder = Producer::builder(&name).capacity(16).slot_size(o.size).user_header_size(8);
+    let builder = Producer::builder(&name)
+        .capacity(o.capacity)
+        .policy(o.policy)
+        .slot_size(o.size)
+        .user_header_size(8);
     let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
     let mut tx = builder.create_in::<M>().map_err(err)?;
     let w = M::writer(&tx).map_err(|e| format!("preparing the pattern writer: {e}"))?;
@@ -109,9 +181,11 @@ fn run_in<M: Payload>(o: &Options, memory: &'static str) -> Result<(), String> {
         slot.publish(o.size, &[phase, 0, 0, 0, 0, 0, 0, 0]).map_err(|e| e.to_string())?;
         Ok(())
     };
-    let children = (0..o.consumers).map(|_| spawn(&name, memory)).collect::<Result<Vec<_>, _>>()?;
+    let holds = (0..o.consumers).map(|_| Duration::ZERO).chain(slow_hold);
+    let children = holds.map(|h| spawn(&name, memory, h)).collect::<Result<Vec<_>, _>>()?;
+    let consumers = children.len();
     let t = Instant::now();
-    while tx.consumer_count() < o.consumers {
+    while tx.consumer_count() < consumers {
         if t.elapsed() > Duration::from_secs(30) {
             return Err("the consumers did not join within 30 s".into());
         }
@@ -133,36 +207,50 @@ fn run_in<M: Payload>(o: &Options, memory: &'static str) -> Result<(), String> {
     let producer_fps = frames as f64 / t0.elapsed().as_secs_f64();
     drop(tx);
     let results = children.into_iter().map(collect).collect::<Result<Vec<_>, _>>()?;
-    let r = BenchResult {
+    Ok(BenchResult {
         memory,
-        consumers: o.consumers,
+        policy: match o.policy {
+            Policy::Block => "block",
+            Policy::Overwrite => "overwrite",
+        },
+        capacity: o.capacity,
+        consumers,
+        slow_hold_ms: slow_hold.map_or(0, |h| h.as_millis() as u64),
         frame_bytes: o.size,
         seconds: o.seconds,
         producer_fps,
         consumer_fps: results.iter().map(|c| c.frames as f64 / c.seconds.max(1e-9)).collect(),
+        lost: results.iter().map(|c| c.lost).collect(),
         p50_ns: results.iter().map(|c| c.p50_ns).collect(),
         p99_ns: results.iter().map(|c| c.p99_ns).collect(),
         bad_bytes: results.iter().map(|c| c.bad_bytes).sum(),
+    })
+}
+
+/// Prints one run for a person.
+fn print(r: &BenchResult) {
+    let slow = match r.slow_hold_ms {
+        0 => String::new(),
+        ms => format!(", the last holding each message {ms} ms"),
     };
-    if o.json {
-        println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
-    } else {
+    println!(
+        "{} memory, {} policy, {} slots, 1 -> {}{slow}, {} B frames, {:.1} s: producer {:.0} frames/s",
+        r.memory, r.policy, r.capacity, r.consumers, r.frame_bytes, r.seconds, r.producer_fps
+    );
+    for i in 0..r.consumers {
         println!(
-            "{} memory, 1 -> {}, {} B frames, {:.1} s: producer {:.0} frames/s",
-            r.memory, r.consumers, r.frame_bytes, r.seconds, r.producer_fps
+            "  consumer {i}: {:.0} frames/s, publish -> recv p50 {:.1} us, p99 {:.1} us, lost {}",
+            r.consumer_fps[i],
+            r.p50_ns[i] as f64 / 1e3,
+            r.p99_ns[i] as f64 / 1e3,
+            r.lost[i],
         );
-        for (i, c) in results.iter().enumerate() {
-            println!(
-                "  consumer {i}: {:.0} frames/s, publish -> recv p50 {:.1} us, p99 {:.1} us, \
-                 lost {}, bad bytes {}",
-                r.consumer_fps[i],
-                c.p50_ns as f64 / 1e3,
-                c.p99_ns as f64 / 1e3,
-                c.lost,
-                c.bad_bytes
-            );
-        }
     }
+    println!("  bad bytes {}", r.bad_bytes);
+}
+
+/// Fails a run whose consumers saw bytes other than those published.
+fn check(r: &BenchResult) -> Result<(), String> {
     if r.bad_bytes != 0 {
         return Err(format!("{} bytes differed from what was published", r.bad_bytes));
     }
@@ -177,18 +265,20 @@ fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
     (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
 }
 
-/// `gpuring bench-consumer NAME`: receives until the producer leaves, prints one JSON line.
-pub fn consumer(name: &str, memory: &str) -> Result<(), String> {
+/// `gpuring bench-consumer NAME`: receives until the producer leaves, holding each message
+/// for `hold`, and prints one JSON line.
+pub fn consumer(name: &str, memory: &str, hold: Duration) -> Result<(), String> {
     #[cfg(feature = "cuda")]
     if use_cuda(memory)? {
-        return consume_in::<gpuring::Cuda>(name);
+        return consume_in::<gpuring::Cuda>(name, hold);
     }
     let _ = use_cuda(memory)?;
-    consume_in::<Host>(name)
+    consume_in::<Host>(name, hold)
 }
 
-/// The consumer in memory kind `M`: checks every byte of every message.
-fn consume_in<M: Payload>(name: &str) -> Result<(), String> {
+/// The consumer in memory kind `M`: checks every byte of every message, and holds each for
+/// `hold` before releasing it.
+fn consume_in<M: Payload>(name: &str, hold: Duration) -> Result<(), String> {
     let t = Instant::now();
     let rx = loop {
         match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
@@ -215,6 +305,11 @@ fn consume_in<M: Payload>(name: &str) -> Result<(), String> {
                     lost += m.lag();
                 }
                 M::check(&checker, &m).map_err(|e| e.to_string())?;
+                if !hold.is_zero() {
+                    // "Working" on the message in place: it stays held, and released after.
+                    std::thread::sleep(hold);
+                }
+                drop(m);
             }
             Err(RecvError::Disconnected) => break,
             Err(e) => return Err(format!("recv: {e}")),

@@ -4,7 +4,8 @@
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
-//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S] [--json]
+//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
+//!               [--capacity N] [--policy block|overwrite] [--slow-hold-ms MS] [--json]
 //! ```
 //!
 //! Errors are one line on stderr and exit status 1.
@@ -74,6 +75,17 @@ enum Cmd {
         /// Measured seconds (after 0.2 s of warm-up).
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        /// Slots in the ring.
+        #[arg(long, default_value_t = 16)]
+        capacity: u32,
+        /// The ring's policy: block (lossless) or overwrite (live).
+        #[arg(long, default_value = "block", value_parser = parse_policy)]
+        policy: Policy,
+        /// Add one slow consumer that holds each message this long (ms) while it "works", and
+        /// run the bench first without it: the report compares the producer's and the other
+        /// consumers' rates with and without it.
+        #[arg(long, default_value_t = 0)]
+        slow_hold_ms: u64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -84,6 +96,9 @@ enum Cmd {
         name: String,
         #[arg(long)]
         memory: String,
+        /// Hold each message this long (ms) before releasing it.
+        #[arg(long, default_value_t = 0)]
+        hold_ms: u64,
     },
 }
 
@@ -333,16 +348,29 @@ fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `--policy`: block or overwrite.
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s {
+        "block" => Ok(Policy::Block),
+        "overwrite" => Ok(Policy::Overwrite),
+        other => Err(format!("{other}: expected block or overwrite")),
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::List { json } => list(json),
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),
         Cmd::Rm { name, force, json } => rm(&name, force, json),
-        Cmd::Bench { memory, consumers, size, seconds, json } => {
-            bench::run(&bench::Options { memory, consumers, size, seconds, json })
+        Cmd::Bench { memory, consumers, size, seconds, capacity, policy, slow_hold_ms, json } => {
+            let slow_hold = Duration::from_millis(slow_hold_ms);
+            let o = bench::Options { memory, consumers, size, seconds, capacity, policy, json };
+            bench::run(&o, slow_hold)
         }
-        Cmd::BenchConsumer { name, memory } => bench::consumer(&name, &memory),
+        Cmd::BenchConsumer { name, memory, hold_ms } => {
+            bench::consumer(&name, &memory, Duration::from_millis(hold_ms))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,8 @@
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
-//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S] [--json]
+//! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
+//!               [--capacity N] [--policy block|overwrite] [--slow-hold-ms MS] [--json]
 //! ```
 
 #[cfg(not(loom))]
