@@ -93,6 +93,13 @@ fn fence_run(test: &str, unfenced: bool, poll: Duration) {
     fence_run_with(test, unfenced, poll, gpuring::Fence::Events)
 }
 
+/// The exit code of a consumer that saw no torn frame where the fence was off.
+const NO_TEARING: i32 = 3;
+
+/// How many runs the unfenced control gets to show tearing: it is a race the GPU usually loses
+/// within a run (10^7 to 10^8 torn bytes), but not always when other tests share the GPU.
+const UNFENCED_TRIES: u32 = 3;
+
 fn fence_run_with(test: &str, unfenced: bool, poll: Duration, fence: gpuring::Fence) {
     const FRAMES: u64 = 300;
     const LEN: u64 = 4 << 20;
@@ -102,22 +109,31 @@ fn fence_run_with(test: &str, unfenced: bool, poll: Duration, fence: gpuring::Fe
         println!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
         eprintln!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
         assert_eq!(n, FRAMES);
-        if unfenced {
-            assert!(bad > 0, "no tearing without the fence: the test cannot see it");
-        } else {
-            assert_eq!(bad, 0, "torn frames despite the release fence");
+        if unfenced && bad == 0 {
+            drop(rx);
+            std::process::exit(NO_TEARING);
         }
+        assert_eq!(bad, 0, "torn frames despite the release fence");
         return;
     }
-    let name = unique_name("fence");
-    let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
-    let b = b.unfenced_for_tests(unfenced).gpu_poll(poll).fence(fence);
-    let mut tx = b.create_gpu(0).unwrap();
-    let child = spawn(test, "consumer", &[("RING", name)]);
-    wait_for_consumers(&tx, 1);
-    produce(&mut tx, FRAMES, LEN);
-    drop(tx);
-    expect_success(child, "consumer");
+    let tries = if unfenced { UNFENCED_TRIES } else { 1 };
+    for attempt in 1..=tries {
+        let name = unique_name("fence");
+        let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
+        let b = b.unfenced_for_tests(unfenced).gpu_poll(poll).fence(fence);
+        let mut tx = b.create_gpu(0).unwrap();
+        let mut child = spawn(test, "consumer", &[("RING", name)]);
+        wait_for_consumers(&tx, 1);
+        produce(&mut tx, FRAMES, LEN);
+        drop(tx);
+        let status = child.wait().expect("wait child");
+        if status.success() {
+            return;
+        }
+        assert_eq!(status.code(), Some(NO_TEARING), "consumer failed: {status}");
+        eprintln!("fence unfenced: no tearing in run {attempt} of {tries}");
+    }
+    panic!("no tearing without the fence in {tries} runs: the test cannot see it");
 }
 
 #[test]
