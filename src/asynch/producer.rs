@@ -1,6 +1,6 @@
 //! The producer's async acquire.
 
-use crate::error::{AcquireError, PublishError, SendError};
+use crate::error::{AcquireError, SendError};
 use crate::memory::{Fault, Host, Memory, ProducerSide};
 use crate::producer::{Producer, WriteSlot};
 
@@ -26,6 +26,11 @@ impl<M: Memory> Producer<M> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire_async(&mut self) -> Result<WriteSlot<'_, M>, AcquireError> {
+        Ok(self.acquire_async_slot().await?)
+    }
+
+    /// `acquire_async`, failing with the internal [`Fault`] that `send_async` converts too.
+    async fn acquire_async_slot(&mut self) -> Result<WriteSlot<'_, M>, Fault> {
         let seq = self.published();
         let cap = self.capacity() as u64;
         let next = (seq % cap) as usize;
@@ -65,16 +70,8 @@ impl Producer<Host> {
     /// # Ok(()) }
     /// ```
     pub async fn send_async(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
-        if data.len() > self.slot_size() {
-            let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
-            return Err(SendError::Publish(e));
-        }
-        let mut slot = self.acquire_async().await.map_err(|e| match e {
-            AcquireError::Corrupt(c) => SendError::Corrupt(c),
-            #[cfg(feature = "cuda")]
-            AcquireError::Cuda(e) => SendError::Cuda(e),
-        })?;
-        slot[..data.len()].copy_from_slice(data);
-        slot.publish(data.len(), header).map_err(SendError::Publish)
+        self.check_fits(data)?;
+        let slot = self.acquire_async_slot().await.map_err(SendError::from)?;
+        slot.send(data, header)
     }
 }

@@ -319,13 +319,26 @@ impl Producer<Host> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send(&mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
+        self.check_fits(data)?;
+        let slot = self.acquire_until(Deadline::Never, None).map_err(SendError::from)?;
+        slot.send(data, header)
+    }
+
+    /// What `send` and `send_async` refuse before they wait for a slot: `data` larger than one.
+    pub(crate) fn check_fits(&self, data: &[u8]) -> Result<(), SendError> {
         if data.len() > self.slot_size() {
             let e = PublishError::TooLong { len: data.len(), slot_size: self.slot_size() };
             return Err(SendError::Publish(e));
         }
-        let mut slot = self.acquire_until(Deadline::Never, None).map_err(SendError::from)?;
-        slot[..data.len()].copy_from_slice(data);
-        slot.publish(data.len(), header).map_err(SendError::Publish)
+        Ok(())
+    }
+}
+
+impl WriteSlot<'_, Host> {
+    /// The rest of `send` and `send_async`: copies `data` (checked to fit) in and publishes it.
+    pub(crate) fn send(mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
+        self[..data.len()].copy_from_slice(data);
+        self.publish(data.len(), header).map_err(SendError::Publish)
     }
 }
 
