@@ -384,7 +384,7 @@ fn producer_in<M: Soaked>(args: &Args) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    println!("published={seq} leaked={} closing_at={}", tx.held_slots(), monotonic_ns());
+    println!("published={seq} leaked={} closing_at={}", tx.held_buffers(), monotonic_ns());
     Ok(())
 }
 

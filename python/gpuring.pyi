@@ -70,6 +70,11 @@ class Consumer:
     - `device` (CUDA rings): the GPU to read on; default the ring's.
     - `start`: "newest" (default, the newest message still in the ring), "next" (only
       messages published after joining) or "oldest".
+    - `mode`: how it receives. "lossless" (every message; the producer waits for it), "queue"
+      (every message while it keeps up; when lapped it loses the oldest and `lag` says how
+      many) or "latest" (each receive returns the newest message, skipping older unread ones,
+      counted in `lag`: what a live inference consumer wants). Default: the ring's policy's
+      ("block": lossless, "overwrite": queue).
     - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a
       dead one's).
 
@@ -85,6 +90,7 @@ class Consumer:
         shape: Sequence[int] | None = None,
         device: int | None = None,
         start: Literal["newest", "next", "oldest"] = "newest",
+        mode: Literal["lossless", "queue", "latest"] | None = None,
         wait: float = 0.0,
     ) -> Self: ...
     def recv(self, timeout: float | None = None) -> Slot:
@@ -131,6 +137,10 @@ class Consumer:
     @property
     def capacity(self) -> int:
         """Slots in the ring."""
+
+    @property
+    def mode(self) -> Literal["lossless", "queue", "latest"]:
+        """This consumer's delivery mode."""
 
     @property
     def slot_size(self) -> int:
@@ -266,9 +276,11 @@ class Producer:
     """Creates ring `name` and publishes into it.
 
     `memory`: "cuda" (slots on GPU `device`), "host", or "auto" (CUDA where a GPU is usable).
-    `policy`: "block" (wait for the slowest consumer) or "overwrite" (no wait for slow readers;
-    they lose messages). In both, a slot a consumer still holds is waited for when the producer
-    comes round to it. The ring is removed when the producer is closed or freed.
+    `policy`: the delivery mode of consumers that do not choose one: "block" (lossless: the
+    producer waits for the slowest) or "overwrite" (queue: no wait for slow readers; they lose
+    messages). `spares`: spare buffers the producer swaps in when it laps a message a consumer
+    still holds, so a consumer that holds frames never slows it down; only when consumers hold
+    every spare does it wait. The ring is removed when the producer is closed or freed.
     """
 
     def __new__(
@@ -282,6 +294,7 @@ class Producer:
         device: int = 0,
         policy: Literal["block", "overwrite"] = "block",
         max_consumers: int | None = None,
+        spares: int = 8,
     ) -> Self: ...
     def send(
         self,

@@ -109,17 +109,17 @@ impl ConsumerBells {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ring::{ConsumerCore, HeapRing, Policy, StartAt};
+    use crate::ring::{ConsumerCore, HeapRing, Mode, Policy, StartAt};
     use crate::shm::doorbell::new_token;
 
     #[test]
     fn only_parked_consumers_with_a_doorbell_are_rung() {
-        let heap = HeapRing::new(2, 4, Policy::Block);
+        let heap = HeapRing::new(2, 0, 4, Policy::Block);
         let ring = heap.ring();
         let epoch = u64::from(std::process::id()) << 8 | 1;
         let bells = ProducerBells::bind("bells-ring", epoch, 4);
-        let a = ConsumerCore::join(&ring, StartAt::Next, 1, 1).unwrap();
-        let b = ConsumerCore::join(&ring, StartAt::Next, 2, 1).unwrap();
+        let a = ConsumerCore::join(&ring, StartAt::Next, Mode::Lossless, 1, 1).unwrap();
+        let b = ConsumerCore::join(&ring, StartAt::Next, Mode::Lossless, 2, 1).unwrap();
         let doorbell = |core: &ConsumerCore| {
             let token = new_token().unwrap();
             let at = consumer_address("bells-ring", epoch, token).unwrap();

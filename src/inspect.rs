@@ -30,15 +30,21 @@ pub struct RingStatus {
     pub name: String,
     /// Host or CUDA memory.
     pub memory: MemoryKind,
-    /// Slots.
+    /// Slots: the messages the ring holds.
     pub capacity: u32,
+    /// Spare buffers, swapped in for buffers that consumers hold when the producer laps them.
+    pub spares: u32,
+    /// Buffers (of `capacity + spares`) that some consumer holds now. When every candidate of
+    /// the next claim is among them, the producer waits; `ConsumerInfo::oldest_held` says who
+    /// holds what.
+    pub held_buffers: usize,
     /// Bytes per slot.
     pub slot_size: u64,
     /// Bytes of user header per slot.
     pub user_header_size: u32,
     /// Size of the consumer table.
     pub max_consumers: u32,
-    /// What happens when a consumer falls a full ring behind.
+    /// The delivery mode of consumers that do not choose one.
     pub policy: Policy,
     /// The producer's pid.
     pub producer_pid: u32,
@@ -50,7 +56,8 @@ pub struct RingStatus {
     pub epoch: u64,
     /// Messages published so far.
     pub published: u64,
-    /// Nanoseconds the producer has spent waiting for a free slot.
+    /// Nanoseconds the producer has spent waiting: for a lossless consumer, or for a buffer when
+    /// consumers hold every spare.
     pub blocked_ns: u64,
     /// Consumers the producer evicted (a failure attributable to one consumer's entry, such as
     /// a release event that cannot be opened).
@@ -103,6 +110,8 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
         name: name.to_owned(),
         memory: params.memory_kind,
         capacity: params.capacity,
+        spares: params.spares,
+        held_buffers: stats::held_buffers(&ring),
         slot_size: params.slot_size,
         user_header_size: params.user_header_size,
         max_consumers: params.max_consumers,

@@ -91,7 +91,7 @@ pub use memory::{Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlo
 pub use memory::{Host, Memory, DEFAULT_GPU_POLL};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
-pub use ring::{Policy, StartAt};
+pub use ring::{Mode, Policy, StartAt};
 pub use shm::MAX_NAME_LEN;
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;

@@ -2,8 +2,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::ring::lease;
-use crate::ring::Ring;
+use crate::ring::{hold, lease, stamp};
+use crate::ring::{Mode, Ring};
 use crate::shm::process::ProcessId;
 
 /// One joined consumer, as its table entry says now.
@@ -32,10 +32,15 @@ pub struct ConsumerInfo {
     pub lag: u64,
     /// Messages received.
     pub received: u64,
-    /// Messages lost by lagging (`Overwrite`).
+    /// Its delivery mode (`None`: the entry holds a value no correct consumer writes).
+    pub mode: Option<Mode>,
+    /// Messages lost: overwritten before it got to them (`Queue`), or skipped (`Latest`).
     pub lost: u64,
-    /// Slots it holds now.
+    /// Messages it holds now.
     pub holding: u64,
+    /// The oldest message it holds now, from its hold records: what a producer waiting for a
+    /// buffer waits on.
+    pub oldest_held: Option<u64>,
     /// Whether it is parked: an async receive waiting on its doorbell.
     pub parked: bool,
     /// Whether the producer evicted it (see `gpuring stat`): it gates and holds nothing, and
@@ -72,8 +77,10 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
                 cursor,
                 lag: head.saturating_sub(cursor),
                 received: e.received.load(Ordering::Relaxed),
+                mode: Mode::from_raw(e.mode.load(Ordering::Relaxed)),
                 lost: e.lost.load(Ordering::Relaxed),
                 holding: e.holding.load(Ordering::Relaxed),
+                oldest_held: oldest_held(ring, index),
                 parked: e.parked.load(Ordering::Relaxed) != 0,
                 evicted: lease::state(l) == lease::EVICTED,
             }
@@ -81,11 +88,25 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
         .collect()
 }
 
-/// Slots whose stamp counts at least one holder.
-pub(crate) fn held_slots(ring: &Ring<'_>) -> usize {
-    ring.slots
+/// Buffers whose stamp counts at least one holder.
+pub(crate) fn held_buffers(ring: &Ring<'_>) -> usize {
+    ring.buffers
         .iter()
         // Relaxed: a snapshot for display and leak checks.
-        .filter(|l| crate::ring::stamp::held(l.stamp.load(Ordering::Relaxed)) > 0)
+        .filter(|l| stamp::held(l.stamp.load(Ordering::Relaxed)) > 0)
         .count()
+}
+
+/// The oldest message consumer entry `index` holds, by its hold records (HELD, and the buffer
+/// still carries that message).
+fn oldest_held(ring: &Ring<'_>, index: usize) -> Option<u64> {
+    (0..ring.buffers.len())
+        .filter_map(|b| {
+            // Relaxed: a snapshot for display.
+            let r = ring.hold(index, b).load(Ordering::Relaxed);
+            let st = ring.buffers[b].stamp.load(Ordering::Relaxed);
+            let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
+            (hold::state(r) == hold::HELD && same).then_some(hold::seq(r))
+        })
+        .min()
 }

@@ -31,15 +31,19 @@ fn send_and_receive_with_header() {
 #[test]
 fn several_messages_held_at_once() {
     let name = unique_name("hold");
-    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let builder = Producer::builder(&name).capacity(4).spare_buffers(1).slot_size(64);
+    let mut tx = builder.create().unwrap();
     let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
     for i in 0..4u8 {
         tx.send(&[i; 10], b"").unwrap();
     }
     let held: Vec<_> = (0..4).map(|_| rx.recv().unwrap()).collect();
-    // Every slot is held: no slot for the producer.
+    // Every slot's buffer is held: the spare takes the next message's place...
+    tx.send(&[4; 10], b"").unwrap();
+    // ...and then every buffer is held: none for the producer.
     assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Full)));
     assert_eq!(tx.consumers()[0].holding, 4);
+    assert_eq!(tx.held_buffers(), 4);
     for (i, m) in held.iter().enumerate() {
         assert_eq!(&**m, &[i as u8; 10]);
     }

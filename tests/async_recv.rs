@@ -154,6 +154,7 @@ fn acquire_async_is_woken_by_a_release() {
     let name = unique_name("async-acquire");
     let mut tx = Producer::builder(&name)
         .capacity(1)
+        .spare_buffers(0)
         .slot_size(64)
         .policy(Policy::Block)
         .liveness_interval(LONG)

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::testing::{pattern, payload::Payload};
-use gpuring::{Consumer, Memory, OpenError, Policy, Producer, ProducerBuilder, RecvError, StartAt};
+use gpuring::{
+    Consumer, Memory, Mode, OpenError, Policy, Producer, ProducerBuilder, RecvError, StartAt,
+};
 
 /// How often producers and consumers in these tests look for dead peers.
 const LIVENESS: Duration = Duration::from_millis(20);
@@ -92,6 +94,12 @@ fn checked<K: Kind>(rx: Consumer<K::M>) -> Rx<K> {
 fn open<K: Kind>(name: &str, start: StartAt) -> Result<Rx<K>, OpenError> {
     let b = Consumer::builder(name).start_at(start).liveness_interval(LIVENESS);
     Ok(checked(b.open_in::<K::M>()?))
+}
+
+/// Opens ring `name` at the next message in delivery mode `mode`.
+fn open_mode<K: Kind>(name: &str, mode: Mode) -> Rx<K> {
+    let b = Consumer::builder(name).start_at(StartAt::Next).mode(mode);
+    checked(b.liveness_interval(LIVENESS).open_in::<K::M>().unwrap())
 }
 
 /// Receives one message and checks (or queues the check of) its payload; `None` once
@@ -420,7 +428,7 @@ fn consumer_killed_while_holding<B: Kind>(test: &str, policy: Policy) {
         assert!(t.elapsed() < Duration::from_secs(30), "consumers did not settle: {cs:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(tx.tx.held_slots(), 0, "a slot is still held after {KILLS} kills");
+    assert_eq!(tx.tx.held_buffers(), 0, "a slot is still held after {KILLS} kills");
     eprintln!("{KILLS} kills survived, {seq} messages, {:?}", started.elapsed());
     drop(tx);
     for c in steady {
@@ -538,6 +546,205 @@ fn restart_and_reconnect<B: Kind>(test: &str) {
     expect_success(second, "second producer");
 }
 
+/// Spare buffers the scenarios below give their rings (the default).
+const SPARES: u32 = 8;
+
+/// A consumer that holds each message `HOLD` while the producer publishes as fast as it can,
+/// next to two fast consumers, all in `mode` (Queue or Latest): the producer laps the held
+/// buffer many times over (it never waits for it), each held message's bytes are checked again
+/// at the end of its hold (nothing was written under the reader), and every consumer accounts
+/// for every message (received + lost = published).
+fn slow_holder<B: Kind>(test: &str, mode: Mode) {
+    const HOLD: Duration = Duration::from_millis(40);
+    const CAP: u32 = 8;
+    let n = B::MESSAGES / 4;
+    match role().as_deref() {
+        Some("fast") => {
+            let rx = open_mode::<B>(&env::<String>("RING"), mode);
+            let seen = consume_and_check::<B>(&rx);
+            assert_eq!((seen.received + seen.lost, seen.last), (n, Some(n - 1)), "{seen:?}");
+            eprintln!("fast {mode:?}: received {} lost {}", seen.received, seen.lost);
+            return;
+        }
+        Some("slow") => {
+            let rx = open_mode::<B>(&env::<String>("RING"), mode);
+            let (mut received, mut lost, mut most_lag, mut last) = (0u64, 0u64, 0u64, None);
+            loop {
+                let m = match rx.rx.recv() {
+                    Ok(m) => m,
+                    Err(RecvError::Disconnected) => break,
+                    Err(e) => panic!("recv: {e}"),
+                };
+                B::M::check(&rx.c, &m).unwrap();
+                assert_eq!(m.len(), len_for::<B>(m.seq()));
+                if let Some(last) = last {
+                    assert_eq!(m.seq(), last + 1 + m.lag(), "gap not reported as lag");
+                }
+                last = Some(m.seq());
+                received += 1;
+                lost += m.lag();
+                most_lag = most_lag.max(m.lag());
+                std::thread::sleep(HOLD);
+                // Again, after the hold: the producer ran on meanwhile.
+                B::M::check(&rx.c, &m).unwrap();
+            }
+            assert_eq!(mismatches::<B>(&rx), 0, "a held message changed under its reader");
+            assert_eq!((received + lost, last), (n, Some(n - 1)));
+            // A producer held back by this consumer would publish at most the slots and spares
+            // while it holds one message; one that is not laps it many times over.
+            let throttled = u64::from(CAP + SPARES);
+            assert!(most_lag > 4 * throttled, "the producer waited for the holder: {most_lag}");
+            eprintln!("slow {mode:?}: received {received} lost {lost}, most lag {most_lag}");
+            return;
+        }
+        _ => {}
+    }
+    let name = unique_name("slow");
+    let mut tx = create::<B>(&name, CAP, Policy::Overwrite);
+    let vars = [("RING", name.clone())];
+    let mut children: Vec<_> = (0..2).map(|_| spawn(test, "fast", &vars)).collect();
+    children.push(spawn(test, "slow", &vars));
+    wait_for_consumers(&tx.tx, 3);
+    produce::<B>(&mut tx, 0..n);
+    drop(tx);
+    for c in children {
+        expect_success(c, "consumer");
+    }
+}
+
+/// Mixed modes on one ring: a Lossless recorder (loses nothing), two Latest consumers (lag
+/// counted, received + lost = published), and consumers killed while they hold messages,
+/// whose holds the producer reclaims.
+fn mixed_modes_with_kills<B: Kind>(test: &str) {
+    const KILLS: usize = 5;
+    let n = B::MESSAGES / 4;
+    match role().as_deref() {
+        Some("recorder") => {
+            let rx = open_mode::<B>(&env::<String>("RING"), Mode::Lossless);
+            let seen = consume_and_check::<B>(&rx);
+            assert_eq!((seen.first, seen.received, seen.lost), (Some(0), n, 0), "{seen:?}");
+            return;
+        }
+        Some("latest") => {
+            let rx = open_mode::<B>(&env::<String>("RING"), Mode::Latest);
+            let seen = consume_and_check::<B>(&rx);
+            assert_eq!((seen.received + seen.lost, seen.last), (n, Some(n - 1)), "{seen:?}");
+            eprintln!("latest: received {} lost {}", seen.received, seen.lost);
+            return;
+        }
+        Some("victim") => {
+            // The newest message is there at once: it holds it, with a check in flight on it.
+            let b = Consumer::builder(&env::<String>("RING")).start_at(StartAt::Newest);
+            let rx = checked::<B>(b.mode(Mode::Latest).open_in::<B::M>().unwrap());
+            hold_forever::<B>(&rx, 1);
+        }
+        _ => {}
+    }
+    let name = unique_name("mixed");
+    let mut tx = create::<B>(&name, 8, Policy::Overwrite);
+    let vars = [("RING", name.clone())];
+    let mut children = vec![spawn(test, "recorder", &vars)];
+    children.extend((0..2).map(|_| spawn(test, "latest", &vars)));
+    wait_for_consumers(&tx.tx, 3);
+    let mut seq = 0;
+    for kill in 0..KILLS {
+        let mut victim = spawn(test, "victim", &vars);
+        let pid = victim.id();
+        let t = Instant::now();
+        // Publishing on, paced (a CUDA victim takes a second or more to join), until the victim
+        // holds the newest message.
+        loop {
+            if seq < n - 100 && publish::<B>(&mut tx, seq, Duration::from_millis(5)) {
+                seq += 1;
+            }
+            if tx.tx.consumers().iter().any(|c| c.pid == pid && c.holding == 1) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "victim {kill} never held");
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        victim.wait().unwrap();
+    }
+    produce::<B>(&mut tx, seq..n);
+    tx.tx.reap().unwrap();
+    let t = Instant::now();
+    while tx.tx.consumers().len() != 3 || tx.tx.held_buffers() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "not settled: {:?}", tx.tx.consumers());
+        std::thread::sleep(Duration::from_millis(5));
+        tx.tx.reap().unwrap();
+    }
+    drop(tx);
+    for c in children {
+        expect_success(c, "consumer");
+    }
+}
+
+/// Spares exhausted: a consumer holds every buffer (2 slots + 1 spare); the producer cannot
+/// acquire until it releases one, then goes on, and the messages still held keep their bytes.
+fn spares_exhausted<B: Kind>(test: &str) {
+    if let Some(role) = role() {
+        assert_eq!(role, "holder");
+        let rx = open_mode::<B>(&env::<String>("RING"), Mode::Queue);
+        let mut held: Vec<_> = (0..3).map(|_| rx.rx.recv().unwrap()).collect();
+        let go = std::path::PathBuf::from(env::<String>("GO"));
+        while !go.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(held.remove(0));
+        // The producer publishes past the release; wait for it to say so, then check.
+        let done = std::path::PathBuf::from(env::<String>("DONE"));
+        while !done.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for m in &held {
+            B::M::check(&rx.c, m).unwrap();
+            assert_eq!(m.len(), len_for::<B>(m.seq()));
+        }
+        assert_eq!(held.iter().map(|m| m.seq()).collect::<Vec<_>>(), [1, 2]);
+        drop(held);
+        assert_eq!(mismatches::<B>(&rx), 0, "a held message was overwritten");
+        return;
+    }
+    let name = unique_name("exhaust");
+    let b = Producer::builder(&name).capacity(2).spare_buffers(1).slot_size(B::SLOT);
+    let b = B::configure(b.policy(Policy::Overwrite).liveness_interval(LIVENESS));
+    let tx = b.create_in::<B::M>().unwrap();
+    let w = B::M::writer(&tx).unwrap();
+    let mut tx = Tx::<B> { tx, w };
+    let dir = std::env::temp_dir();
+    let go = dir.join(format!("{name}.go"));
+    let done = dir.join(format!("{name}.done"));
+    let vars = [
+        ("RING", name.clone()),
+        ("GO", go.display().to_string()),
+        ("DONE", done.display().to_string()),
+    ];
+    let holder = spawn(test, "holder", &vars);
+    wait_for_consumers(&tx.tx, 1);
+    // One at a time, so that the (Queue) holder receives each before the next laps it.
+    for seq in 0..3 {
+        produce::<B>(&mut tx, seq..seq + 1);
+        let t = Instant::now();
+        while tx.tx.consumers()[0].holding <= seq {
+            assert!(t.elapsed() < Duration::from_secs(30), "the holder did not take {seq}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // Every buffer is held: nothing to write into.
+    assert!(!publish::<B>(&mut tx, 3, Duration::from_millis(50)), "acquired a held buffer");
+    assert_eq!(tx.tx.held_buffers(), 3);
+    std::fs::write(&go, b"").unwrap();
+    // The release of message 0 frees its buffer: the producer goes on, many laps.
+    produce::<B>(&mut tx, 3..4);
+    assert!(!publish::<B>(&mut tx, 4, Duration::from_millis(50)), "only one buffer came free");
+    std::fs::write(&done, b"").unwrap();
+    expect_success(holder, "holder");
+    produce::<B>(&mut tx, 4..100);
+    let _ = (std::fs::remove_file(&go), std::fs::remove_file(&done));
+}
+
 /// One test per scenario for backend `$b`, in module `$m`; `$attr` marks them (for example
 /// ignored without a GPU).
 macro_rules! conformance {
@@ -617,6 +824,26 @@ macro_rules! conformance {
             #[test] $(#[$attr])*
             fn restart_and_reconnect() {
                 super::restart_and_reconnect::<$b>(&name("restart_and_reconnect"));
+            }
+
+            #[test] $(#[$attr])*
+            fn slow_holder_queue() {
+                super::slow_holder::<$b>(&name("slow_holder_queue"), Mode::Queue);
+            }
+
+            #[test] $(#[$attr])*
+            fn slow_holder_latest() {
+                super::slow_holder::<$b>(&name("slow_holder_latest"), Mode::Latest);
+            }
+
+            #[test] $(#[$attr])*
+            fn mixed_modes_with_kills() {
+                super::mixed_modes_with_kills::<$b>(&name("mixed_modes_with_kills"));
+            }
+
+            #[test] $(#[$attr])*
+            fn spares_exhausted() {
+                super::spares_exhausted::<$b>(&name("spares_exhausted"));
             }
         }
     };

@@ -112,7 +112,7 @@ fn join_leave_churn_against_an_eager_reaper() {
     }
     // Everyone is gone: the dead ones' entries and holds come back.
     let t = Instant::now();
-    while tx.consumer_count() > 0 || tx.held_slots() > 0 {
+    while tx.consumer_count() > 0 || tx.held_buffers() > 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "left behind: {:?}", tx.consumers());
         tx.reap().unwrap();
         std::thread::sleep(Duration::from_millis(1));
@@ -132,7 +132,7 @@ fn a_consumer_that_leaks_a_slot_and_leaves_does_not_wedge_the_producer() {
         tx.send(b"b", b"").unwrap();
         std::mem::forget(rx.recv().unwrap());
         drop(rx);
-        assert_eq!(tx.held_slots(), 0, "{policy:?}: the leaked slot is still held");
+        assert_eq!(tx.held_buffers(), 0, "{policy:?}: the leaked slot is still held");
         for _ in 0..4 {
             let slot = tx.acquire_timeout(Duration::from_secs(2));
             assert!(slot.is_ok(), "{policy:?}: the producer is wedged");

@@ -147,7 +147,7 @@ fn killed_after_release(test: &str, fence: Fence) {
         seq += 1;
     }
     let t = Instant::now();
-    while tx.consumer_count() > 2 || tx.held_slots() > 0 {
+    while tx.consumer_count() > 2 || tx.held_buffers() > 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "left behind: {:?}", tx.consumers());
         tx.reap().unwrap();
         std::thread::sleep(Duration::from_millis(5));

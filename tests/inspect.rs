@@ -84,7 +84,7 @@ fn cli_lists_stats_and_removes() {
     let mut tx = Producer::builder(&name).capacity(8).slot_size(1 << 20).create().unwrap();
     let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
     tx.send(b"frame", b"").unwrap();
-    drop(rx.recv().unwrap());
+    let held = rx.recv().unwrap();
 
     let (code, out, err) = run_cli(&["list", "--json"]);
     assert_eq!(code, 0, "{err}");
@@ -103,10 +103,24 @@ fn cli_lists_stats_and_removes() {
     assert_eq!(stat["published"], 1);
     assert!(stat["rate"].is_number() && stat["blocked_share"].is_number());
     assert_eq!(stat["consumers"][0]["received"], 1);
+    // Who holds what: the consumer (lossless, the block policy's default) holds message 0.
+    assert_eq!(stat["spares"], 8);
+    assert_eq!(stat["held_buffers"], 1);
+    assert_eq!(stat["consumers"][0]["mode"], "lossless");
+    assert_eq!(stat["consumers"][0]["holding"], 1);
+    assert_eq!(stat["consumers"][0]["oldest_held"], 0);
 
     let (code, out, _) = run_cli(&["stat", &name]);
     assert_eq!(code, 0);
-    assert!(out.contains(&format!("ring {name}: host memory, 8 slots of 1.0 MiB, block")), "{out}");
+    let head = format!("ring {name}: host memory, 8 slots + 8 spares of 1.0 MiB, block");
+    assert!(out.contains(&head), "{out}");
+    assert!(out.contains("buffers held 1 of 16"), "{out}");
+    assert!(out.contains("lossless") && out.contains("#0"), "{out}");
+    drop(held);
+    let (_, out, _) = run_cli(&["stat", &name, "--json"]);
+    let stat: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stat["held_buffers"], 0);
+    assert_eq!(stat["consumers"][0]["oldest_held"], serde_json::Value::Null);
 
     let (code, _, err) = run_cli(&["rm", &name]);
     assert_eq!(code, 1);

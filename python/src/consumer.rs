@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use gpuring::{
-    Consumer as RingConsumer, Cuda, Host, MemoryKind, OpenError, RecvTimeoutError, StartAt,
+    Consumer as RingConsumer, Cuda, Host, MemoryKind, Mode, OpenError, RecvTimeoutError, StartAt,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -28,6 +28,11 @@ use crate::slot::{stream_number, Slot};
 /// - `device` (CUDA rings): the GPU to read on; default the ring's.
 /// - `start`: "newest" (default, the newest message still in the ring), "next" (only
 ///   messages published after joining) or "oldest".
+/// - `mode`: how it receives. "lossless" (every message; the producer waits for it), "queue"
+///   (every message while it keeps up; when lapped it loses the oldest and `lag` says how
+///   many) or "latest" (each receive returns the newest message, skipping older unread ones,
+///   counted in `lag`: what a live inference consumer wants). Default: the ring's policy's
+///   ("block": lossless, "overwrite": queue).
 /// - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a dead
 ///   one's).
 #[pyclass(module = "gpuring")]
@@ -44,7 +49,7 @@ pub struct Consumer {
 impl Consumer {
     #[new]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
-    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", wait=0.0))]
+    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None, wait=0.0))]
     fn new(
         py: Python<'_>,
         name: &str,
@@ -53,6 +58,7 @@ impl Consumer {
         shape: Option<Vec<i64>>,
         device: Option<i32>,
         start: &str,
+        mode: Option<&str>,
         wait: f64,
     ) -> PyResult<Consumer> {
         let wanted = Wanted::from_args(dtype, shape)?;
@@ -66,10 +72,19 @@ impl Consumer {
                 )))
             }
         };
+        let mode = mode
+            .map(|m| {
+                Mode::from_name(m).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "mode={m:?}: use \"lossless\", \"queue\" or \"latest\""
+                    ))
+                })
+            })
+            .transpose()?;
         let stream = stream.filter(|s| !s.is_none()).map(stream_handle).transpose()?;
         let until = deadline(Some(wait))?;
         let rx = loop {
-            match open(name, start, device, stream) {
+            match open(name, start, mode, device, stream) {
                 // Not there yet, still being built, or a dead producer's ring that its
                 // successor will replace: what `open_when_ready` waits through too.
                 Err(
@@ -180,6 +195,12 @@ impl Consumer {
         Ok(self.shared()?.capacity())
     }
 
+    /// This consumer's delivery mode: "lossless", "queue" or "latest".
+    #[getter]
+    fn mode(&self) -> PyResult<&'static str> {
+        Ok(self.shared()?.mode().name())
+    }
+
     /// Largest message in bytes.
     #[getter]
     fn slot_size(&self) -> PyResult<usize> {
@@ -249,10 +270,15 @@ pub fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
 fn open(
     name: &str,
     start: StartAt,
+    mode: Option<Mode>,
     device: Option<i32>,
     stream: Option<u64>,
 ) -> Result<Rc<dyn Receiver>, OpenError> {
     let builder = RingConsumer::builder(name).start_at(start);
+    let builder = match mode {
+        Some(m) => builder.mode(m),
+        None => builder,
+    };
     let builder = match device {
         Some(d) => builder.device(d),
         None => builder,

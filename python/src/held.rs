@@ -17,6 +17,7 @@ pub trait Receiver {
     /// Receives, waiting at most `wait` (None: try once, and `Timeout` if nothing is waiting).
     fn recv(&self, wait: Option<Duration>) -> Result<Box<dyn Message + '_>, RecvTimeoutError>;
     fn capacity(&self) -> u32;
+    fn mode(&self) -> gpuring::Mode;
     fn slot_size(&self) -> usize;
     fn user_header_size(&self) -> usize;
     /// The consumer's stream `S` (CUDA only).
@@ -62,6 +63,10 @@ impl<K: Kind> Receiver for Reader<K> {
 
     fn capacity(&self) -> u32 {
         self.rx.capacity()
+    }
+
+    fn mode(&self) -> gpuring::Mode {
+        self.rx.mode()
     }
 
     fn slot_size(&self) -> usize {

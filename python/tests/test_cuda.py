@@ -27,7 +27,8 @@ PRODUCER = r"""
 import sys, time, torch, gpuring
 MUL = 0x9E3779B97F4A7C15
 name, size, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-tx = gpuring.Producer(name, size, memory="cuda", capacity=capacity)
+# No spare buffers: a held message then stalls the producer, which is how these tests see holds.
+tx = gpuring.Producer(name, size, memory="cuda", capacity=capacity, spares=0)
 print("ready", flush=True)
 for line in sys.stdin:
     cmd, *args = line.split()

@@ -68,7 +68,10 @@ def test_a_released_slot_refuses_new_exports(ring_name):
 
 
 def held_stalls_producer(tx):
-    """Whether the producer (block policy, 2 slots) cannot get a free slot for 0.2 s."""
+    """Whether the producer (block policy, 2 slots, no spares) cannot get a free slot for 0.2 s.
+
+    Rings that use it have no spare buffers: with spares, a held message never stalls the
+    producer, and this would say nothing about holds."""
     try:
         tx.send(b"x", timeout=0.2)
         return False
@@ -78,7 +81,7 @@ def held_stalls_producer(tx):
 
 @pytest.mark.parametrize("export", ["dlpack", "buffer"])
 def test_an_export_holds_the_message_after_release(ring_name, export):
-    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2, spares=0)
     rx = gpuring.Consumer(ring_name, start="next")
     tx.send(b"0" * 64)
     slot = rx.recv(timeout=5)
@@ -95,7 +98,7 @@ def test_an_export_holds_the_message_after_release(ring_name, export):
 
 
 def test_a_tensor_freed_on_another_thread_releases_at_the_next_call(ring_name):
-    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2, spares=0)
     rx = gpuring.Consumer(ring_name, start="next")
     tx.send(b"a" * 64)
     slot = rx.recv(timeout=5)
@@ -113,7 +116,7 @@ def test_a_tensor_freed_on_another_thread_releases_at_the_next_call(ring_name):
 
 @pytest.mark.parametrize("what", ["slot", "buffer"])
 def test_a_slot_or_buffer_freed_on_another_thread_releases_at_the_next_call(ring_name, what):
-    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2, spares=0)
     rx = gpuring.Consumer(ring_name, start="next")
     tx.send(b"a" * 64)
     slot = rx.recv(timeout=5)
@@ -259,7 +262,7 @@ def test_a_rust_producer_feeds_two_python_consumers_every_byte_checked(ring_name
 
 def test_a_forked_child_neither_uses_nor_releases_the_parents_objects(ring_name):
     import os
-    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2)
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2, spares=0)
     rx = gpuring.Consumer(ring_name, start="next")
     tx.send(b"A" * 64)
     slot = rx.recv(timeout=5)
@@ -413,7 +416,7 @@ def test_a_forked_child_does_not_drop_what_the_parents_threads_queued(ring_name)
     before that thread's next gpuring call has the queue too, and its copy of the thread the
     same thread id: at its first gpuring call it would drop the array, releasing the
     parent's message in the shared ring."""
-    tx = ProducerThread(ring_name, capacity=2)
+    tx = ProducerThread(ring_name, capacity=2, spares=0)
     try:
         rx = gpuring.Consumer(ring_name, start="next")
         tx(lambda p: p.send(b"A" * 64))
@@ -490,3 +493,34 @@ def test_the_buffer_protocol_is_c_contiguous_only(ring_name):
         PyBUF_F_CONTIGUOUS_FORMAT = 0x0040 | 0x0010 | 0x0008 | 0x0004  # typed, Fortran order
         with pytest.raises(BufferError):
             get(slot, ctypes.addressof(buf), PyBUF_F_CONTIGUOUS_FORMAT)
+
+
+def test_delivery_modes_and_spare_buffers(ring_name):
+    """A held frame never stops an overwrite producer; Latest skips to the newest message;
+    a lossless consumer on the same ring still gets every one."""
+    tx = gpuring.Producer(ring_name, 64, memory="host", capacity=2, spares=1, policy="overwrite")
+    latest = gpuring.Consumer(ring_name, start="next", mode="latest")
+    queue_rx = gpuring.Consumer(ring_name, start="next")
+    assert (latest.mode, queue_rx.mode) == ("latest", "queue")
+    tx.send(np.full(8, 0, np.uint8))
+    held = latest.recv(timeout=5)
+    for i in range(1, 10):
+        tx.send(np.full(8, i, np.uint8))    # laps the held buffer: never waits for it
+    assert (held.seq, bytes(held)) == (0, bytes(8))
+    newest = queue_rx.recv(timeout=5)       # queue: the oldest still in the ring, loss counted
+    assert (newest.seq, newest.lag) == (8, 8)
+    newest.release()
+    held.release()
+    with latest.recv(timeout=5) as slot:    # latest: the newest, skipped ones counted
+        assert (slot.seq, slot.lag, bytes(slot)) == (9, 8, bytes([9] * 8))
+    with pytest.raises(ValueError, match="mode"):
+        gpuring.Consumer(ring_name, mode="newest")
+    del tx
+    lossless_name = ring_name + "-lossless"
+    tx = gpuring.Producer(lossless_name, 64, memory="host", capacity=2, policy="overwrite")
+    rec = gpuring.Consumer(lossless_name, start="next", mode="lossless")
+    for i in range(2):
+        tx.send(np.full(8, i, np.uint8))
+    with pytest.raises(TimeoutError):
+        tx.send(np.full(8, 2, np.uint8), timeout=0.05)   # the recorder gates the producer
+    assert [rec.recv(timeout=5).seq for _ in range(2)] == [0, 1]

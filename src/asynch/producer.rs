@@ -31,22 +31,24 @@ impl<M: Memory> Producer<M> {
 
     /// `acquire_async`, failing with the internal [`Fault`] that `send_async` converts too.
     async fn acquire_async_slot(&mut self) -> Result<WriteSlot<'_, M>, Fault> {
-        let seq = self.published();
-        let cap = self.capacity() as u64;
-        let next = (seq % cap) as usize;
-        if seq >= cap {
-            self.poll_async(|p| p.parts().1.written(next)).await?;
+        let lapped = self.parts().0.lapped_buffer();
+        if let Some(buffer) = lapped {
+            self.poll_async(|p| p.parts().1.written(buffer)).await?;
         }
         let (ring, mem) = self.parts();
-        let slot = ring.claim_async(&mut |e, g| mem.forget(e, g)).await?;
-        if seq >= cap {
+        let claimed = ring.claim_async(&mut |e, g| mem.forget(e, g)).await?;
+        let buffer = claimed.buffer;
+        if let Some(prev) = claimed.prev {
+            if lapped != Some(buffer) {
+                self.poll_async(|p| p.parts().1.written(buffer)).await?;
+            }
             self.poll_async(|p| {
                 let (ring, mem) = p.parts();
-                mem.readers_done(ring, slot, seq - cap)
+                mem.readers_done(ring, buffer, prev)
             })
             .await?;
         }
-        Ok(WriteSlot::new(self, slot))
+        Ok(WriteSlot::new(self, buffer))
     }
 
     /// Awaits `done` saying yes, reaping the consumer table once per liveness interval, as the

@@ -12,7 +12,7 @@ pub(crate) use ring::ConsumerRing;
 use crate::error::{OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::MemoryKind;
 use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
-use crate::ring::{Pinned, Policy, StartAt};
+use crate::ring::{Mode, Pinned, Policy, StartAt};
 use crate::wait::Deadline;
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
@@ -29,6 +29,8 @@ use crate::wait::Deadline;
 pub struct ConsumerBuilder {
     name: String,
     start: StartAt,
+    /// `None`: the ring's policy's default mode.
+    mode: Option<Mode>,
     allow_foreign_owner: bool,
     spin: Duration,
     liveness: Duration,
@@ -50,6 +52,26 @@ impl ConsumerBuilder {
     /// ```
     pub fn start_at(mut self, start: StartAt) -> Self {
         self.start = start;
+        self
+    }
+
+    /// How this consumer receives: [`Mode::Lossless`], [`Mode::Queue`] or [`Mode::Latest`].
+    /// Default: the ring's policy's mode ([`Policy::default_mode`]). Consumers of different modes
+    /// share one ring: a lossless recorder and live `Latest` inference consumers, say.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Mode, Policy, Producer};
+    /// let mut tx = Producer::builder("doc-consumer-mode").policy(Policy::Overwrite).create()?;
+    /// let rx = Consumer::builder("doc-consumer-mode").mode(Mode::Latest).open()?;
+    /// for i in 0..5u8 {
+    ///     tx.send(&[i], b"")?;
+    /// }
+    /// let newest = rx.recv()?;
+    /// assert_eq!((&*newest, newest.lag()), (&[4u8][..], 4)); // skipped 0..=3
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
         self
     }
 
@@ -274,6 +296,7 @@ impl Consumer<Host> {
         ConsumerBuilder {
             name: name.to_owned(),
             start: StartAt::Newest,
+            mode: None,
             allow_foreign_owner: false,
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
@@ -335,7 +358,20 @@ impl<M: Memory> Consumer<M> {
         self.ring.map().user_header_size()
     }
 
-    /// The producer's policy.
+    /// This consumer's delivery mode (the one it chose, or the ring's default).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Mode, Policy, Producer};
+    /// let tx = Producer::builder("doc-consumer-mode-get").policy(Policy::Block).create()?;
+    /// let rx = Consumer::open("doc-consumer-mode-get")?;
+    /// assert_eq!(rx.mode(), Mode::Lossless); // Block's default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.ring.mode()
+    }
+
+    /// The producer's policy: the default delivery mode.
     ///
     /// ```
     /// # use gpuring::{Consumer, Policy, Producer};
@@ -479,7 +515,7 @@ impl<M: Memory> Consumer<M> {
         match self.mem.place(&self.ring, &m, stream) {
             Ok(addr) => Ok(ReadSlot { consumer: self, m, addr, stream }),
             Err(e) => {
-                self.ring.release(m.slot);
+                self.ring.release(m.buffer);
                 Err(e)
             }
         }
@@ -589,7 +625,7 @@ impl<'a, M: Memory> ReadSlot<'a, M> {
         let this = std::mem::ManuallyDrop::new(self);
         let c = this.consumer;
         let r = c.mem.release(&c.ring, &this.m, this.stream);
-        c.ring.release(this.m.slot);
+        c.ring.release(this.m.buffer);
         r
     }
 
@@ -684,22 +720,25 @@ impl<'a, M: Memory> ReadSlot<'a, M> {
         let map = self.consumer.ring.map();
         // SAFETY: the slot is pinned, so no correct producer writes its user header until we
         // release it; the region is `user_header_size` bytes inside the mapping.
-        unsafe { std::slice::from_raw_parts(map.user_header(self.m.slot), map.user_header_size()) }
+        unsafe {
+            std::slice::from_raw_parts(map.user_header(self.m.buffer), map.user_header_size())
+        }
     }
 
-    /// Slot index (for diagnostics).
+    /// The index of the buffer that carries the message (for diagnostics): one of the ring's
+    /// `capacity + spare_buffers` buffers, not its position in the ring.
     ///
     /// ```
     /// # use gpuring::{Consumer, Producer};
-    /// # let mut tx = Producer::builder("doc-consumer-slot").create()?;
+    /// # let mut tx = Producer::builder("doc-consumer-slot").capacity(4).spare_buffers(2).create()?;
     /// # let rx = Consumer::open("doc-consumer-slot")?;
     /// tx.send(b"frame", b"")?;
     /// let msg = rx.recv()?;
-    /// assert!(msg.slot() < rx.capacity() as usize);
+    /// assert!(msg.buffer() < 4 + 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn slot(&self) -> usize {
-        self.m.slot
+    pub fn buffer(&self) -> usize {
+        self.m.buffer
     }
 }
 
@@ -709,7 +748,7 @@ impl Deref for ReadSlot<'_, Host> {
         let map = self.consumer.ring.map();
         // SAFETY: the slot is pinned (no correct producer writes it until release) and
         // len <= slot_size, checked when it was pinned, so the bytes lie in the slot's payload.
-        unsafe { std::slice::from_raw_parts(map.payload(self.m.slot), self.m.len as usize) }
+        unsafe { std::slice::from_raw_parts(map.payload(self.m.buffer), self.m.len as usize) }
     }
 }
 
@@ -719,7 +758,7 @@ impl<M: Memory> Drop for ReadSlot<'_, M> {
         // A failure is the memory kind's to handle (CUDA: it synchronizes instead); the slot
         // is released all the same, or it would stay held for ever.
         let _ = c.mem.release(&c.ring, &self.m, self.stream);
-        c.ring.release(self.m.slot);
+        c.ring.release(self.m.buffer);
     }
 }
 

@@ -82,9 +82,10 @@ impl ConsumerRing {
                 return Err(e);
             }
         };
-        let core = joining.activate(&ring, b.start).map_err(|_| lost(joining_index))?;
+        let mode = b.mode.unwrap_or(map.policy().default_mode());
+        let core = joining.activate(&ring, b.start, mode).map_err(|_| lost(joining_index))?;
         tracing::info!(
-            ring = %b.name, entry = joining_index, ?kind, producer_pid = params.producer_pid,
+            ring = %b.name, entry = joining_index, ?kind, ?mode, producer_pid = params.producer_pid,
             "consumer joined"
         );
         let join_wake = core.join_wake();
@@ -126,6 +127,11 @@ impl ConsumerRing {
     /// The settings it was opened with.
     pub(crate) fn settings(&self) -> &ConsumerBuilder {
         &self.builder
+    }
+
+    /// Its delivery mode.
+    pub(crate) fn mode(&self) -> crate::ring::Mode {
+        self.core.mode()
     }
 
     /// Its consumer table entry.
@@ -246,7 +252,7 @@ impl ConsumerRing {
             self.wake_producer();
         }
         if m.len > self.map.params().slot_size {
-            self.release(m.slot);
+            self.release(m.buffer);
             return Err(Corruption::MessageLength {
                 len: m.len,
                 slot_size: self.map.params().slot_size,

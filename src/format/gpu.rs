@@ -63,16 +63,16 @@ pub mod fence_kind {
     pub const MEMORY: u32 = 2;
 }
 
-/// Bytes of fence words of a ring: per slot a *ready* word (the last published seq + 1 whose
+/// Bytes of fence words of a ring: per buffer a *ready* word (the last published seq + 1 whose
 /// writes are complete). There are no words the other way: the producer waits for its readers
-/// on the CPU, through their release events (docs/gpu.md, "Reusing a slot").
-pub fn fence_bytes(capacity: usize) -> usize {
-    8 * capacity
+/// on the CPU, through their release events (docs/gpu.md, "Reusing a buffer").
+pub fn fence_bytes(buffers: usize) -> usize {
+    8 * buffers
 }
 
-/// Offset of slot `slot`'s ready word in the fence words.
-pub fn ready_word(slot: usize) -> u64 {
-    8 * slot as u64
+/// Offset of buffer `buffer`'s ready word in the fence words.
+pub fn ready_word(buffer: usize) -> u64 {
+    8 * buffer as u64
 }
 
 /// Loads a UUID kept as two little-endian halves.

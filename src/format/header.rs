@@ -15,8 +15,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 /// Bumped on any change to the header or region layout (2: hold records, CUDA tables; 3: memory
 /// fence words; 4: doorbell parking marks in the wake lines and consumer entries; 5: the
 /// consumer entry's lease word, eviction reason and table counters, no done words nor
-/// `producer_busy`).
-pub const LAYOUT_VERSION: u32 = 5;
+/// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode).
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,11 +60,14 @@ pub struct Header {
     pub header_size: AtomicU32,
     /// Bytes of the whole segment, as laid out by [`Layout`].
     pub total_size: AtomicU64,
-    /// Number of slots, 1..=[`Params::MAX_CAPACITY`].
+    /// Number of positions (messages the ring holds), 1..=[`Params::MAX_CAPACITY`].
     pub capacity: AtomicU32,
+    /// Spare buffers beyond one per position; `capacity + spares` is at most
+    /// [`Params::MAX_BUFFERS`].
+    pub spares: AtomicU32,
     /// Consumer table entries, 1..=[`Params::MAX_CONSUMERS`].
     pub max_consumers: AtomicU32,
-    /// Payload bytes per slot.
+    /// Payload bytes per buffer.
     pub slot_size: AtomicU64,
     /// User header bytes per message.
     pub user_header_size: AtomicU32,
@@ -87,11 +90,13 @@ const _: () = assert!(std::mem::size_of::<Header>() == 128);
 /// The header's values, copied out and checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
-    /// Slots.
+    /// Positions.
     pub capacity: u32,
+    /// Spare buffers.
+    pub spares: u32,
     /// Consumer table entries.
     pub max_consumers: u32,
-    /// Payload bytes per slot.
+    /// Payload bytes per buffer.
     pub slot_size: u64,
     /// User header bytes per message.
     pub user_header_size: u32,
@@ -110,21 +115,31 @@ pub struct Params {
 impl Params {
     /// Largest capacity.
     pub const MAX_CAPACITY: u32 = 1 << 16;
+    /// Most buffers (capacity plus spares).
+    pub const MAX_BUFFERS: u32 = crate::ring::position::MAX_BUFFERS;
     /// Largest consumer table (the stamp's held count must not overflow).
     pub const MAX_CONSUMERS: u32 = crate::ring::stamp::MAX_CONSUMERS;
     /// Largest slot: 1 TiB.
     pub const MAX_SLOT_SIZE: u64 = 1 << 40;
     /// Largest user header.
     pub const MAX_USER_HEADER: u32 = 1 << 16;
-    /// Largest `capacity * max_consumers`: each pair has an 8-byte hold record (and, in a CUDA
+    /// Largest `buffers * max_consumers`: each pair has an 8-byte hold record (and, in a CUDA
     /// ring, a 128-byte release-event line), so this caps those tables at 8 and 128 MiB.
     pub const MAX_SLOT_RECORDS: u64 = 1 << 20;
+
+    /// Buffers: capacity plus spares.
+    pub fn buffers(&self) -> u32 {
+        self.capacity + self.spares
+    }
 
     /// Checks every value's range. Returns the failing field.
     pub fn check(&self) -> Result<(), Corruption> {
         let bad = |field, value: u64| Err(Corruption::Field { field, value });
         if self.capacity == 0 || self.capacity > Self::MAX_CAPACITY {
             return bad("capacity", self.capacity as u64);
+        }
+        if self.spares > Self::MAX_BUFFERS - self.capacity {
+            return bad("spares", self.spares as u64);
         }
         if self.max_consumers == 0 || self.max_consumers > Self::MAX_CONSUMERS {
             return bad("max_consumers", self.max_consumers as u64);
@@ -138,9 +153,9 @@ impl Params {
         if crate::ring::Policy::from_raw(self.policy).is_none() {
             return bad("policy", self.policy as u64);
         }
-        let per_consumer_slots = self.capacity as u64 * self.max_consumers as u64;
-        if per_consumer_slots > Self::MAX_SLOT_RECORDS {
-            return bad("capacity x max_consumers", per_consumer_slots);
+        let records = self.buffers() as u64 * self.max_consumers as u64;
+        if records > Self::MAX_SLOT_RECORDS {
+            return bad("(capacity + spares) x max_consumers", records);
         }
         Ok(())
     }
@@ -154,6 +169,7 @@ impl Params {
         h.header_size.store(std::mem::size_of::<Header>() as u32, Ordering::Relaxed);
         h.total_size.store(total_size, Ordering::Relaxed);
         h.capacity.store(self.capacity, Ordering::Relaxed);
+        h.spares.store(self.spares, Ordering::Relaxed);
         h.max_consumers.store(self.max_consumers, Ordering::Relaxed);
         h.slot_size.store(self.slot_size, Ordering::Relaxed);
         h.user_header_size.store(self.user_header_size, Ordering::Relaxed);
@@ -190,6 +206,7 @@ impl Params {
         };
         let p = Params {
             capacity: h.capacity.load(Ordering::Relaxed),
+            spares: h.spares.load(Ordering::Relaxed),
             max_consumers: h.max_consumers.load(Ordering::Relaxed),
             slot_size: h.slot_size.load(Ordering::Relaxed),
             user_header_size: h.user_header_size.load(Ordering::Relaxed),
@@ -221,16 +238,17 @@ impl Params {
 /// consumer_wake     ring::WakeLine              128 B   (consumers sleep here)
 /// producer_wake     ring::WakeLine              128 B   (the producer sleeps here)
 /// consumers         ring::ConsumerEntry x max_consumers, 128 B each
-/// slots             ring::SlotLine x capacity, 128 B each
-/// holds             u64 x hold::stride(capacity) per consumer (the ring's hold records)
-/// user_headers      capacity x user_header_stride       (user_header_size rounded up to 64)
+/// positions         u64 x capacity, rounded up to 128 B (the ring's position words)
+/// slots             ring::BufferLine x buffers, 128 B each (buffers = capacity + spares)
+/// holds             u64 x hold::stride(buffers) per consumer (the ring's hold records)
+/// user_headers      buffers x user_header_stride        (user_header_size rounded up to 64)
 /// -- CUDA memory kind only (zero bytes for host memory) --
 /// gpu               format::gpu::GpuHeader              128 B   (device UUID, fence kind)
 /// pools             format::gpu::PoolEntry x GPU_POOLS, 128 B each
-/// gpu_slots         format::gpu::GpuSlotLine x capacity, 128 B each
-/// release_slots     format::gpu::ConsumerSlot x (max_consumers x capacity), 128 B each
+/// gpu_slots         format::gpu::GpuSlotLine x buffers, 128 B each
+/// release_slots     format::gpu::ConsumerSlot x (max_consumers x buffers), 128 B each
 /// -- host memory kind only (zero bytes for CUDA) --
-/// payload           capacity x payload_stride, page-aligned (slot_size rounded up to 128)
+/// payload           buffers x payload_stride, page-aligned (slot_size rounded up to 128)
 /// total             page-rounded end
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,9 +261,11 @@ pub struct Layout {
     pub producer_wake: usize,
     /// Consumer table.
     pub consumers: usize,
-    /// Slot lines.
+    /// Position words.
+    pub positions: usize,
+    /// Buffer lines.
     pub slots: usize,
-    /// Hold records, `ring::hold::stride(capacity)` words per consumer.
+    /// Hold records, `ring::hold::stride(buffers)` words per consumer.
     pub holds: usize,
     /// User headers.
     pub user_headers: usize,
@@ -255,14 +275,14 @@ pub struct Layout {
     pub gpu: usize,
     /// Pool table (CUDA memory kind).
     pub pools: usize,
-    /// Per-slot descriptors and ready events (CUDA memory kind).
+    /// Per-buffer descriptors and ready events (CUDA memory kind).
     pub gpu_slots: usize,
-    /// Per-consumer, per-slot release events: entry `c`, slot `i` is line `c * capacity + i`
+    /// Per-consumer, per-buffer release events: entry `c`, buffer `b` is line `c * buffers + b`
     /// (CUDA memory kind).
     pub release_slots: usize,
     /// Payload (host memory kind).
     pub payload: usize,
-    /// Distance between two payload slots.
+    /// Distance between two payload buffers.
     pub payload_stride: usize,
     /// Segment size.
     pub total: usize,
@@ -280,34 +300,39 @@ fn round_up(x: usize, to: usize) -> usize {
 
 impl Layout {
     /// The layout for `p`, whose ranges must have passed [`Params::check`] (which keeps every
-    /// product below in range: at most 2^16 slots of 2^40 bytes).
+    /// product below in range: at most 2^16 buffers of 2^40 bytes).
     pub fn of(p: &Params) -> Layout {
         let cap = p.capacity as usize;
+        let buffers = p.buffers() as usize;
         let producer = LINE;
         let consumer_wake = producer + LINE;
         let producer_wake = consumer_wake + LINE;
         let consumers = producer_wake + LINE;
-        let slots = consumers + LINE * p.max_consumers as usize;
-        let holds = slots + LINE * cap;
-        let user_headers = holds + 8 * crate::ring::hold::stride(cap) * p.max_consumers as usize;
+        let positions = consumers + LINE * p.max_consumers as usize;
+        let slots = positions + round_up(8 * cap, LINE);
+        let holds = slots + LINE * buffers;
+        let hold_words = crate::ring::hold::stride(buffers) * p.max_consumers as usize;
+        let user_headers = holds + 8 * hold_words;
         let user_header_stride = round_up(p.user_header_size as usize, 64);
-        let gpu = round_up(user_headers + user_header_stride * cap, LINE);
+        let gpu = round_up(user_headers + user_header_stride * buffers, LINE);
         let cuda = p.memory_kind == MemoryKind::Cuda;
         let pools = gpu + if cuda { LINE } else { 0 };
         let gpu_slots = pools + if cuda { LINE * GPU_POOLS } else { 0 };
-        let release_slots = gpu_slots + if cuda { LINE * cap } else { 0 };
-        let gpu_end = release_slots + if cuda { LINE * cap * p.max_consumers as usize } else { 0 };
+        let release_slots = gpu_slots + if cuda { LINE * buffers } else { 0 };
+        let gpu_end =
+            release_slots + if cuda { LINE * buffers * p.max_consumers as usize } else { 0 };
         let payload = round_up(gpu_end, PAGE);
         let payload_stride = match p.memory_kind {
             MemoryKind::Host => round_up(p.slot_size as usize, LINE),
             MemoryKind::Cuda => 0,
         };
-        let total = round_up(payload + payload_stride * cap, PAGE);
+        let total = round_up(payload + payload_stride * buffers, PAGE);
         Layout {
             producer,
             consumer_wake,
             producer_wake,
             consumers,
+            positions,
             slots,
             holds,
             user_headers,
@@ -330,6 +355,7 @@ mod tests {
     fn params() -> Params {
         Params {
             capacity: 8,
+            spares: 2,
             max_consumers: 4,
             slot_size: 1000,
             user_header_size: 20,
@@ -345,11 +371,14 @@ mod tests {
     fn layout_is_aligned_and_ordered() {
         let l = Layout::of(&params());
         assert_eq!(l.consumers, 512);
-        assert_eq!(l.slots, 512 + 4 * 128);
+        assert_eq!(l.positions, 512 + 4 * 128);
+        assert_eq!(l.slots, l.positions + 128);
+        assert_eq!(l.holds, l.slots + 10 * 128);
+        assert_eq!(l.user_headers, l.holds + 8 * 16 * 4);
         assert_eq!(l.user_header_stride, 64);
         assert_eq!(l.payload % 4096, 0);
         assert_eq!(l.payload_stride, 1024);
-        assert_eq!(l.total, l.payload + 8192);
+        assert_eq!(l.total, l.payload + 12288, "10 buffers of 1024 bytes, page-rounded");
         assert_eq!(l.gpu, l.release_slots, "host rings have no CUDA regions");
     }
 
@@ -360,11 +389,15 @@ mod tests {
         assert_eq!(l.gpu % 128, 0);
         assert_eq!(l.pools, l.gpu + 128);
         assert_eq!(l.gpu_slots, l.pools + 128 * GPU_POOLS);
-        assert_eq!(l.release_slots, l.gpu_slots + 128 * 8);
+        assert_eq!(l.release_slots, l.gpu_slots + 128 * 10);
         assert_eq!(l.payload_stride, 0);
-        assert!(l.total >= l.release_slots + 128 * 8 * 4);
-        let too_many = Params { capacity: 1 << 16, max_consumers: 32, ..p };
+        assert!(l.total >= l.release_slots + 128 * 10 * 4);
+        let too_many = Params { capacity: 1 << 15, max_consumers: 32, ..p };
         assert!(too_many.check().is_err());
+        let too_many_spares =
+            Params { capacity: 1 << 15, spares: (1 << 15) + 1, max_consumers: 1, ..p };
+        assert!(too_many_spares.check().is_err());
+        assert!(Params { spares: 1 << 15, ..too_many_spares }.check().is_ok());
     }
 
     #[test]
@@ -375,6 +408,7 @@ mod tests {
             header_size: AtomicU32::new(0),
             total_size: AtomicU64::new(0),
             capacity: AtomicU32::new(0),
+            spares: AtomicU32::new(0),
             max_consumers: AtomicU32::new(0),
             slot_size: AtomicU64::new(0),
             user_header_size: AtomicU32::new(0),

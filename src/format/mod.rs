@@ -7,7 +7,7 @@
 //! * `view`: typed views of a mapped segment whose header was checked (`MappedRing`), the one
 //!   place where offsets become references.
 //!
-//! The ring's own lines (`ProducerLine`, `ConsumerEntry`, `SlotLine`, `WakeLine`) live in
+//! The ring's own lines (`ProducerLine`, `ConsumerEntry`, `BufferLine`, `WakeLine`) live in
 //! [`crate::ring::layout`] beside the protocol that uses them; this module places them.
 
 #[cfg(all(feature = "cuda", not(loom)))]

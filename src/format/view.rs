@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 
 use crate::format::{Header, Layout, Params};
-use crate::ring::{ConsumerEntry, Policy, ProducerLine, Ring, SlotLine, WakeLine};
+use crate::ring::{BufferLine, ConsumerEntry, Policy, ProducerLine, Ring, WakeLine};
 use crate::shm::Segment;
 
 /// Views of a CUDA ring's tables (see [`crate::format::gpu`]).
@@ -11,17 +11,18 @@ use crate::shm::Segment;
 pub(crate) struct GpuTables<'a> {
     pub header: &'a crate::format::gpu::GpuHeader,
     pub pools: &'a [crate::format::gpu::PoolEntry],
-    pub slots: &'a [crate::format::gpu::GpuSlotLine],
-    /// `capacity` lines per consumer table entry.
+    /// One line per buffer.
+    pub buffers: &'a [crate::format::gpu::GpuSlotLine],
+    /// `buffer_count` lines per consumer table entry.
     pub releases: &'a [crate::format::gpu::ConsumerSlot],
-    pub capacity: usize,
+    pub buffer_count: usize,
 }
 
 #[cfg(feature = "cuda")]
 impl<'a> GpuTables<'a> {
-    /// Consumer table entry `entry`'s release lines, one per slot.
+    /// Consumer table entry `entry`'s release lines, one per buffer.
     pub fn releases_of(&self, entry: usize) -> &'a [crate::format::gpu::ConsumerSlot] {
-        &self.releases[entry * self.capacity..(entry + 1) * self.capacity]
+        &self.releases[entry * self.buffer_count..(entry + 1) * self.buffer_count]
     }
 }
 
@@ -86,22 +87,39 @@ impl MappedRing {
     pub fn ring(&self) -> Ring<'_> {
         let l = &self.layout;
         let cap = self.params.capacity as usize;
+        let buffers = self.params.buffers() as usize;
         let consumers = self.params.max_consumers as usize;
+        let hold_words = consumers * crate::ring::hold::stride(buffers);
         // SAFETY: for each `region` call, `Layout::of` places each region at a 128-aligned
-        // offset with room for its count of 128-byte structures inside `layout.total`, and
-        // every one of these types is all atomics.
-        let (producer, consumer_wake, producer_wake, consumers, slots, holds) = unsafe {
+        // offset with room for its count of structures inside `layout.total`, and every one of
+        // these types is all atomics.
+        let (producer, consumer_wake, producer_wake, consumers, positions, buffers, holds) = unsafe {
             (
                 &self.region::<ProducerLine>(l.producer, 1)[0],
                 &self.region::<WakeLine>(l.consumer_wake, 1)[0],
                 &self.region::<WakeLine>(l.producer_wake, 1)[0],
                 self.region::<ConsumerEntry>(l.consumers, consumers),
-                self.region::<SlotLine>(l.slots, cap),
-                self.region::<AtomicU64>(l.holds, consumers * crate::ring::hold::stride(cap)),
+                self.region::<AtomicU64>(l.positions, cap),
+                self.region::<BufferLine>(l.slots, buffers),
+                self.region::<AtomicU64>(l.holds, hold_words),
             )
         };
         let policy = self.policy;
-        Ring { producer, consumer_wake, producer_wake, consumers, slots, holds, policy }
+        Ring {
+            producer,
+            consumer_wake,
+            producer_wake,
+            consumers,
+            positions,
+            buffers,
+            holds,
+            policy,
+        }
+    }
+
+    /// Buffers: capacity plus spares.
+    pub fn buffer_count(&self) -> usize {
+        self.params.buffers() as usize
     }
 
     /// The CUDA tables of a CUDA-memory ring.
@@ -113,17 +131,17 @@ impl MappedRing {
         use crate::format::gpu::{ConsumerSlot, GpuHeader, GpuSlotLine, PoolEntry, MAX_POOLS};
         assert_eq!(self.params.memory_kind, crate::MemoryKind::Cuda);
         let l = &self.layout;
-        let cap = self.params.capacity as usize;
-        let releases = cap * self.params.max_consumers as usize;
+        let buffers = self.params.buffers() as usize;
+        let releases = buffers * self.params.max_consumers as usize;
         // SAFETY: for a CUDA ring, `Layout::of` places each of these 128-aligned regions, sized
         // for its count of 128-byte structures, inside `layout.total`; all are atomics.
         unsafe {
             GpuTables {
                 header: &self.region::<GpuHeader>(l.gpu, 1)[0],
                 pools: self.region::<PoolEntry>(l.pools, MAX_POOLS),
-                slots: self.region::<GpuSlotLine>(l.gpu_slots, cap),
+                buffers: self.region::<GpuSlotLine>(l.gpu_slots, buffers),
                 releases: self.region::<ConsumerSlot>(l.release_slots, releases),
-                capacity: cap,
+                buffer_count: buffers,
             }
         }
     }
@@ -138,24 +156,25 @@ impl MappedRing {
         self.params.user_header_size as usize
     }
 
-    /// Start of slot `slot`'s payload (host memory), `slot_size` bytes.
+    /// Start of buffer `buffer`'s payload (host memory), `slot_size` bytes.
     ///
     /// # Panics
-    /// If `slot` is not below the capacity.
-    pub fn payload(&self, slot: usize) -> *mut u8 {
-        assert!(slot < self.params.capacity as usize);
-        // SAFETY: slot < capacity, so the offset lies in the payload region, inside the mapping.
-        unsafe { self.seg.base().add(self.layout.payload + slot * self.layout.payload_stride) }
+    /// If `buffer` is not below the buffer count.
+    pub fn payload(&self, buffer: usize) -> *mut u8 {
+        assert!(buffer < self.buffer_count());
+        let off = self.layout.payload + buffer * self.layout.payload_stride;
+        // SAFETY: buffer < buffers, so the offset lies in the payload region, in the mapping.
+        unsafe { self.seg.base().add(off) }
     }
 
-    /// Start of slot `slot`'s user header, `user_header_size` bytes.
+    /// Start of buffer `buffer`'s user header, `user_header_size` bytes.
     ///
     /// # Panics
-    /// If `slot` is not below the capacity.
-    pub fn user_header(&self, slot: usize) -> *mut u8 {
-        assert!(slot < self.params.capacity as usize);
-        let off = self.layout.user_headers + slot * self.layout.user_header_stride;
-        // SAFETY: slot < capacity, so the offset lies in the user header region.
+    /// If `buffer` is not below the buffer count.
+    pub fn user_header(&self, buffer: usize) -> *mut u8 {
+        assert!(buffer < self.buffer_count());
+        let off = self.layout.user_headers + buffer * self.layout.user_header_stride;
+        // SAFETY: buffer < buffers, so the offset lies in the user header region.
         unsafe { self.seg.base().add(off) }
     }
 }

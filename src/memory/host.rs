@@ -98,7 +98,7 @@ impl ConsumerSide for HostRx {
     }
 
     fn place(&self, ring: &ConsumerRing, m: &Pinned, _: Option<&()>) -> Result<u64, Fault> {
-        Ok(ring.map().payload(m.slot) as u64)
+        Ok(ring.map().payload(m.buffer) as u64)
     }
 
     fn release(&self, _: &ConsumerRing, _: &Pinned, _: Option<&()>) -> Result<(), Fault> {

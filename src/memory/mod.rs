@@ -5,8 +5,8 @@
 //! (this module's two crate-private traits):
 //!
 //! * on the producer's side: the tables it adds to a new segment, what it waits for before it
-//!   hands a claimed slot out (for CUDA, that its own last write and its readers' GPU reads of
-//!   the slot are done), what it records before a publish (CUDA: the ready fence and the
+//!   hands a claimed buffer out (for CUDA, that its own last write and its readers' GPU reads of
+//!   the buffer are done), what it records before a publish (CUDA: the ready fence and the
 //!   descriptor), what it drops when a consumer's entry is freed, and how it closes;
 //! * on the consumer's side: what it opens when it joins, where a pinned message is (host: in
 //!   the segment; CUDA: a device pointer, ordered on a stream), what it records before a
@@ -117,12 +117,14 @@ impl Default for RxSettings {
 }
 
 /// What a memory kind adds to a producer. Every method but `create` runs on a ring whose
-/// segment is published; the producer calls them in this order per message: `written` (until
-/// true), its own claim of the slot, `readers_done` (until true), then `publish` when the user
-/// publishes. `forget` runs before the producer frees a consumer's entry, `close` once, at
+/// segment is published. Slot indices here are *buffer* indices (`capacity + spares` of them;
+/// see `crate::ring`). The producer calls them in this order per message: `written` on the
+/// buffer one lap back (the run-ahead bound, until true), its own claim of a buffer, `written`
+/// on that buffer if it is another one and `readers_done` (each until true), then `publish` when
+/// the user publishes. `forget` runs before the producer frees a consumer's entry, `close` once, at
 /// drop.
 pub(crate) trait ProducerSide: Send + Sized + 'static {
-    /// The stream a slot is written on (`()` for host memory, which has none).
+    /// The stream a buffer is written on (`()` for host memory, which has none).
     type Stream: 'static;
 
     /// What the kind needs before the segment exists (CUDA: the device's context).
@@ -142,12 +144,12 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     /// How long the producer spins on a pending condition of this kind before it yields.
     fn spin(&self) -> Duration;
 
-    /// Whether the GPU (or whatever writes the payload) has finished writing slot `slot`'s
+    /// Whether the GPU (or whatever writes the payload) has finished writing buffer `slot`'s
     /// previous message, so it can be written again.
     fn written(&mut self, slot: usize) -> Result<bool, Fault>;
 
-    /// Whether the consumers that read message `prev` in slot `slot` are done reading it (on
-    /// their GPUs): called once the slot is claimed. May evict a consumer through `ring`.
+    /// Whether the consumers that read message `prev` in buffer `slot` are done reading it (on
+    /// their GPUs): called once the buffer is claimed. May evict a consumer through `ring`.
     fn readers_done(
         &mut self,
         ring: &mut ProducerRing,
@@ -158,7 +160,7 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     /// Drops what the producer opened of consumer entry `entry` (generation `generation`).
     fn forget(&mut self, entry: usize, generation: u32);
 
-    /// Records what consumers need to read the message in slot `slot` (pool `pool`, at
+    /// Records what consumers need to read the message in buffer `slot` (pool `pool`, at
     /// `offset`), written on `stream` (or the producer's own): the fence, the descriptor.
     fn publish(
         &mut self,
@@ -168,10 +170,10 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
         stream: Option<&Self::Stream>,
     ) -> Result<(), PublishError>;
 
-    /// Where a plain `publish` of slot `slot` puts the message: (pool, offset).
+    /// Where a plain `publish` of buffer `slot` puts the message: (pool, offset).
     fn slot_region(&self, slot: usize) -> (u32, u64);
 
-    /// Where slot `slot`'s bytes are: a host address in this process, or a device address.
+    /// Where buffer `slot`'s bytes are: a host address in this process, or a device address.
     fn slot_addr(&self, ring: &ProducerRing, slot: usize) -> u64;
 
     /// Closes the ring (the producer is dropped).

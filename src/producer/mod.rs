@@ -36,6 +36,7 @@ use crate::wait::{self, Deadline, WaitConfig};
 pub struct ProducerBuilder {
     name: String,
     pub(crate) capacity: u32,
+    spares: u32,
     pub(crate) slot_size: usize,
     user_header_size: u32,
     max_consumers: u32,
@@ -58,6 +59,34 @@ impl ProducerBuilder {
     /// ```
     pub fn capacity(mut self, capacity: u32) -> Self {
         self.capacity = capacity;
+        self
+    }
+
+    /// Spare buffers: payload buffers beyond one per slot, which the producer swaps in when it
+    /// laps a message that a consumer still holds, so that holding a message never makes it
+    /// wait. Default 8: four consumers holding two messages each at any time. With more
+    /// consumers that hold messages, or consumers that hold many, raise it; each spare costs
+    /// one slot's memory. When every spare is held too, the producer waits for a release.
+    /// `capacity + spares` is at most 65536.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Policy, Producer};
+    /// let mut tx = Producer::builder("doc-producer-spares")
+    ///     .capacity(2)
+    ///     .spare_buffers(1)
+    ///     .policy(Policy::Overwrite)
+    ///     .create()?;
+    /// let rx = Consumer::open("doc-producer-spares")?;
+    /// tx.send(b"held", b"")?;
+    /// let held = rx.recv()?;
+    /// for i in 0..10u8 {
+    ///     tx.send(&[i], b"")?; // laps the held message: never waits for it
+    /// }
+    /// assert_eq!(&*held, b"held"); // still intact
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn spare_buffers(mut self, spares: u32) -> Self {
+        self.spares = spares;
         self
     }
 
@@ -102,7 +131,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// What to do when the slowest consumer is a full ring behind. Default [`Policy::Block`].
+    /// The delivery mode of consumers that do not choose one ([`Policy::default_mode`]): what
+    /// happens when the slowest of them is a full ring behind. Default [`Policy::Block`].
     ///
     /// ```
     /// # use gpuring::{Policy, Producer};
@@ -183,6 +213,9 @@ impl ProducerBuilder {
         if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
             return bad("capacity", "must be 1..=65536");
         }
+        if self.spares > Params::MAX_BUFFERS - self.capacity {
+            return bad("spare_buffers", "capacity + spare buffers must be at most 65536");
+        }
         if self.max_consumers == 0 || self.max_consumers > Params::MAX_CONSUMERS {
             return bad("max_consumers", "must be 1..=4096");
         }
@@ -198,6 +231,7 @@ impl ProducerBuilder {
         let me = ProcessId::current();
         let p = Params {
             capacity: self.capacity,
+            spares: self.spares,
             max_consumers: self.max_consumers,
             slot_size: self.slot_size as u64,
             user_header_size: self.user_header_size,
@@ -296,6 +330,7 @@ impl Producer<Host> {
         ProducerBuilder {
             name: name.to_owned(),
             capacity: 8,
+            spares: 8,
             slot_size: 64 * 1024,
             user_header_size: 64,
             max_consumers: 64,
@@ -365,6 +400,18 @@ impl<M: Memory> Producer<M> {
     /// ```
     pub fn capacity(&self) -> u32 {
         self.ring.map().params().capacity
+    }
+
+    /// Spare buffers (see [`ProducerBuilder::spare_buffers`]).
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let tx = Producer::builder("doc-producer-spares-get").create()?;
+    /// assert_eq!(tx.spare_buffers(), 8); // the default
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn spare_buffers(&self) -> u32 {
+        self.ring.map().params().spares
     }
 
     /// Largest message.
@@ -446,8 +493,8 @@ impl<M: Memory> Producer<M> {
         crate::stats::consumers(&self.ring.map().ring())
     }
 
-    /// Slots that some consumer holds now. Once every consumer has released what it received
-    /// (or died and was reaped), this is 0: a slot still counted then has leaked.
+    /// Buffers that some consumer holds now. Once every consumer has released what it received
+    /// (or died and was reaped), this is 0: a buffer still counted then has leaked.
     ///
     /// ```
     /// # use gpuring::{Consumer, Producer};
@@ -455,13 +502,13 @@ impl<M: Memory> Producer<M> {
     /// # let rx = Consumer::open("doc-producer-held-slots")?;
     /// tx.send(b"frame", b"")?;
     /// let msg = rx.recv()?;
-    /// assert_eq!(tx.held_slots(), 1);
+    /// assert_eq!(tx.held_buffers(), 1);
     /// drop(msg);
-    /// assert_eq!(tx.held_slots(), 0);
+    /// assert_eq!(tx.held_buffers(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn held_slots(&self) -> usize {
-        crate::stats::held_slots(&self.ring.map().ring())
+    pub fn held_buffers(&self) -> usize {
+        crate::stats::held_buffers(&self.ring.map().ring())
     }
 
     /// The ring instance's epoch (see `Consumer::epoch`).
@@ -559,27 +606,29 @@ impl<M: Memory> Producer<M> {
         Ok(self.acquire_until(Deadline::after(timeout), None)?)
     }
 
-    /// The one acquire: waits, until `deadline`, for the payload's last write of the next slot to be done, claims the slot, waits for the readers
-    /// of its previous message, and hands it out to be written on `stream` (or the memory
-    /// kind's own). See docs/gpu.md, "Run-ahead" and "Reusing a slot".
+    /// The one acquire: waits, until `deadline`, for the payload's write of the message one lap
+    /// back to be done (the run-ahead bound), claims a buffer, waits for the buffer's previous
+    /// write and its readers, and hands it out to be written on `stream` (or the memory kind's
+    /// own). See docs/gpu.md, "Run-ahead" and "Reusing a buffer".
     pub(crate) fn acquire_until<'a>(
         &'a mut self,
         deadline: Deadline,
         stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
     ) -> Result<WriteSlot<'a, M>, Fault> {
-        let seq = self.ring.published();
-        let cap = self.capacity() as u64;
-        let next = (seq % cap) as usize;
-        if seq >= cap {
-            self.poll(deadline, |p| p.mem.written(next))?;
+        let lapped = self.ring.lapped_buffer();
+        if let Some(buffer) = lapped {
+            self.poll(deadline, |p| p.mem.written(buffer))?;
         }
         let Producer { ring, mem } = &mut *self;
-        let slot = ring.claim_until(deadline, &mut |e, g| mem.forget(e, g))?;
-        debug_assert_eq!(slot, next);
-        if seq >= cap {
-            self.poll(deadline, |p| p.mem.readers_done(&mut p.ring, slot, seq - cap))?;
+        let claimed = ring.claim_until(deadline, &mut |e, g| mem.forget(e, g))?;
+        let buffer = claimed.buffer;
+        if let Some(prev) = claimed.prev {
+            if lapped != Some(buffer) {
+                self.poll(deadline, |p| p.mem.written(buffer))?;
+            }
+            self.poll(deadline, |p| p.mem.readers_done(&mut p.ring, buffer, prev))?;
         }
-        Ok(WriteSlot { producer: self, slot, stream })
+        Ok(WriteSlot { producer: self, slot: buffer, stream })
     }
 
     /// Polls `done` until it says yes, or `deadline` passes (`Blocked`), reaping the consumer
@@ -718,16 +767,18 @@ impl<'a, M: Memory> WriteSlot<'a, M> {
         mem.slot_addr(ring, self.slot)
     }
 
-    /// The slot's index in the ring.
+    /// The index of the buffer being written (for diagnostics): one of the ring's
+    /// `capacity + spare_buffers` buffers. While nobody holds a message, message `s` goes to
+    /// buffer `s % capacity`; a spare takes the place of a held one.
     ///
     /// ```
     /// # use gpuring::Producer;
     /// let mut tx = Producer::builder("doc-producer-write-slot-slot").capacity(4).create()?;
     /// tx.send(b"first", b"")?;
-    /// assert_eq!(tx.acquire()?.slot(), 1);
+    /// assert_eq!(tx.acquire()?.buffer(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn slot(&self) -> usize {
+    pub fn buffer(&self) -> usize {
         self.slot
     }
 

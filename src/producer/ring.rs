@@ -1,5 +1,5 @@
 //! What every producer has, whatever its memory kind: the mapped segment, the ring protocol's
-//! state, waiting for a free slot, and looking after the consumer table.
+//! state, waiting for a free buffer, and looking after the consumer table.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -10,8 +10,8 @@ use crate::error::{Corruption, CreateError, PublishError};
 use crate::format::view::MappedRing;
 use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::memory::Fault;
-use crate::ring::producer::{wants_wake, ClaimError};
-use crate::ring::{audit, park, stamp, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
+use crate::ring::producer::{wants_wake, ClaimError, Claimed};
+use crate::ring::{audit, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::ShmName;
 use crate::wait::{self, Deadline, WaitConfig};
@@ -46,10 +46,10 @@ fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
 }
 
 /// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
-/// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze slots.
-/// Unless the ring is `closed`, also audits the next slot's held count
-/// (`ring::reclaim::audit`), so that a count a damaged segment left too high cannot hold the
-/// producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
+/// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze buffers.
+/// Unless the ring is `closed`, also audits the held counts of the buffers the next claim may
+/// take (`ring::reclaim::audit`), so that a count a damaged segment left too high cannot hold
+/// the producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
 fn look_after(
     ring: &Ring<'_>,
     core: &mut ProducerCore,
@@ -69,19 +69,22 @@ fn look_after(
         },
         recount,
     )?;
-    if r.dead > 0 || r.slots > 0 {
-        tracing::info!(dead = r.dead, freed = r.freed, slots = r.slots, "dead consumers reclaimed");
+    if r.dead > 0 || r.holds > 0 {
+        tracing::info!(dead = r.dead, freed = r.freed, holds = r.holds, "dead consumers reclaimed");
     }
     let mut wake = r.wake_consumers;
     let mut lowered = false;
     if !closed {
-        let (l, w) = audit(ring, ring.slot_of(core.next_seq()))?;
-        (lowered, wake) = (l, wake || w);
+        let candidates: Vec<usize> = core.candidates(ring).collect();
+        for buffer in candidates {
+            let (l, w) = audit(ring, buffer)?;
+            (lowered, wake) = (lowered || l, wake || w);
+        }
     }
     if wake {
         wake_consumers(ring, bells);
     }
-    if r.dead > 0 || r.freed > 0 || r.slots > 0 || lowered {
+    if r.dead > 0 || r.freed > 0 || r.holds > 0 || lowered {
         core.forget_min_cursor();
     }
     Ok(r)
@@ -132,14 +135,13 @@ impl ProducerRing {
         // Build everything, then publish the header with `magic` last.
         params.write(seg.header(), layout.total as u64);
         let map = MappedRing::new(seg, params, layout);
-        for (i, line) in map.ring().slots.iter().enumerate() {
-            // Relaxed: published by the Release store of `magic` below.
-            line.stamp.store(stamp::initial(i as u32, params.capacity), Ordering::Relaxed);
-        }
+        // Published by the Release store of `magic` below.
+        crate::ring::initialize(&map.ring());
+        let core = ProducerCore::new(&map.ring());
         // Dropped on failure below: that marks it closed and unlinks the name.
         let ring = ProducerRing {
             map,
-            core: ProducerCore::new(),
+            core,
             wait: WaitConfig { spin: b.spin, tick: b.liveness },
             closed: false,
             table_seen: (0, 0),
@@ -152,7 +154,8 @@ impl ProducerRing {
         // Built: the creator's exclusive lock on the file becomes a shared one (shm/stale.rs).
         ring.map.segment().mark_ready();
         tracing::info!(
-            ring = %b.name, ?memory, capacity = params.capacity, slot_size = params.slot_size,
+            ring = %b.name, ?memory, capacity = params.capacity, spares = params.spares,
+            slot_size = params.slot_size,
             policy = ?ring.map.policy(), epoch = params.epoch, "ring created"
         );
         Ok((ring, extra))
@@ -173,19 +176,25 @@ impl ProducerRing {
         self.wait
     }
 
+    /// The buffer of the message one lap before the next, once there is one (see
+    /// `ProducerCore::lapped_buffer`).
+    pub(crate) fn lapped_buffer(&self) -> Option<usize> {
+        self.core.lapped_buffer(&self.map.ring())
+    }
+
     /// Messages published so far = sequence number of the next one.
     pub(crate) fn published(&self) -> u64 {
         self.core.next_seq()
     }
 
-    /// Claims the next slot, waiting until `deadline` on the producer's wake line, looking
-    /// after the consumer table meanwhile: once per liveness interval, and whenever it changed
-    /// (a consumer joined or retired: a retiring one waits for us). Returns its index.
+    /// Claims a buffer for the next message, waiting until `deadline` on the producer's wake
+    /// line, looking after the consumer table meanwhile: once per liveness interval, and
+    /// whenever it changed (a consumer joined or retired: a retiring one waits for us).
     pub(crate) fn claim_until(
         &mut self,
         deadline: Deadline,
         on_free: OnFree<'_>,
-    ) -> Result<usize, Fault> {
+    ) -> Result<Claimed, Fault> {
         self.before_claim(on_free)?;
         let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
         let (ring, bells) = (map.ring(), &*bells);
@@ -205,11 +214,11 @@ impl ProducerRing {
         claimed.unwrap_or(Err(Fault::Blocked))
     }
 
-    /// [`claim_until`](Self::claim_until) without a deadline, awaiting the slot (feature
+    /// [`claim_until`](Self::claim_until) without a deadline, awaiting a buffer (feature
     /// `tokio`): the task parks on the producer's doorbell, which a consumer's release (or
     /// retire) knocks on.
     #[cfg(feature = "tokio")]
-    pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<usize, Fault> {
+    pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<Claimed, Fault> {
         use crate::asynch::{wait_async, Wake};
         self.before_claim(on_free)?;
         let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
@@ -237,7 +246,7 @@ impl ProducerRing {
         Ok(self.maintain(on_free)?)
     }
 
-    /// Reaps the consumer table and audits the next slot (`look_after`), telling the memory
+    /// Reaps the consumer table and audits the next claim's buffers (`look_after`), telling the memory
     /// kind about each entry it frees.
     pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
         self.last_reap = Instant::now();
@@ -272,11 +281,11 @@ impl ProducerRing {
         evicted
     }
 
-    /// Writes `header` into claimed slot `slot`'s user header and publishes message `len`.
+    /// Writes `header` into claimed buffer `buffer`'s user header and publishes message `len`.
     /// The caller checked `len` and `header` against what the message may hold.
     pub(crate) fn publish_claimed(
         &mut self,
-        slot: usize,
+        buffer: usize,
         len: u64,
         header: &[u8],
     ) -> Result<u64, PublishError> {
@@ -285,8 +294,8 @@ impl ProducerRing {
         if header.len() > max {
             return Err(PublishError::HeaderTooLong { len: header.len(), max });
         }
-        let dst = map.user_header(slot);
-        // SAFETY: the slot is claimed by us, so no correct peer touches its user header; the
+        let dst = map.user_header(buffer);
+        // SAFETY: the buffer is claimed by us, so no correct peer touches its user header; the
         // region is `max` bytes long and header.len() <= max.
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), dst, header.len());
@@ -325,7 +334,7 @@ fn claim_step(
     bells: &ProducerBells,
     on_free: OnFree<'_>,
     closed: bool,
-) -> Option<Result<usize, Fault>> {
+) -> Option<Result<Claimed, Fault>> {
     if let Some(last_reap) = look {
         *last_reap = Instant::now();
         if let Err(c) = look_after(ring, core, bells, on_free, closed) {
@@ -335,10 +344,10 @@ fn claim_step(
     claim(core, ring)
 }
 
-/// One try at claiming the next slot: `None` while it is not free.
-fn claim(core: &mut ProducerCore, ring: &Ring<'_>) -> Option<Result<usize, Fault>> {
+/// One try at claiming a buffer for the next message: `None` while none is free.
+fn claim(core: &mut ProducerCore, ring: &Ring<'_>) -> Option<Result<Claimed, Fault>> {
     match core.try_claim(ring) {
-        Ok(slot) => Some(Ok(slot)),
+        Ok(claimed) => Some(Ok(claimed)),
         Err(ClaimError::Blocked(_)) => None,
         Err(ClaimError::Corrupt(c)) => Some(Err(Fault::Corrupt(c.into()))),
     }

@@ -5,8 +5,8 @@ use std::cell::Cell;
 use super::atomic::{fence, Ordering};
 use super::lease::{self, evict_reason};
 use super::producer::wants_wake;
-use super::{hold, stamp};
-use super::{Policy, Ring, RingCorrupt};
+use super::{hold, position, stamp};
+use super::{Mode, Ring, RingCorrupt};
 
 /// Where a new consumer starts reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -16,8 +16,8 @@ pub enum StartAt {
     Newest,
     /// Only messages published after joining.
     Next,
-    /// The oldest message still in the ring. Under `Block`, the oldest one that cannot be
-    /// overwritten while joining: with `capacity` slots, the last `capacity - 1` messages.
+    /// The oldest message still in the ring. For a `Lossless` consumer, the oldest one that cannot
+    /// be overwritten while joining: with `capacity` positions, the last `capacity - 1` messages.
     Oldest,
 }
 
@@ -31,19 +31,19 @@ pub enum JoinError {
     Lost,
 }
 
-/// A message pinned by a consumer: the slot cannot be overwritten until it is released.
+/// A message pinned by a consumer: its buffer cannot be overwritten until it is released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pinned {
-    /// Slot index.
-    pub slot: usize,
+    /// The buffer that carries it.
+    pub buffer: usize,
     /// Sequence number of the message.
     pub seq: u64,
-    /// Length as published. Not yet checked against the slot size: that is the caller's job.
+    /// Length as published. Not yet checked against the buffer size: that is the caller's job.
     pub len: u64,
     /// Publish timestamp.
     pub timestamp_ns: u64,
-    /// Messages this consumer lost (overwritten before it got to them) since its previous
-    /// message.
+    /// Messages this consumer lost (overwritten before it got to them, or skipped in `Latest`)
+    /// since its previous message.
     pub lag: u64,
 }
 
@@ -75,9 +75,11 @@ pub struct Left {
 pub struct ConsumerCore {
     /// Its consumer table entry.
     index: usize,
-    /// The entry's lease while we own it and are active. Everything we write to shared slot
+    /// The entry's lease while we own it and are active. Everything we write to shared buffer
     /// state we write only after checking that the entry still has it.
     lease: u64,
+    /// How it receives; also in the entry.
+    mode: Mode,
     /// Copy of the entry's cursor; the entry's is the shared one.
     cursor: Cell<u64>,
     /// Losses not yet reported with a message.
@@ -87,7 +89,7 @@ pub struct ConsumerCore {
     lost: Cell<u64>,
     holding: Cell<u64>,
     /// Set once the lease is found no longer ours: from then on every pin and release fails
-    /// with it at once, without touching shared slot state.
+    /// with it at once, without touching shared buffer state.
     lost_lease: Cell<Option<RingCorrupt>>,
     /// Whether the producer slept when this consumer joined and must be woken by the caller.
     join_wake: bool,
@@ -120,10 +122,15 @@ impl Joining {
         free_own(ring, self.index, self.lease);
     }
 
-    /// Sets the cursor from `start` and makes the consumer active (see the module docs and
-    /// docs/protocol.md, "Joining and leaving"). Fails with `Lost` if the entry was taken from
-    /// us meanwhile.
-    pub fn activate(self, ring: &Ring<'_>, start: StartAt) -> Result<ConsumerCore, JoinError> {
+    /// Sets the cursor from `start` and the delivery mode, and makes the consumer active (see
+    /// the module docs and docs/protocol.md, "Joining and leaving"). Fails with `Lost` if the
+    /// entry was taken from us meanwhile.
+    pub fn activate(
+        self,
+        ring: &Ring<'_>,
+        start: StartAt,
+        mode: Mode,
+    ) -> Result<ConsumerCore, JoinError> {
         let index = self.index;
         let entry = &ring.consumers[index];
         let cursor_at = |head: u64| {
@@ -132,9 +139,9 @@ impl Joining {
                 StartAt::Next => head,
                 StartAt::Oldest => head.saturating_sub(ring.capacity()),
             };
-            // Under Block, never behind the oldest message that cannot be overwritten
-            // while we join (see below); with capacity 1 that makes Newest act as Next.
-            if ring.policy == Policy::Block {
+            // Lossless: never behind the oldest message that cannot be overwritten while we
+            // join (see below); with capacity 1 that makes Newest act as Next.
+            if mode == Mode::Lossless {
                 c.max(head.saturating_add(1).saturating_sub(ring.capacity()))
             } else {
                 c
@@ -143,6 +150,8 @@ impl Joining {
         // Acquire: pairs with the producer's Release head store.
         let head = ring.producer.head.load(Ordering::Acquire);
         entry.cursor.store(cursor_at(head), Ordering::Relaxed);
+        // Relaxed: published by the Release CAS below, and never written again while active.
+        entry.mode.store(mode as u32, Ordering::Relaxed);
         let active = lease::with_state(self.lease, lease::ACTIVE);
         // Release: the producer's Acquire lease load then sees the fields above. A CAS, not a
         // store: the entry is ours only while it has the lease our claim wrote.
@@ -159,7 +168,7 @@ impl Joining {
         // load (after the previous publish's fence) missed our bump had its fence before
         // ours, so the head we load next is at least that claim's sequence number `s`.
         // Every later claim sees the bump and rescans. So only message `head2 - cap` can
-        // be overwritten behind our back; in Block we start after it and lose nothing.
+        // be overwritten behind our back; Lossless, we start after it and lose nothing.
         fence(Ordering::SeqCst);
         let head2 = ring.producer.head.load(Ordering::Acquire);
         let cursor = cursor_at(head2).max(cursor_at(head));
@@ -170,6 +179,7 @@ impl Joining {
         Ok(ConsumerCore {
             index,
             lease: active,
+            mode,
             cursor: Cell::new(cursor),
             lag: Cell::new(0),
             received: Cell::new(0),
@@ -219,10 +229,10 @@ pub fn give_up_retiring(ring: &Ring<'_>, index: usize, retiring: u64) -> bool {
     {
         return false;
     }
-    for slot in 0..ring.slots.len() {
+    for buffer in 0..ring.buffers.len() {
         // Relaxed: our own records (all 0 already: we released before retiring); published
         // by the Release free below.
-        ring.hold(index, slot).store(0, Ordering::Relaxed);
+        ring.hold(index, buffer).store(0, Ordering::Relaxed);
     }
     super::reclaim::free_finishing(ring, index, finishing);
     true
@@ -234,10 +244,11 @@ impl ConsumerCore {
     pub fn join(
         ring: &Ring<'_>,
         start: StartAt,
+        mode: Mode,
         pid: u32,
         start_time: u64,
     ) -> Result<ConsumerCore, JoinError> {
-        Self::claim(ring, pid, start_time)?.activate(ring, start)
+        Self::claim(ring, pid, start_time)?.activate(ring, start, mode)
     }
 
     /// Claims a free consumer table entry (state `JOINING`: the producer ignores it but for
@@ -273,13 +284,18 @@ impl ConsumerCore {
             // unparked, or by the reclaimer).
             entry.parked.store(0, Ordering::Relaxed);
             entry.bell.store(0, Ordering::Relaxed);
-            for slot in 0..ring.slots.len() {
+            for buffer in 0..ring.buffers.len() {
                 // Relaxed: published by the Release CAS to ACTIVE; normally already 0.
-                ring.hold(index, slot).store(0, Ordering::Relaxed);
+                ring.hold(index, buffer).store(0, Ordering::Relaxed);
             }
             return Ok(Joining { index, lease: claimed });
         }
         Err(JoinError::Full)
+    }
+
+    /// Its delivery mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// Whether the caller must wake the producer after joining (it may be asleep on this
@@ -332,18 +348,16 @@ impl ConsumerCore {
         (now, now == self.lease || now == lease::with_state(self.lease, lease::EVICTED))
     }
 
-    /// Whether our next message is in its slot, published, though a pin just found nothing:
+    /// Whether our next message is in its buffer, published, though a pin just found nothing:
     /// READY (another consumer thawed it meanwhile), or frozen by a producer's recount (WRITING
     /// with its tag, and the head past it: a producer's claim is of an unpublished message). A
     /// consumer that finds the ring closed must not take it for "nothing left": it thaws it
     /// ([`super::reclaim::thaw`]) and pins again.
     pub fn next_is_there(&self, ring: &Ring<'_>) -> bool {
         let c = self.cursor.get();
-        // Relaxed: the caller pins again, which acquires.
-        let st = ring.slots[ring.slot_of(c)].stamp.load(Ordering::Relaxed);
         // Acquire: pairs with the producer's Release head store.
         let published = ring.producer.head.load(Ordering::Acquire) > c;
-        published && stamp::tag_diff(stamp::tag(st), c) == 0
+        published && ring.buffer_of(c).is_some()
     }
 
     /// Stores our cursor into the entry again if something overwrote it there (a lower value
@@ -360,7 +374,7 @@ impl ConsumerCore {
         }
         // Release: as the cursor store in `try_pin`.
         entry.cursor.store(self.cursor.get(), Ordering::Release);
-        ring.policy == Policy::Block && wants_wake(ring.producer_wake)
+        self.mode == Mode::Lossless && wants_wake(ring.producer_wake)
     }
 
     /// Sequence number of our next message (for [`super::reclaim::thaw`]).
@@ -382,62 +396,90 @@ impl ConsumerCore {
             .is_ok()
     }
 
-    /// Pins the next message if one is published. `Ok(None)`: nothing yet. The second value
-    /// says whether the producer sleeps and must be woken (the cursor moved).
+    /// Pins the next message if one is published (for a `Latest` consumer: the newest). `Ok(None)`:
+    /// nothing yet. The second value says whether the producer sleeps and must be woken (a
+    /// `Lossless` cursor moved).
     ///
     /// The lease is checked once a message is pinned, before it is handed out: an evicted
-    /// consumer gets `Err(Evicted)` rather than a message whose slot may be overwritten under
+    /// consumer gets `Err(Evicted)` rather than a message whose buffer may be overwritten under
     /// it (its hold no longer counts), and its record stays for the producer to recount.
     pub fn try_pin(&self, ring: &Ring<'_>) -> Result<Option<(Pinned, bool)>, RingCorrupt> {
         if let Some(lost) = self.lost_lease.get() {
             return Err(lost);
         }
-        // Lag jumps allowed in one call. A producer lapping us again and again, or stamps from
+        // Lag jumps allowed in one call. A producer lapping us again and again, or words from
         // a hostile segment that are all "ahead", would otherwise keep us here; the caller just
         // tries again (our cursor has moved on).
         let mut jumps = ring.capacity().saturating_add(64);
         'next: loop {
+            if self.mode == Mode::Latest {
+                // Acquire: pairs with the producer's Release head store, so the position word
+                // of `head - 1` is at least as new as that message.
+                let head = ring.producer.head.load(Ordering::Acquire);
+                let c = self.cursor.get();
+                // Only forwards, and only by a distance a correct head can be ahead (a
+                // hostile one must not wrap the cursor).
+                if head > c && head - c > 1 && head - c <= i64::MAX as u64 {
+                    self.skip(head - 1 - c);
+                }
+            }
             let c = self.cursor.get();
-            let index = ring.slot_of(c);
-            let line = &ring.slots[index];
-            let record = ring.hold(self.index, index);
+            let position = ring.position_of(c);
+            // Acquire: pairs with the producer's Release store of the word, made after the
+            // buffer's publish, so the stamp load below sees `READY(c)` or a later value.
+            let word = ring.positions[position].load(Ordering::Acquire);
+            let d = stamp::tag_diff(position::tag(word), c);
+            if d < 0 {
+                return Ok(None);
+            }
+            if d > 0 {
+                jumps -= 1;
+                if jumps == 0 {
+                    return Ok(None);
+                }
+                self.lagged(ring, c);
+                continue 'next;
+            }
+            let buffer = position::buffer(word);
+            if buffer >= ring.buffers.len() {
+                return Err(RingCorrupt::Position { position: position as u32 });
+            }
+            let line = &ring.buffers[buffer];
+            let record = ring.hold(self.index, buffer);
             let mut pinning = false;
             // Relaxed: the pin CAS below acquires; this load only decides what to try.
             let mut st = line.stamp.load(Ordering::Relaxed);
             loop {
                 let d = stamp::tag_diff(stamp::tag(st), c);
                 if pinning && (d != 0 || stamp::is_writing(st)) {
-                    // Our PINNING record of a failed CAS is void: clear it. (Only ours: the
-                    // record may also be the HELD one of an older message in this slot.)
-                    // Release: like every record store (see `super::hold`). Every path below
-                    // returns or moves to another message.
+                    // Our PINNING record of a failed CAS is void: clear it. (We hold nothing
+                    // else in this buffer: it was taken for `c` after every hold of its older
+                    // message ended.) Release: like every record store (see `super::hold`).
+                    // Every path below returns or moves to another message.
                     record.store(0, Ordering::Release);
                 }
-                if d < 0 || (d == 0 && stamp::is_writing(st)) {
+                if d < 0 {
+                    // The word said `c` is published here; no correct producer leaves an older
+                    // message behind it.
+                    return Err(RingCorrupt::BufferTag { buffer: buffer as u32 });
+                }
+                if d == 0 && stamp::is_writing(st) {
+                    // Frozen by a recount (`super::reclaim`): try again after it.
                     return Ok(None);
                 }
                 if d > 0 {
+                    // The buffer was taken for a newer message since: `c` is gone.
                     jumps -= 1;
                     if jumps == 0 {
                         return Ok(None);
                     }
-                    // Message `c` was overwritten: the producer claimed `c + k*cap`, so it has
-                    // published at least up to `c + cap - 1`. Jump to the oldest one left.
-                    // Acquire: pairs with the producer's Release head store.
-                    let head = ring.producer.head.load(Ordering::Acquire);
-                    // Wrapping/saturating: `head` comes from shared memory and may be garbage;
-                    // that must not panic, only misreport the loss.
-                    let next = c.wrapping_add(1).max(head.saturating_sub(ring.capacity()));
-                    let skipped = next.wrapping_sub(c);
-                    self.lag.set(self.lag.get().saturating_add(skipped));
-                    self.lost.set(self.lost.get().saturating_add(skipped));
-                    self.cursor.set(next);
+                    self.lagged(ring, c);
                     continue 'next;
                 }
                 let held = stamp::held(st);
                 if held >= ring.consumers.len() as u64 {
                     let held = held as u32;
-                    return Err(RingCorrupt::HeldCount { slot: index as u32, held });
+                    return Err(RingCorrupt::HeldCount { buffer: buffer as u32, held });
                 }
                 // Release: a reclaimer that reads the stamp our CAS writes sees this record
                 // (see `super::hold`); it is written before the CAS.
@@ -463,12 +505,12 @@ impl ConsumerCore {
             // the producer's recount.
             if let Err(lost) = self.check_lease(ring) {
                 if self.owned(ring).1 {
-                    let _ = self.release_slot(ring, index);
+                    let _ = self.release_buffer(ring, buffer);
                 }
                 return Err(lost);
             }
             let pinned = Pinned {
-                slot: index,
+                buffer,
                 seq: c,
                 len: line.len.load(Ordering::Relaxed),
                 timestamp_ns: line.timestamp_ns.load(Ordering::Relaxed),
@@ -481,27 +523,45 @@ impl ConsumerCore {
             let entry = &ring.consumers[self.index];
             // Release: orders the pin CAS before the cursor, for the producer's Acquire load.
             entry.cursor.store(next, Ordering::Release);
-            // Only a Block producer waits for cursors; in Overwrite it waits only on releases.
-            let wake = ring.policy == Policy::Block && wants_wake(ring.producer_wake);
+            // Only a Lossless cursor gates the producer; others it waits on only for releases.
+            let wake = self.mode == Mode::Lossless && wants_wake(ring.producer_wake);
             return Ok(Some((pinned, wake)));
         }
+    }
+
+    /// Message `c` was overwritten: the producer published at least up to `c + capacity - 1`
+    /// (it took `c`'s position or buffer for a newer message). Jumps to the oldest message left.
+    fn lagged(&self, ring: &Ring<'_>, c: u64) {
+        // Acquire: pairs with the producer's Release head store.
+        let head = ring.producer.head.load(Ordering::Acquire);
+        // Wrapping/saturating: `head` comes from shared memory and may be garbage; that must
+        // not panic, only misreport the loss.
+        let next = c.wrapping_add(1).max(head.saturating_sub(ring.capacity()));
+        self.skip(next.wrapping_sub(c));
+    }
+
+    /// Moves the cursor `n` messages on without receiving them: they count as lost.
+    fn skip(&self, n: u64) {
+        self.lag.set(self.lag.get().saturating_add(n));
+        self.lost.set(self.lost.get().saturating_add(n));
+        self.cursor.set(self.cursor.get().wrapping_add(n));
     }
 
     /// Releases a message pinned by this consumer. Returns whether the producer sleeps and must
     /// be woken. An evicted consumer still releases (its holds count until it does); one whose
     /// lease is gone altogether changes nothing and gets `Err(Evicted)`.
-    pub fn release(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
+    pub fn release(&self, ring: &Ring<'_>, buffer: usize) -> Result<bool, RingCorrupt> {
         self.holding.set(self.holding.get().saturating_sub(1));
         if !self.owned(ring).1 {
             self.check_lease(ring)?;
         }
-        self.release_slot(ring, slot)
+        self.release_buffer(ring, buffer)
     }
 
     /// The release itself (the lease was checked).
-    fn release_slot(&self, ring: &Ring<'_>, slot: usize) -> Result<bool, RingCorrupt> {
-        let line = &ring.slots[slot];
-        let record = ring.hold(self.index, slot);
+    fn release_buffer(&self, ring: &Ring<'_>, buffer: usize) -> Result<bool, RingCorrupt> {
+        let line = &ring.buffers[buffer];
+        let record = ring.hold(self.index, buffer);
         // Relaxed: our own record.
         let seq = hold::seq(record.load(Ordering::Relaxed));
         // Release: written before the CAS below, for a reclaimer (see `super::hold`).
@@ -513,9 +573,9 @@ impl ConsumerCore {
                 // Someone else zeroed our hold: report it rather than borrow into the tag.
                 // Relaxed: we hold nothing here, whatever the record says.
                 record.store(0, Ordering::Relaxed);
-                return Err(RingCorrupt::ReleaseUnderflow { slot: slot as u32 });
+                return Err(RingCorrupt::ReleaseUnderflow { buffer: buffer as u32 });
             }
-            // Release: our reads of the slot happen before the producer's claim (its Acquire
+            // Release: our reads of the buffer happen before the producer's claim (its Acquire
             // CAS reads this value or a later one in the release sequence).
             match line.stamp.compare_exchange_weak(st, st - 1, Ordering::Release, Ordering::Relaxed)
             {
@@ -539,7 +599,7 @@ impl ConsumerCore {
     }
 
     /// Leaves the ring. First gives back every message it still holds (read slots that were
-    /// leaked rather than dropped: their records say HELD, and the slot still carries that
+    /// leaked rather than dropped: their records say HELD, and the buffer still carries that
     /// message), so that nothing stays pinned for ever; the caller must be done reading them.
     /// Then frees the entry or retires it (`how`). An evicted consumer always retires; one
     /// whose lease is gone changes nothing.
@@ -552,15 +612,15 @@ impl ConsumerCore {
                 break;
             }
             if !std::mem::replace(&mut released, true) {
-                for slot in 0..ring.slots.len() {
+                for buffer in 0..ring.buffers.len() {
                     // Relaxed: our own record.
-                    let r = ring.hold(self.index, slot).load(Ordering::Relaxed);
-                    // Relaxed: only decides whether the record names what the slot carries.
-                    let st = ring.slots[slot].stamp.load(Ordering::Relaxed);
+                    let r = ring.hold(self.index, buffer).load(Ordering::Relaxed);
+                    // Relaxed: only decides whether the record names what the buffer carries.
+                    let st = ring.buffers[buffer].stamp.load(Ordering::Relaxed);
                     let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
                     if hold::state(r) == hold::HELD && same {
                         // A damaged stamp (underflow) is not ours to fix on the way out.
-                        left.wake |= self.release_slot(ring, slot).unwrap_or(false);
+                        left.wake |= self.release_buffer(ring, buffer).unwrap_or(false);
                         left.released += 1;
                     }
                 }

@@ -1,7 +1,7 @@
-//! Hold records: which message each consumer pins in each slot, so that the slots a dead
+//! Hold records: which message each consumer pins in each buffer, so that the buffers a dead
 //! consumer held can be given back (see [`super::reclaim`](mod@super::reclaim)).
 //!
-//! Consumer `e`'s record for slot `i` is `Ring::holds[e * hold_stride + i]`, written only by
+//! Consumer `e`'s record for buffer `b` is `Ring::holds[e * hold_stride + b]`, written only by
 //! consumer `e`. It is `0` (nothing) or `seq << 2 | state`:
 //!
 //! ```text
@@ -10,7 +10,7 @@
 //! ```
 //!
 //! A consumer can die between any two steps, so a dead consumer's record alone cannot say
-//! whether its CAS happened. The reclaimer does not need to know: it recounts the slot's holders
+//! whether its CAS happened. The reclaimer does not need to know: it recounts the buffer's holders
 //! from the records of the consumers that are alive (see [`super::reclaim`](mod@super::reclaim)).
 
 /// The consumer is about to pin (its CAS may or may not have happened).
@@ -39,9 +39,9 @@ pub fn seq(record: u64) -> u64 {
     record >> 2
 }
 
-/// Words per consumer: the capacity rounded up to 16, so each consumer's records start on
+/// Words per consumer: the buffer count rounded up to 16, so each consumer's records start on
 /// their own 128-byte line.
 #[inline]
-pub fn stride(capacity: usize) -> usize {
-    capacity.div_ceil(16) * 16
+pub fn stride(buffers: usize) -> usize {
+    buffers.div_ceil(16) * 16
 }

@@ -13,7 +13,7 @@ pub struct ProducerLine {
     /// Messages published so far = sequence number of the next one. Written only by the
     /// producer; never decreases.
     pub head: AtomicU64,
-    /// Nanoseconds the producer spent waiting for a free slot (statistics; producer-only).
+    /// Nanoseconds the producer spent waiting for a free buffer (statistics; producer-only).
     pub blocked_ns: AtomicU64,
     /// Bumped by every consumer that joins, so a `Block` producer knows its cached lower bound
     /// of the cursors may be stale. Written by consumers, rarely.
@@ -55,6 +55,9 @@ pub struct ConsumerEntry {
     /// Why the producer evicted the owner: a [`super::lease::evict_reason`]. Written by the
     /// producer before its CAS to EVICTED; reset by the next claim.
     pub evicted_for: AtomicU32,
+    /// The owner's delivery [`super::Mode`] as u32. Written by the owner before its Release CAS
+    /// to ACTIVE, never after; read by the producer (only `Lossless` gates it) and by tools.
+    pub mode: AtomicU32,
     /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), so that a
     /// reused pid is not taken for the owner. 0 while not yet known: a new owner stores it right
     /// after its claim, and whoever frees the entry zeroes it first, so a reaper never pairs a
@@ -65,22 +68,23 @@ pub struct ConsumerEntry {
     pub cursor: AtomicU64,
     /// Messages received (statistics; owner-only, plain stores).
     pub received: AtomicU64,
-    /// Messages lost by lagging in `Overwrite` (statistics; owner-only).
+    /// Messages lost: overwritten before it got to them, or skipped in `Latest` (statistics;
+    /// owner-only).
     pub lost: AtomicU64,
-    /// Slots currently held (statistics; owner-only).
+    /// Messages currently held (statistics; owner-only).
     pub holding: AtomicU64,
     /// The random token naming the owner's doorbell socket (see `shm::doorbell`), 0 until its
     /// first async wait. Written by the owner before it first parks.
     pub bell: AtomicU64,
 }
 
-/// One slot's stamp and message metadata.
+/// One buffer's stamp and the metadata of the message it carries.
 #[repr(C, align(128))]
-pub struct SlotLine {
+pub struct BufferLine {
     /// See [`super::stamp`].
     pub stamp: AtomicU64,
     /// Length in bytes of the message; valid while the stamp is `READY` and pinned. Consumers
-    /// check it against the slot size before use.
+    /// check it against the slot size (every buffer's size) before use.
     pub len: AtomicU64,
     /// CLOCK_MONOTONIC nanoseconds at publish.
     pub timestamp_ns: AtomicU64,
@@ -126,6 +130,7 @@ impl ConsumerEntry {
             lease: AtomicU64::new(super::lease::pack(super::lease::FREE, 0, 0)),
             parked: AtomicU32::new(0),
             evicted_for: AtomicU32::new(0),
+            mode: AtomicU32::new(0),
             start_time: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
             received: AtomicU64::new(0),
@@ -142,10 +147,10 @@ impl Default for ConsumerEntry {
     }
 }
 
-impl SlotLine {
-    /// A slot with stamp `stamp`.
-    pub fn new(stamp: u64) -> SlotLine {
-        SlotLine {
+impl BufferLine {
+    /// A buffer with stamp `stamp`.
+    pub fn new(stamp: u64) -> BufferLine {
+        BufferLine {
             stamp: AtomicU64::new(stamp),
             len: AtomicU64::new(0),
             timestamp_ns: AtomicU64::new(0),
@@ -159,6 +164,6 @@ const _: () = {
     assert!(std::mem::size_of::<ProducerLine>() == 128);
     assert!(std::mem::size_of::<WakeLine>() == 128);
     assert!(std::mem::size_of::<ConsumerEntry>() == 128);
-    assert!(std::mem::size_of::<SlotLine>() == 128);
-    assert!(std::mem::align_of::<SlotLine>() == 128);
+    assert!(std::mem::size_of::<BufferLine>() == 128);
+    assert!(std::mem::align_of::<BufferLine>() == 128);
 };

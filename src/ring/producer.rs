@@ -1,18 +1,18 @@
-//! The producer's side of the protocol: claim a slot, publish it.
+//! The producer's side of the protocol: claim a buffer for the next message, publish it.
 
 use super::atomic::{fence, Ordering};
 use super::layout::WakeLine;
 use super::lease;
-use super::stamp;
-use super::{Policy, Ring, RingCorrupt};
+use super::{position, stamp};
+use super::{Mode, Ring, RingCorrupt};
 
-/// Why the producer cannot claim the next slot yet.
+/// Why the producer cannot claim the next message's buffer yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Blocked {
-    /// `Block` policy: an active consumer has not yet received the message that would be
+    /// An active `Lossless` consumer has not yet received the message that would be
     /// overwritten.
     Consumers,
-    /// A consumer holds the slot.
+    /// Consumers hold the position's buffer and every spare.
     Held,
 }
 
@@ -25,26 +25,58 @@ pub enum ClaimError {
     Corrupt(RingCorrupt),
 }
 
+/// A claimed buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// The buffer's index.
+    pub buffer: usize,
+    /// The message the buffer carried before, if it ever carried one: its readers must be done
+    /// (on their GPUs) before it is written again.
+    pub prev: Option<u64>,
+}
+
 /// The producer's private state.
+///
+/// Invariants: `at` names `capacity` distinct buffers and `spares` the others, so each buffer
+/// is in exactly one of them; `at[p]` is the buffer position `p`'s word names once the claim in
+/// progress (if any) is published; `last[b]` is the message buffer `b`'s stamp carries (or the
+/// initial tag, see [`stamp::initial`]).
 #[derive(Debug)]
 pub struct ProducerCore {
     /// Sequence number of the next message (equal to the shared `head`).
     next: u64,
-    /// Whether the slot of `next` is claimed (its stamp is `WRITING(next)`).
-    claimed: bool,
-    /// A lower bound of every active consumer's cursor. Cursors never decrease and a joining
-    /// consumer starts at or after the head it reads after becoming active, so a bound once
-    /// true stays true -- except for a consumer that joins behind it, which bumps
-    /// `ProducerLine::joins`. Refreshed when it would block or when `joins` moved.
+    /// The buffer claimed for `next` (its stamp is `WRITING(next)`), if any, and the message it
+    /// carried before.
+    claimed: Option<Claimed>,
+    /// The buffer each position names.
+    at: Vec<u32>,
+    /// The buffers no position names: free, or still held by readers of a lapped message.
+    spares: Vec<u32>,
+    /// The message each buffer carries (its stamp's tag).
+    last: Vec<u64>,
+    /// A lower bound of every active `Lossless` consumer's cursor, or `u64::MAX` if there was
+    /// none. Cursors never decrease and a joining consumer starts at or after the head it reads
+    /// after becoming active, so a bound once true stays true -- except for a consumer that
+    /// joins behind it, which bumps `ProducerLine::joins`. Refreshed when it would block or
+    /// when `joins` moved.
     min_cursor: u64,
     /// The last `joins` value seen.
     joins_seen: u64,
 }
 
 impl ProducerCore {
-    /// The producer of a fresh ring.
-    pub fn new() -> ProducerCore {
-        ProducerCore { next: 0, claimed: false, min_cursor: 0, joins_seen: 0 }
+    /// The producer of `ring`, which is in its initial state.
+    pub fn new(ring: &Ring<'_>) -> ProducerCore {
+        let (cap, buffers) = (ring.positions.len() as u32, ring.buffers.len() as u32);
+        ProducerCore {
+            next: 0,
+            claimed: None,
+            at: (0..cap).collect(),
+            spares: (cap..buffers).collect(),
+            last: (0..buffers).map(|b| (b as u64).wrapping_sub(buffers as u64)).collect(),
+            min_cursor: 0,
+            joins_seen: 0,
+        }
     }
 
     /// Sequence number of the next message to publish.
@@ -52,88 +84,133 @@ impl ProducerCore {
         self.next
     }
 
-    /// Whether the next slot is claimed.
+    /// Whether the next message's buffer is claimed.
     pub fn is_claimed(&self) -> bool {
-        self.claimed
+        self.claimed.is_some()
     }
 
-    /// Claims the slot for the next message, if it is free. Returns its index. Claiming an
-    /// already claimed slot (an acquire whose slot was dropped unpublished) returns it again.
-    pub fn try_claim(&mut self, ring: &Ring<'_>) -> Result<usize, ClaimError> {
-        let s = self.next;
-        let index = ring.slot_of(s);
-        if self.claimed {
-            return Ok(index);
+    /// The buffer that carries the message one lap before the next (the one the next position
+    /// names), once there is one and no buffer is claimed yet: the producer bounds its
+    /// run-ahead by that message's write. (Once claimed, the position may already name the
+    /// spare that was taken, and the claim's own buffer is what to wait for.)
+    pub fn lapped_buffer(&self, ring: &Ring<'_>) -> Option<usize> {
+        let lapped = self.next >= ring.capacity() && self.claimed.is_none();
+        lapped.then(|| self.at[ring.position_of(self.next)] as usize)
+    }
+
+    /// The buffers a claim of the next message would take: the one its position names, then
+    /// the spares. The producer audits them when it has waited a while (`reclaim::audit`).
+    pub fn candidates(&self, ring: &Ring<'_>) -> impl Iterator<Item = usize> + '_ {
+        let p = ring.position_of(self.next);
+        std::iter::once(self.at[p] as usize).chain(self.spares.iter().map(|&b| b as usize))
+    }
+
+    /// Claims a buffer for the next message, if one is free. Claiming again while a buffer is
+    /// claimed (an acquire whose slot was dropped unpublished) returns it again.
+    pub fn try_claim(&mut self, ring: &Ring<'_>) -> Result<Claimed, ClaimError> {
+        if let Some(claimed) = self.claimed {
+            return Ok(claimed);
         }
+        let s = self.next;
         let cap = ring.capacity();
-        let prev = s.wrapping_sub(cap);
-        if ring.policy == Policy::Block && s >= cap {
+        if s >= cap {
+            let prev = s - cap;
             // Acquire: pairs with the joiner's Release bump, so the rescan sees it ACTIVE. This
             // load follows the SeqCst fence of our previous publish; see `ConsumerCore::join`.
             let joins = ring.producer.joins.load(Ordering::Acquire);
             if joins != self.joins_seen || self.min_cursor <= prev {
                 self.joins_seen = joins;
-                self.min_cursor = min_active_cursor(ring, s);
+                self.min_cursor = min_lossless_cursor(ring, s);
                 if self.min_cursor <= prev {
                     return Err(ClaimError::Blocked(Blocked::Consumers));
                 }
             }
         }
-        let line = &ring.slots[index];
+        let p = ring.position_of(s);
+        let own = self.at[p] as usize;
+        if self.take(ring, own)? {
+            return Ok(self.claimed(own));
+        }
+        for i in 0..self.spares.len() {
+            let spare = self.spares[i] as usize;
+            if self.take(ring, spare)? {
+                // The held buffer leaves the ring with its message; the spare takes its place.
+                self.spares[i] = own as u32;
+                self.at[p] = spare as u32;
+                return Ok(self.claimed(spare));
+            }
+        }
+        Err(ClaimError::Blocked(Blocked::Held))
+    }
+
+    /// Records buffer `buffer` as claimed for the next message.
+    fn claimed(&mut self, buffer: usize) -> Claimed {
+        let before = std::mem::replace(&mut self.last[buffer], self.next);
+        // Initial tags are below zero (wrapped), so they are never below `next`.
+        let claimed = Claimed { buffer, prev: (before < self.next).then_some(before) };
+        self.claimed = Some(claimed);
+        claimed
+    }
+
+    /// Takes buffer `buffer` for the next message if nobody holds it: CAS
+    /// `READY(last, held 0) -> WRITING(next)`. `Ok(false)`: it is held.
+    fn take(&self, ring: &Ring<'_>, buffer: usize) -> Result<bool, ClaimError> {
+        let line = &ring.buffers[buffer];
+        let corrupt = |c| Err(ClaimError::Corrupt(c));
         // Relaxed: this load only decides whether to try; the CAS below acquires.
         let mut st = line.stamp.load(Ordering::Relaxed);
         loop {
-            if stamp::is_writing(st) || stamp::tag_diff(stamp::tag(st), prev) != 0 {
-                return Err(ClaimError::Corrupt(RingCorrupt::SlotTag { slot: index as u32 }));
+            if stamp::is_writing(st) || stamp::tag_diff(stamp::tag(st), self.last[buffer]) != 0 {
+                return corrupt(RingCorrupt::BufferTag { buffer: buffer as u32 });
             }
             let held = stamp::held(st);
             if held > ring.consumers.len() as u64 {
-                let held = held as u32;
-                return Err(ClaimError::Corrupt(RingCorrupt::HeldCount {
-                    slot: index as u32,
-                    held,
-                }));
+                return corrupt(RingCorrupt::HeldCount {
+                    buffer: buffer as u32,
+                    held: held as u32,
+                });
             }
             if held > 0 {
-                return Err(ClaimError::Blocked(Blocked::Held));
+                return Ok(false);
             }
             // Acquire on success: the value we replace was written by the last consumer's
             // Release decrement (or the publish), so every read of the old message happens
             // before our writes of the new one.
             match line.stamp.compare_exchange_weak(
                 st,
-                stamp::writing(s),
+                stamp::writing(self.next),
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    self.claimed = true;
-                    return Ok(index);
-                }
+                Ok(_) => return Ok(true),
                 Err(actual) => st = actual,
             }
         }
     }
 
-    /// Publishes the claimed slot with message length `len` and timestamp `timestamp_ns`.
+    /// Publishes the claimed buffer with message length `len` and timestamp `timestamp_ns`.
     /// Returns the message's sequence number and whether consumers sleep and must be woken
     /// (see [`WakeLine`]; the caller makes the system call).
     ///
     /// # Panics
-    /// If no slot is claimed.
+    /// If no buffer is claimed.
     pub fn publish(&mut self, ring: &Ring<'_>, len: u64, timestamp_ns: u64) -> (u64, bool) {
-        assert!(self.claimed, "publish without a claimed slot");
+        let claimed = self.claimed.take().expect("publish without a claimed buffer");
         let s = self.next;
-        let line = &ring.slots[ring.slot_of(s)];
+        let line = &ring.buffers[claimed.buffer];
         line.len.store(len, Ordering::Relaxed);
         line.timestamp_ns.store(timestamp_ns, Ordering::Relaxed);
         // Release: makes the payload, len and timestamp visible to a consumer whose pin CAS
         // (Acquire) reads this stamp.
         line.stamp.store(stamp::ready(s, 0), Ordering::Release);
-        // Release: a consumer that reads the head (lag path, join) sees the stamps before it.
+        // Release: a consumer that Acquire-loads this word finds the stamp above (or a later
+        // one) when it loads the buffer's stamp next.
+        ring.positions[ring.position_of(s)]
+            .store(position::word(s, claimed.buffer), Ordering::Release);
+        // Release: a consumer that reads the head (lag path, join, Latest) sees the words
+        // before it.
         ring.producer.head.store(s + 1, Ordering::Release);
         self.next = s + 1;
-        self.claimed = false;
         (s, wants_wake(ring.consumer_wake))
     }
 
@@ -144,25 +221,27 @@ impl ProducerCore {
     }
 }
 
-impl Default for ProducerCore {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// The smallest cursor of the active consumers, or `head` if there are none (cursors never
-/// exceed the head; a larger value from a damaged entry is ignored the same way).
-pub fn min_active_cursor(ring: &Ring<'_>, head: u64) -> u64 {
-    let mut min = head;
+/// The smallest cursor of the active `Lossless` consumers, or `u64::MAX` if there are none
+/// (nothing gates the producer until one joins, which bumps `joins`). A cursor above `head`
+/// (a damaged entry) counts as `head`; an entry whose mode is not valid counts as `Lossless`,
+/// the safe reading.
+pub fn min_lossless_cursor(ring: &Ring<'_>, head: u64) -> u64 {
+    let mut min = u64::MAX;
     for entry in ring.consumers {
-        // Acquire: pairs with the consumer's Release CAS to ACTIVE, so its initial cursor is
-        // seen.
-        if lease::state(entry.lease.load(Ordering::Acquire)) == lease::ACTIVE {
-            // Acquire: pairs with the consumer's Release cursor store, which follows its pin
-            // CAS; so a claim CAS after this load sees the pin and cannot take a held slot.
-            let c = entry.cursor.load(Ordering::Acquire);
-            min = min.min(c);
+        // Acquire: pairs with the consumer's Release CAS to ACTIVE, so its initial cursor and
+        // its mode are seen.
+        if lease::state(entry.lease.load(Ordering::Acquire)) != lease::ACTIVE {
+            continue;
         }
+        // Relaxed: written before the Release CAS to ACTIVE we acquired, and never after.
+        let mode = Mode::from_raw(entry.mode.load(Ordering::Relaxed));
+        if matches!(mode, Some(Mode::Queue | Mode::Latest)) {
+            continue;
+        }
+        // Acquire: pairs with the consumer's Release cursor store, which follows its pin
+        // CAS; so a claim CAS after this load sees the pin and cannot take a held buffer.
+        let c = entry.cursor.load(Ordering::Acquire);
+        min = min.min(c.min(head));
     }
     min
 }

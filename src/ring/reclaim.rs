@@ -16,16 +16,16 @@
 //! # Giving back holds
 //!
 //! A finished owner's hold records cannot say whether its last CAS happened (see
-//! [`super::hold`]). So the reclaimer never subtracts them; it recounts each slot the records
+//! [`super::hold`]). So the reclaimer never subtracts them; it recounts each buffer the records
 //! name from the records of the consumers that still hold (ACTIVE or EVICTED), and CASes the
 //! stamp's held count to that:
 //!
-//! 0. freeze the slot: CAS `READY(t, h)` to the same value with WRITING set, so no consumer can
+//! 0. freeze the buffer: CAS `READY(t, h)` to the same value with WRITING set, so no consumer can
 //!    pin it (a pin needs READY); releases still lower `h`;
 //! 1. load the stamp (Acquire): tag `t`, held `h`;
-//! 2. for every ACTIVE or EVICTED entry, load its record for the slot (Acquire): `HELD(t)`
+//! 2. for every ACTIVE or EVICTED entry, load its record for the buffer (Acquire): `HELD(t)`
 //!    counts one; `PINNING(t)` or `RELEASING(t)` means that consumer is between its record and
-//!    its CAS, so unfreeze and try this slot again later;
+//!    its CAS, so unfreeze and try this buffer again later;
 //! 3. CAS the stamp from what step 1 read to `READY(t)` with held = that count (AcqRel), which
 //!    also unfreezes it; if a release changed the stamp meanwhile, go back to 1.
 //!
@@ -34,8 +34,8 @@
 //! record written before the CAS that produced it visible to step 2. While frozen the stamp only
 //! goes down, so it cannot change and come back between steps 1 and 3 (no ABA): a release whose
 //! CAS falls between them makes step 3 fail. A live consumer between record and CAS shows a
-//! transitional record. Consumers that found the slot frozen may have gone to sleep: [`reap`]
-//! says when they must be woken. A frozen slot keeps its message's tag with WRITING set, and
+//! transitional record. Consumers that found the buffer frozen may have gone to sleep: [`reap`]
+//! says when they must be woken. A frozen buffer keeps its message's tag with WRITING set, and
 //! that message is published (the head is past it), which a producer's claim never is: a
 //! consumer that finds the ring closed tells the two apart
 //! ([`super::consumer::ConsumerCore::next_is_there`]) and thaws it ([`thaw`]).
@@ -44,7 +44,7 @@
 //! can land after any recount), so its holds come back through its own releases, or through
 //! the recount once it retires or dies. Eviction only stops it gating the producer.
 //!
-//! [`audit`] runs the same recount on the slot a producer has waited on for a while: a count
+//! [`audit`] runs the same recount on the buffers a producer has waited on for a while: a count
 //! that only a damaged segment can have left too high comes down (nothing else can lower it).
 //!
 //! A closing producer reaps without recounting ([`Recount::No`]): nothing is published any
@@ -63,8 +63,8 @@ pub struct Reaped {
     /// Entries freed (dead or retired ones that are finished).
     pub freed: u32,
     /// Holds given back.
-    pub slots: u32,
-    /// Whether consumers sleep and must be woken (a recount froze a slot they may have found
+    pub holds: u32,
+    /// Whether consumers sleep and must be woken (a recount froze a buffer they may have found
     /// empty).
     pub wake_consumers: bool,
 }
@@ -169,10 +169,10 @@ pub fn reap(
                 return Err(e);
             }
         };
-        out.slots += given;
+        out.holds += given;
         froze |= f;
         if !done {
-            // A live consumer was mid-pin on a slot: hand the entry back for the next reap.
+            // A live consumer was mid-pin on a buffer: hand the entry back for the next reap.
             hand_back();
             continue;
         }
@@ -204,10 +204,10 @@ pub(crate) fn free_finishing(ring: &Ring<'_>, index: usize, finishing: u64) {
 
 /// Clears entry `index`'s hold records without recounting (the ring is closed). Always done.
 fn clear_records(ring: &Ring<'_>, index: usize) -> bool {
-    for slot in 0..ring.slots.len() {
+    for buffer in 0..ring.buffers.len() {
         // Relaxed: the owner makes no more changes; a new owner's claim is ordered after our
         // Release free of the lease.
-        ring.hold(index, slot).store(0, Ordering::Relaxed);
+        ring.hold(index, buffer).store(0, Ordering::Relaxed);
     }
     true
 }
@@ -234,22 +234,25 @@ pub fn evict(ring: &Ring<'_>, index: usize, seen: u64, reason: u32) -> bool {
     true
 }
 
-/// Recounts slot `slot`'s holders from the records of the consumers that hold (ACTIVE or
-/// EVICTED): the producer does it when it has waited a liveness interval for a held slot. A
+/// Recounts buffer `buffer`'s holders from the records of the consumers that hold (ACTIVE or
+/// EVICTED): the producer does it when it has waited a liveness interval for held buffers. A
 /// count left too high (a consumer whose lease was overwritten, a damaged stamp) comes down; a
 /// right one stays. Returns whether the count went down and whether sleeping consumers must be
 /// woken.
-pub fn audit(ring: &Ring<'_>, slot: usize) -> Result<(bool, bool), RingCorrupt> {
-    let (result, froze) = recount(ring, slot)?;
+pub fn audit(ring: &Ring<'_>, buffer: usize) -> Result<(bool, bool), RingCorrupt> {
+    let (result, froze) = recount(ring, buffer)?;
     Ok((result == Some(true), froze && wants_wake(ring.consumer_wake)))
 }
 
-/// Clears a recount's freeze of message `seq`'s slot, which a consumer found closed (no recount
+/// Clears a recount's freeze of message `seq`'s buffer, which a consumer found closed (no recount
 /// runs after the producer closed: it reaps without recounting) or whose producer died mid-
 /// recount: the message is there, published (`head > seq`), and must be taken, not reported
 /// missing. A producer's claim (of a message not yet published) is left alone.
 pub fn thaw(ring: &Ring<'_>, seq: u64) {
-    let line = &ring.slots[ring.slot_of(seq)];
+    let Some(buffer) = ring.buffer_of(seq) else {
+        return;
+    };
+    let line = &ring.buffers[buffer];
     // Relaxed: only decides whether to try; the CAS below decides.
     let st = line.stamp.load(Ordering::Relaxed);
     // Acquire: pairs with the producer's Release head store.
@@ -265,21 +268,21 @@ pub fn thaw(ring: &Ring<'_>, seq: u64) {
     }
 }
 
-/// Recounts every slot that entry `index`'s hold records name, excluding that entry (it is
-/// FINISHING), and clears each record whose slot was recounted. Returns (holds given back,
-/// whether every named slot was recounted, whether a slot was frozen).
+/// Recounts every buffer that entry `index`'s hold records name, excluding that entry (it is
+/// FINISHING), and clears each record whose buffer was recounted. Returns (holds given back,
+/// whether every named buffer was recounted, whether a buffer was frozen).
 fn give_back(ring: &Ring<'_>, index: usize) -> Result<(u32, bool, bool), RingCorrupt> {
     let mut given = 0;
     let mut done = true;
     let mut froze = false;
-    for slot in 0..ring.slots.len() {
-        let record = ring.hold(index, slot);
+    for buffer in 0..ring.buffers.len() {
+        let record = ring.hold(index, buffer);
         // Acquire: a retired owner's last stores were published by its Release lease CAS,
         // which we acquired; a dead one makes no more.
         if record.load(Ordering::Acquire) == 0 {
             continue;
         }
-        let (result, f) = recount(ring, slot)?;
+        let (result, f) = recount(ring, buffer)?;
         froze |= f;
         match result {
             Some(lowered) => {
@@ -294,14 +297,14 @@ fn give_back(ring: &Ring<'_>, index: usize) -> Result<(u32, bool, bool), RingCor
     Ok((given, done, froze))
 }
 
-/// Sets slot `slot`'s held count to the number of its holders among the ACTIVE and EVICTED
+/// Sets buffer `buffer`'s held count to the number of its holders among the ACTIVE and EVICTED
 /// entries.
 /// `Some(true)`: it went down; `Some(false)`: it was right (or could not be trusted, see
 /// below); `None`: a live consumer is mid-pin or mid-release, try later. The second value says
-/// whether the slot was frozen for a while.
-fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCorrupt> {
-    let line = &ring.slots[slot];
-    // Freeze: set WRITING so that no consumer pins the slot while we count (a pin needs READY).
+/// whether the buffer was frozen for a while.
+fn recount(ring: &Ring<'_>, buffer: usize) -> Result<(Option<bool>, bool), RingCorrupt> {
+    let line = &ring.buffers[buffer];
+    // Freeze: set WRITING so that no consumer pins the buffer while we count (a pin needs READY).
     // Releases still happen, but they only lower the count, so no stamp value repeats while we
     // look (no ABA between our load and our CAS).
     // Acquire: see the module docs, step 1.
@@ -312,7 +315,7 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCor
         }
         if stamp::held(st) > ring.consumers.len() as u64 {
             let held = stamp::held(st) as u32;
-            return Err(RingCorrupt::HeldCount { slot: slot as u32, held });
+            return Err(RingCorrupt::HeldCount { buffer: buffer as u32, held });
         }
         // AcqRel: as the load above, and orders the freeze before our record loads.
         match line.stamp.compare_exchange(
@@ -330,15 +333,15 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCor
         // Acquire: see the module docs, step 1.
         let st = line.stamp.load(Ordering::Acquire);
         let held = stamp::held(st);
-        match count_live(ring, slot, tag) {
+        match count_live(ring, buffer, tag) {
             None => break None,
             // More records say HELD than the stamp counts: a record or the stamp was
-            // overwritten. Raising the count could pin the slot for ever on a lying record;
+            // overwritten. Raising the count could pin the buffer for ever on a lying record;
             // lowering it could expose a reader. Leave it as it is.
             Some(live) if live > held => break Some(false),
             Some(live) => {
                 let target = (st & !stamp::HELD_MASK & !stamp::WRITING) | live;
-                // AcqRel: on success only our count stands, and the slot is READY again.
+                // AcqRel: on success only our count stands, and the buffer is READY again.
                 if line
                     .stamp
                     .compare_exchange(st, target, Ordering::AcqRel, Ordering::Relaxed)
@@ -354,9 +357,9 @@ fn recount(ring: &Ring<'_>, slot: usize) -> Result<(Option<bool>, bool), RingCor
     Ok((result, true))
 }
 
-/// Holders of message `tag` in `slot` among the ACTIVE and EVICTED entries, or `None` if one
+/// Holders of message `tag` in `buffer` among the ACTIVE and EVICTED entries, or `None` if one
 /// of them is between its record and its CAS.
-fn count_live(ring: &Ring<'_>, slot: usize, tag: u64) -> Option<u64> {
+fn count_live(ring: &Ring<'_>, buffer: usize, tag: u64) -> Option<u64> {
     let mut live = 0u64;
     for (e, entry) in ring.consumers.iter().enumerate() {
         // Acquire: pairs with the owner's Release lease CASes.
@@ -365,7 +368,7 @@ fn count_live(ring: &Ring<'_>, slot: usize, tag: u64) -> Option<u64> {
             continue;
         }
         // Acquire: see the module docs, step 2.
-        let r = ring.hold(e, slot).load(Ordering::Acquire);
+        let r = ring.hold(e, buffer).load(Ordering::Acquire);
         if r == 0 || stamp::tag_diff(tag, hold::seq(r)) != 0 {
             continue;
         }

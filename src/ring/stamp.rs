@@ -1,4 +1,4 @@
-//! The slot stamp: `tag (47 bits) | WRITING (1 bit) | held (16 bits)` in one `u64`.
+//! The buffer stamp: `tag (47 bits) | WRITING (1 bit) | held (16 bits)` in one `u64`.
 //!
 //! See the module docs of [`crate::ring`] for the transitions.
 
@@ -6,7 +6,7 @@
 pub const HELD_BITS: u32 = 16;
 /// Mask of the held count.
 pub const HELD_MASK: u64 = (1 << HELD_BITS) - 1;
-/// Set while the producer writes the slot.
+/// Set while the producer writes the buffer.
 pub const WRITING: u64 = 1 << HELD_BITS;
 /// Shift of the tag.
 pub const TAG_SHIFT: u32 = HELD_BITS + 1;
@@ -36,11 +36,11 @@ pub fn writing(seq: u64) -> u64 {
     (tag_of(seq) << TAG_SHIFT) | WRITING
 }
 
-/// Slot `slot`'s stamp in a new ring of `capacity` slots: message `slot - capacity` (one lap
-/// before the first), ready and held by no one.
+/// Buffer `buffer`'s stamp in a new ring of `buffers` buffers: message `buffer - buffers`
+/// (before the first, so no cursor ever names it), ready and held by no one.
 #[inline]
-pub fn initial(slot: u32, capacity: u32) -> u64 {
-    ready((slot as u64).wrapping_sub(capacity as u64), 0)
+pub fn initial(buffer: u32, buffers: u32) -> u64 {
+    ready((buffer as u64).wrapping_sub(buffers as u64), 0)
 }
 
 /// The stamp's tag.
@@ -49,7 +49,7 @@ pub fn tag(stamp: u64) -> u64 {
     stamp >> TAG_SHIFT
 }
 
-/// Whether the producer is writing the slot.
+/// Whether the producer is writing the buffer.
 #[inline]
 pub fn is_writing(stamp: u64) -> bool {
     stamp & WRITING != 0
@@ -61,7 +61,7 @@ pub fn held(stamp: u64) -> u64 {
     stamp & HELD_MASK
 }
 
-/// `tag - tag_of(seq)` as a signed number, wrapping in 47 bits: negative means the slot holds an
+/// `tag - tag_of(seq)` as a signed number, wrapping in 47 bits: negative means the buffer holds an
 /// older message than `seq`, zero the same one, positive a newer one.
 #[inline]
 pub fn tag_diff(tag: u64, seq: u64) -> i64 {

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use crate::format::view::MappedRing;
 use crate::format::{Header, Layout, MemoryKind, Params, MAGIC};
-use crate::ring::{evict, reap, ConsumerCore, Leave, ProducerCore, Recount, StartAt};
+use crate::ring::{evict, reap, ConsumerCore, Leave, Mode, ProducerCore, Recount, StartAt};
 use crate::shm::Segment;
 
 /// Runs the readers of a segment over `data`.
@@ -19,26 +19,31 @@ pub fn segment(data: &[u8]) {
     let Ok((params, layout)) = Params::read(seg.header(), seg.len() as u64) else { return };
     let map = MappedRing::new(seg, params, layout);
     let ring = map.ring();
-    if let Ok(Ok(core)) =
-        ConsumerCore::claim(&ring, 1, 1).map(|joining| joining.activate(&ring, StartAt::Oldest))
-    {
+    // The header's first bytes choose the mode, so the fuzzer reaches each one's pin path.
+    let mode = [Mode::Queue, Mode::Latest, Mode::Lossless]
+        [data.first().copied().unwrap_or(0) as usize % 3];
+    let join = |joining: crate::ring::Joining| joining.activate(&ring, StartAt::Oldest, mode);
+    if let Ok(Ok(core)) = ConsumerCore::claim(&ring, 1, 1).map(join) {
         let mut held = Vec::new();
         for _ in 0..(2 * params.capacity).min(64) {
             match core.try_pin(&ring) {
                 Ok(Some((m, _))) => {
                     if m.len <= params.slot_size && params.memory_kind == MemoryKind::Host {
-                        // SAFETY: pinned, and len <= slot_size: inside the slot's payload.
+                        // SAFETY: pinned, and len <= slot_size: inside the buffer's payload.
                         let payload = unsafe {
-                            std::slice::from_raw_parts(map.payload(m.slot), m.len as usize)
+                            std::slice::from_raw_parts(map.payload(m.buffer), m.len as usize)
                         };
                         std::hint::black_box(crate::testing::pattern::mismatches(payload, m.seq));
                     }
                     // SAFETY: the header region is `user_header_size` bytes in the mapping.
                     let header = unsafe {
-                        std::slice::from_raw_parts(map.user_header(m.slot), map.user_header_size())
+                        std::slice::from_raw_parts(
+                            map.user_header(m.buffer),
+                            map.user_header_size(),
+                        )
                     };
                     std::hint::black_box(header.iter().map(|b| *b as u64).sum::<u64>());
-                    held.push(m.slot);
+                    held.push(m.buffer);
                     if held.len() > 2 {
                         let _ = core.release(&ring, held.remove(0));
                     }
@@ -46,8 +51,8 @@ pub fn segment(data: &[u8]) {
                 Ok(None) | Err(_) => break,
             }
         }
-        for slot in held {
-            let _ = core.release(&ring, slot);
+        for buffer in held {
+            let _ = core.release(&ring, buffer);
         }
         core.leave(&ring, Leave::Free);
     }
@@ -58,7 +63,7 @@ pub fn segment(data: &[u8]) {
     // Every owner taken for dead, then for alive: both paths of the reaper.
     let _ = reap(&ring, |_, _| false, |_, _| {}, Recount::Yes);
     let _ = reap(&ring, |_, _| true, |_, _| {}, Recount::No);
-    let mut producer = ProducerCore::new();
+    let mut producer = ProducerCore::new(&ring);
     for _ in 0..4 {
         if producer.try_claim(&ring).is_err() {
             break;
@@ -71,7 +76,7 @@ pub fn segment(data: &[u8]) {
     }
 }
 
-/// Checks every slot's descriptor against the pool table as a consumer that mapped every live
+/// Checks every buffer's descriptor against the pool table as a consumer that mapped every live
 /// pool (with the sizes the table claims) would.
 #[cfg(feature = "cuda")]
 fn cuda_descriptors(map: &MappedRing) {
@@ -88,11 +93,11 @@ fn cuda_descriptors(map: &MappedRing) {
             })
         })
         .collect();
-    for (line, slot) in tables.slots.iter().zip(map.ring().slots) {
+    for (line, buffer) in tables.buffers.iter().zip(map.ring().buffers) {
         let pool = line.pool.load(Ordering::Relaxed);
         let generation = line.pool_generation.load(Ordering::Relaxed);
         let offset = line.offset.load(Ordering::Relaxed);
-        let len = slot.len.load(Ordering::Relaxed);
+        let len = buffer.len.load(Ordering::Relaxed);
         if let Ok(d) = check_descriptor(pool, generation, offset, len, &known) {
             let size = known[d.pool].expect("accepted: mapped").size;
             assert!(d.offset + d.len <= size, "accepted descriptor out of bounds");
@@ -102,10 +107,11 @@ fn cuda_descriptors(map: &MappedRing) {
 }
 
 /// A valid, empty segment of `kind` (for the fuzz corpus): the header as a producer writes it,
-/// initial stamps, nothing else.
+/// initial stamps and position words, nothing else.
 pub fn sample_segment(kind: MemoryKind, capacity: u32, max_consumers: u32, slot: u64) -> Vec<u8> {
     let p = Params {
         capacity,
+        spares: 2,
         max_consumers,
         slot_size: slot,
         user_header_size: 16,
@@ -120,10 +126,7 @@ pub fn sample_segment(kind: MemoryKind, capacity: u32, max_consumers: u32, slot:
     let seg = Segment::from_bytes(&bytes).expect("memfd");
     p.write(seg.header(), layout.total as u64);
     let map = MappedRing::new(seg, p, layout);
-    for (i, line) in map.ring().slots.iter().enumerate() {
-        // Relaxed: single-threaded construction.
-        line.stamp.store(crate::ring::stamp::initial(i as u32, capacity), Ordering::Relaxed);
-    }
+    crate::ring::initialize(&map.ring());
     let header: &Header = map.header();
     header.magic.store(MAGIC, Ordering::Relaxed);
     // SAFETY: the mapping is `layout.total` bytes long and nothing else uses it now.

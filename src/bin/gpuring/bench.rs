@@ -15,7 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuring::testing::payload::Payload;
-use gpuring::{monotonic_ns, Consumer, Host, OpenError, Policy, Producer, RecvError, StartAt};
+use gpuring::StartAt;
+use gpuring::{monotonic_ns, Consumer, Host, Mode, OpenError, Policy, Producer, RecvError};
 use serde::{Deserialize, Serialize};
 
 /// What a consumer process reports.
@@ -28,6 +29,9 @@ pub struct ConsumerResult {
     p99_ns: u64,
     /// Bytes that differed from the producer's pattern (CUDA: checked by a kernel).
     bad_bytes: u64,
+    /// Messages whose sequence number did not follow from the previous one and the loss it
+    /// reported (received + lost must be every message published since it joined).
+    accounting_errors: u64,
 }
 
 /// One run, as `gpuring bench` prints it with `--json`.
@@ -35,7 +39,10 @@ pub struct ConsumerResult {
 struct BenchResult {
     memory: &'static str,
     policy: &'static str,
+    /// The consumers' delivery mode.
+    mode: &'static str,
     capacity: u32,
+    spares: u32,
     consumers: usize,
     /// How long the slow consumer (the last one) holds each message, in ms; 0: none.
     slow_hold_ms: u64,
@@ -47,6 +54,7 @@ struct BenchResult {
     p50_ns: Vec<u64>,
     p99_ns: Vec<u64>,
     bad_bytes: u64,
+    accounting_errors: u64,
 }
 
 /// What `--slow-hold-ms` prints with `--json`: both runs, and the ratios.
@@ -67,7 +75,10 @@ pub struct Options {
     pub size: usize,
     pub seconds: f64,
     pub capacity: u32,
+    pub spares: u32,
     pub policy: Policy,
+    /// The consumers' mode; `None`: the policy's.
+    pub mode: Option<Mode>,
     pub json: bool,
 }
 
@@ -86,11 +97,11 @@ fn use_cuda(memory: &str) -> Result<bool, String> {
     }
 }
 
-fn spawn(name: &str, memory: &str, hold: Duration) -> Result<Child, String> {
+fn spawn(name: &str, memory: &str, hold: Duration, mode: Mode) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     Command::new(exe)
         .args(["bench-consumer", name, "--memory", memory])
-        .args(["--hold-ms", &hold.as_millis().to_string()])
+        .args(["--hold-ms", &hold.as_millis().to_string(), "--mode", mode.name()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -168,6 +179,7 @@ fn run_in<M: Payload>(
     let name = format!("gpuring-bench-{}", std::process::id());
     let builder = Producer::builder(&name)
         .capacity(o.capacity)
+        .spare_buffers(o.spares)
         .policy(o.policy)
         .slot_size(o.size)
         .user_header_size(8);
@@ -181,8 +193,9 @@ fn run_in<M: Payload>(
         slot.publish(o.size, &[phase, 0, 0, 0, 0, 0, 0, 0]).map_err(|e| e.to_string())?;
         Ok(())
     };
+    let mode = o.mode.unwrap_or(o.policy.default_mode());
     let holds = (0..o.consumers).map(|_| Duration::ZERO).chain(slow_hold);
-    let children = holds.map(|h| spawn(&name, memory, h)).collect::<Result<Vec<_>, _>>()?;
+    let children = holds.map(|h| spawn(&name, memory, h, mode)).collect::<Result<Vec<_>, _>>()?;
     let consumers = children.len();
     let t = Instant::now();
     while tx.consumer_count() < consumers {
@@ -213,7 +226,9 @@ fn run_in<M: Payload>(
             Policy::Block => "block",
             Policy::Overwrite => "overwrite",
         },
+        mode: mode.name(),
         capacity: o.capacity,
+        spares: o.spares,
         consumers,
         slow_hold_ms: slow_hold.map_or(0, |h| h.as_millis() as u64),
         frame_bytes: o.size,
@@ -224,6 +239,7 @@ fn run_in<M: Payload>(
         p50_ns: results.iter().map(|c| c.p50_ns).collect(),
         p99_ns: results.iter().map(|c| c.p99_ns).collect(),
         bad_bytes: results.iter().map(|c| c.bad_bytes).sum(),
+        accounting_errors: results.iter().map(|c| c.accounting_errors).sum(),
     })
 }
 
@@ -234,8 +250,17 @@ fn print(r: &BenchResult) {
         ms => format!(", the last holding each message {ms} ms"),
     };
     println!(
-        "{} memory, {} policy, {} slots, 1 -> {}{slow}, {} B frames, {:.1} s: producer {:.0} frames/s",
-        r.memory, r.policy, r.capacity, r.consumers, r.frame_bytes, r.seconds, r.producer_fps
+        "{} memory, {} policy, {} consumers, {} slots + {} spares, 1 -> {}{slow}, {} B frames, \
+         {:.1} s: producer {:.0} frames/s",
+        r.memory,
+        r.policy,
+        r.mode,
+        r.capacity,
+        r.spares,
+        r.consumers,
+        r.frame_bytes,
+        r.seconds,
+        r.producer_fps
     );
     for i in 0..r.consumers {
         println!(
@@ -246,13 +271,17 @@ fn print(r: &BenchResult) {
             r.lost[i],
         );
     }
-    println!("  bad bytes {}", r.bad_bytes);
+    println!("  bad bytes {}, accounting errors {}", r.bad_bytes, r.accounting_errors);
 }
 
-/// Fails a run whose consumers saw bytes other than those published.
+/// Fails a run whose consumers saw bytes other than those published, or whose received and
+/// lost counts do not add up.
 fn check(r: &BenchResult) -> Result<(), String> {
     if r.bad_bytes != 0 {
         return Err(format!("{} bytes differed from what was published", r.bad_bytes));
+    }
+    if r.accounting_errors != 0 {
+        return Err(format!("{} messages did not add up (received + lost)", r.accounting_errors));
     }
     Ok(())
 }
@@ -267,21 +296,32 @@ fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
 
 /// `gpuring bench-consumer NAME`: receives until the producer leaves, holding each message
 /// for `hold`, and prints one JSON line.
-pub fn consumer(name: &str, memory: &str, hold: Duration) -> Result<(), String> {
+pub fn consumer(
+    name: &str,
+    memory: &str,
+    hold: Duration,
+    mode: Option<Mode>,
+) -> Result<(), String> {
     #[cfg(feature = "cuda")]
     if use_cuda(memory)? {
-        return consume_in::<gpuring::Cuda>(name, hold);
+        return consume_in::<gpuring::Cuda>(name, hold, mode);
     }
     let _ = use_cuda(memory)?;
-    consume_in::<Host>(name, hold)
+    consume_in::<Host>(name, hold, mode)
 }
 
-/// The consumer in memory kind `M`: checks every byte of every message, and holds each for
+/// The consumer in memory kind `M`: checks every byte of every message and that its sequence
+/// number follows from the previous one and the loss reported with it, and holds each for
 /// `hold` before releasing it.
-fn consume_in<M: Payload>(name: &str, hold: Duration) -> Result<(), String> {
+fn consume_in<M: Payload>(name: &str, hold: Duration, mode: Option<Mode>) -> Result<(), String> {
     let t = Instant::now();
     let rx = loop {
-        match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
+        let builder = Consumer::builder(name).start_at(StartAt::Next);
+        let builder = match mode {
+            Some(mode) => builder.mode(mode),
+            None => builder,
+        };
+        match builder.open_in::<M>() {
             Ok(rx) => break rx,
             Err(OpenError::NotFound | OpenError::NotInitialized)
                 if t.elapsed() < Duration::from_secs(10) =>
@@ -293,11 +333,16 @@ fn consume_in<M: Payload>(name: &str, hold: Duration) -> Result<(), String> {
     };
     let checker = M::checker(&rx).map_err(|e| e.to_string())?;
     let mut lat = Vec::new();
-    let (mut frames, mut lost) = (0u64, 0u64);
+    let (mut frames, mut lost, mut accounting_errors) = (0u64, 0u64, 0u64);
     let mut start = None;
+    let mut prev: Option<u64> = None;
     loop {
         match rx.recv() {
             Ok(m) => {
+                if prev.is_some_and(|p| p + 1 + m.lag() != m.seq()) {
+                    accounting_errors += 1;
+                }
+                prev = Some(m.seq());
                 if m.header().first() == Some(&1) {
                     start.get_or_insert_with(Instant::now);
                     lat.push(monotonic_ns().saturating_sub(m.timestamp_ns()));
@@ -315,20 +360,10 @@ fn consume_in<M: Payload>(name: &str, hold: Duration) -> Result<(), String> {
             Err(e) => return Err(format!("recv: {e}")),
         }
     }
-    let bad = M::mismatches(&checker, &rx).map_err(|e| e.to_string())?;
-    report(frames, start, lost, lat, bad)
-}
-
-fn report(
-    frames: u64,
-    start: Option<Instant>,
-    lost: u64,
-    lat: Vec<u64>,
-    bad_bytes: u64,
-) -> Result<(), String> {
+    let bad_bytes = M::mismatches(&checker, &rx).map_err(|e| e.to_string())?;
     let seconds = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
     let (p50_ns, p99_ns) = percentiles(lat);
-    let r = ConsumerResult { frames, seconds, lost, p50_ns, p99_ns, bad_bytes };
+    let r = ConsumerResult { frames, seconds, lost, p50_ns, p99_ns, bad_bytes, accounting_errors };
     println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
     Ok(())
 }

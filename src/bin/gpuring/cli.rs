@@ -5,7 +5,8 @@
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
 //! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
-//!               [--capacity N] [--policy block|overwrite] [--slow-hold-ms MS] [--json]
+//!               [--capacity N] [--spares N] [--policy block|overwrite]
+//!               [--mode lossless|queue|latest] [--slow-hold-ms MS] [--json]
 //! ```
 //!
 //! Errors are one line on stderr and exit status 1.
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use gpuring::inspect::{self, RingStatus};
-use gpuring::{MemoryKind, Policy};
+use gpuring::{MemoryKind, Mode, Policy};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -37,8 +38,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// One ring's counters: published messages and rate, producer blocked time, and per
-    /// consumer its pid, liveness, lag, received, lost and held slots.
+    /// One ring's counters: published messages and rate, producer blocked time, buffers held,
+    /// and per consumer its pid, mode, liveness, lag, received, lost and what it holds.
     Stat {
         /// The ring's name (as given to `Producer::builder`).
         name: String,
@@ -78,9 +79,15 @@ enum Cmd {
         /// Slots in the ring.
         #[arg(long, default_value_t = 16)]
         capacity: u32,
-        /// The ring's policy: block (lossless) or overwrite (live).
+        /// Spare buffers (see `ProducerBuilder::spare_buffers`).
+        #[arg(long, default_value_t = 8)]
+        spares: u32,
+        /// The ring's policy: block (consumers default to lossless) or overwrite (to queue).
         #[arg(long, default_value = "block", value_parser = parse_policy)]
         policy: Policy,
+        /// The consumers' delivery mode: lossless, queue or latest (default: the policy's).
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<Mode>,
         /// Add one slow consumer that holds each message this long (ms) while it "works", and
         /// run the bench first without it: the report compares the producer's and the other
         /// consumers' rates with and without it.
@@ -99,6 +106,9 @@ enum Cmd {
         /// Hold each message this long (ms) before releasing it.
         #[arg(long, default_value_t = 0)]
         hold_ms: u64,
+        /// Delivery mode (default: the ring's policy's).
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<Mode>,
     },
 }
 
@@ -108,6 +118,8 @@ struct RingJson {
     name: String,
     memory: &'static str,
     capacity: u32,
+    spares: u32,
+    held_buffers: usize,
     slot_size: u64,
     user_header_size: u32,
     max_consumers: u32,
@@ -135,11 +147,15 @@ struct RingJson {
 struct ConsumerJson {
     index: usize,
     pid: u32,
+    /// lossless, queue or latest ("invalid" for a damaged entry).
+    mode: &'static str,
     alive: bool,
     lag: u64,
     received: u64,
     lost: u64,
     holding: u64,
+    /// The oldest message it holds (what a producer waiting for a buffer waits on).
+    oldest_held: Option<u64>,
     parked: bool,
     evicted: bool,
 }
@@ -158,11 +174,17 @@ fn policy_name(p: Policy) -> &'static str {
     }
 }
 
+fn mode_name(m: Option<Mode>) -> &'static str {
+    m.map_or("invalid", Mode::name)
+}
+
 fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> RingJson {
     RingJson {
         name: s.name.clone(),
         memory: memory_name(s.memory),
         capacity: s.capacity,
+        spares: s.spares,
+        held_buffers: s.held_buffers,
         slot_size: s.slot_size,
         user_header_size: s.user_header_size,
         max_consumers: s.max_consumers,
@@ -183,11 +205,13 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
             .map(|c| ConsumerJson {
                 index: c.index,
                 pid: c.pid,
+                mode: mode_name(c.mode),
                 alive: c.alive,
                 lag: c.lag,
                 received: c.received,
                 lost: c.lost,
                 holding: c.holding,
+                oldest_held: c.oldest_held,
                 parked: c.parked,
                 evicted: c.evicted,
             })
@@ -266,10 +290,11 @@ fn print_stat(
         return Ok(());
     }
     println!(
-        "ring {}: {} memory, {} slots of {}, {}, producer pid {} ({}), epoch {:#x}",
+        "ring {}: {} memory, {} slots + {} spares of {}, {}, producer pid {} ({}), epoch {:#x}",
         now.name,
         memory_name(now.memory),
         now.capacity,
+        now.spares,
         bytes(now.slot_size),
         policy_name(now.policy),
         now.producer_pid,
@@ -283,24 +308,34 @@ fn print_stat(
         100.0 * blocked.min(1.0),
         now.blocked_ns as f64 / 1e9
     );
-    println!("dead consumers reclaimed {}, consumers evicted {}", now.reclaims, now.evictions);
     println!(
-        "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5}  WAIT",
-        "ENTRY", "PID", "ALIVE", "LAG", "RECEIVED", "RATE/S", "LOST", "HELD"
+        "buffers held {} of {} (the producer waits when consumers hold every spare), \
+         dead consumers reclaimed {}, consumers evicted {}",
+        now.held_buffers,
+        now.capacity + now.spares,
+        now.reclaims,
+        now.evictions
+    );
+    println!(
+        "{:>5} {:>8} {:<8} {:<5} {:>8} {:>12} {:>9} {:>10} {:>5} {:>12}  WAIT",
+        "ENTRY", "PID", "MODE", "ALIVE", "LAG", "RECEIVED", "RATE/S", "LOST", "HELD", "OLDEST HELD"
     );
     for c in &now.consumers {
         let prev = before.consumers.iter().find(|p| p.index == c.index && p.pid == c.pid);
         let rate_c = prev.map_or(0.0, |p| c.received.saturating_sub(p.received) as f64 / secs);
+        let oldest = c.oldest_held.map_or_else(|| "-".to_owned(), |s| format!("#{s}"));
         println!(
-            "{:>5} {:>8} {:<5} {:>8} {:>12} {:>9.0} {:>10} {:>5}  {}",
+            "{:>5} {:>8} {:<8} {:<5} {:>8} {:>12} {:>9.0} {:>10} {:>5} {:>12}  {}",
             c.index,
             c.pid,
+            mode_name(c.mode),
             if c.alive { "yes" } else { "no" },
             c.lag,
             c.received,
             rate_c,
             c.lost,
             c.holding,
+            oldest,
             if c.evicted {
                 "EVICTED"
             } else if c.parked {
@@ -348,6 +383,11 @@ fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `--mode`: lossless, queue or latest.
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    Mode::from_name(s).ok_or_else(|| format!("{s}: expected lossless, queue or latest"))
+}
+
 /// `--policy`: block or overwrite.
 fn parse_policy(s: &str) -> Result<Policy, String> {
     match s {
@@ -363,13 +403,34 @@ pub fn main() -> ExitCode {
         Cmd::List { json } => list(json),
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),
         Cmd::Rm { name, force, json } => rm(&name, force, json),
-        Cmd::Bench { memory, consumers, size, seconds, capacity, policy, slow_hold_ms, json } => {
+        Cmd::Bench {
+            memory,
+            consumers,
+            size,
+            seconds,
+            capacity,
+            spares,
+            policy,
+            mode,
+            slow_hold_ms,
+            json,
+        } => {
             let slow_hold = Duration::from_millis(slow_hold_ms);
-            let o = bench::Options { memory, consumers, size, seconds, capacity, policy, json };
+            let o = bench::Options {
+                memory,
+                consumers,
+                size,
+                seconds,
+                capacity,
+                spares,
+                policy,
+                mode,
+                json,
+            };
             bench::run(&o, slow_hold)
         }
-        Cmd::BenchConsumer { name, memory, hold_ms } => {
-            bench::consumer(&name, &memory, Duration::from_millis(hold_ms))
+        Cmd::BenchConsumer { name, memory, hold_ms, mode } => {
+            bench::consumer(&name, &memory, Duration::from_millis(hold_ms), mode)
         }
     };
     match result {

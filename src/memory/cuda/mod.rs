@@ -163,7 +163,7 @@ impl ProducerBuilder {
     /// CUDA rings: how long `acquire` spins on a pending release event of a slot's previous
     /// readers (`cuEventQuery`, ~50 ns a look) before it starts yielding the CPU and napping.
     /// Default [`DEFAULT_GPU_POLL`](crate::DEFAULT_GPU_POLL). (The producer waits for its
-    /// readers on the CPU, never on the GPU: see docs/gpu.md, "Reusing a slot".)
+    /// readers on the CPU, never on the GPU: see docs/gpu.md, "Reusing a buffer".)
     ///
     /// ```no_run
     /// use std::time::Duration;

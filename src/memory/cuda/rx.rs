@@ -139,7 +139,7 @@ impl CudaRx {
         }
         // Our release lines: the producer reads them only once our entry is ACTIVE in this
         // generation, so nobody reads them while we write.
-        let mut release = Vec::with_capacity(tables.capacity);
+        let mut release = Vec::with_capacity(tables.buffer_count);
         for line in tables.releases_of(entry) {
             let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
             let handle = ev.ipc_handle().map_err(cuda_err)?;
@@ -151,7 +151,7 @@ impl CudaRx {
             release.push(ev);
         }
         let ready = tables
-            .slots
+            .buffers
             .iter()
             .map(|line| {
                 let h = driver::event_handle_from_bytes(&line.ready_event.load());
@@ -196,7 +196,7 @@ impl CudaRx {
                     return Err(bad("gpu.fence_pool", p as u64));
                 };
                 let params = map.params();
-                let need = fence_bytes(params.capacity as usize);
+                let need = fence_bytes(params.buffers() as usize);
                 if (pool.known.size as usize) < need {
                     return Err(bad("gpu.fence_pool size", pool.known.size));
                 }
@@ -240,7 +240,7 @@ impl CudaRx {
     /// The device address of pinned message `m`, after checking its descriptor. Maps a pool
     /// the producer registered after we joined (once).
     fn locate(&self, map: &MappedRing, m: &Pinned) -> Result<CUdeviceptr, Fault> {
-        let line = &map.gpu().slots[m.slot];
+        let line = &map.gpu().buffers[m.buffer];
         // Relaxed: written before the publish stamp store, which our pin acquired.
         let pool = line.pool.load(Ordering::Relaxed);
         let generation = line.pool_generation.load(Ordering::Relaxed);
@@ -299,7 +299,7 @@ impl ConsumerSide for CudaRx {
         stream: Option<&Stream>,
     ) -> Result<(), Fault> {
         let stream = stream.unwrap_or(&self.stream);
-        let recorded = self.release[m.slot].record(stream);
+        let recorded = self.release[m.buffer].record(stream);
         if recorded.is_err() {
             // Without the event the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
@@ -307,7 +307,7 @@ impl ConsumerSide for CudaRx {
             // the same, or it would stay held for ever.
             let _ = stream.synchronize();
         }
-        let line = &ring.map().gpu().releases_of(ring.entry())[m.slot];
+        let line = &ring.map().gpu().releases_of(ring.entry())[m.buffer];
         // Release: pairs with the producer's Acquire load; it waits for the event recorded
         // above only when it sees this value.
         line.released.store(m.seq + 1, Ordering::Release);
@@ -369,10 +369,10 @@ impl CudaRx {
     /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
     /// the ready event or, with `Fence::Memory`, on the slot's ready word.
     fn order_after_write(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
-        let word = self.words.map(|w| (w + ready_word(m.slot), m.seq + 1));
+        let word = self.words.map(|w| (w + ready_word(m.buffer), m.seq + 1));
         // SAFETY: the ready word lies in the fence pool we mapped (size checked at join), kept
         // mapped while we live; the producer writes seq + 1 there after message `seq`.
-        unsafe { order_after(&self.ready[m.slot], word, self.poll, &self.ctx, stream) }
+        unsafe { order_after(&self.ready[m.buffer], word, self.poll, &self.ctx, stream) }
     }
 
     /// Waits until our GPU work is done: the stream and every release event complete. Polls,

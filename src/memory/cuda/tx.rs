@@ -109,12 +109,13 @@ pub struct CudaTx {
     /// Distance between slots in pool 0.
     stride: usize,
     ready: Vec<IpcEvent>,
-    /// Per consumer table entry and slot, the release event we opened (`capacity` per entry).
+    /// Per consumer table entry and buffer, the release event we opened (`buffers` per entry).
     /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
     /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
     readers: Vec<Option<ReaderEvent>>,
-    capacity: usize,
-    /// With `Fence::Memory`: the device address of the slots' ready words (in
+    /// Buffers: the ring's capacity plus its spares.
+    buffers: usize,
+    /// With `Fence::Memory`: the device address of the buffers' ready words (in
     /// `pools[fence_pool]`, zeroed at creation; `format::gpu::fence_bytes` long).
     words: Option<CUdeviceptr>,
     /// The producer's own stream, for `acquire`.
@@ -128,17 +129,17 @@ pub struct CudaTx {
 }
 
 impl CudaTx {
-    /// Allocates the slots and their events and writes the pool table and slot lines of a
+    /// Allocates the buffers and their events and writes the pool table and buffer lines of a
     /// segment nobody sees yet.
     fn build(
         ctx: &Arc<Context>,
         map: &MappedRing,
         slot_size: usize,
-        capacity: usize,
+        buffers: usize,
         settings: &TxSettings,
     ) -> Result<CudaTx, CudaError> {
         let stride = slot_size.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
-        let pool = DevicePool::new(ctx, stride * capacity)?;
+        let pool = DevicePool::new(ctx, stride * buffers)?;
         let uuid = ctx.uuid()?;
         let tables = map.gpu();
         store_uuid(&tables.header.device_uuid, uuid);
@@ -148,9 +149,9 @@ impl CudaTx {
             uuid,
             pools: Vec::new(),
             stride,
-            ready: Vec::with_capacity(capacity),
-            readers: (0..map.params().max_consumers as usize * capacity).map(|_| None).collect(),
-            capacity,
+            ready: Vec::with_capacity(buffers),
+            readers: (0..map.params().max_consumers as usize * buffers).map(|_| None).collect(),
+            buffers,
             words: None,
             stream: Stream::new(ctx)?,
             unfenced: settings.unfenced,
@@ -174,7 +175,7 @@ impl CudaTx {
                         .into(),
                 ));
             }
-            let bytes = fence_bytes(capacity);
+            let bytes = fence_bytes(buffers);
             let words = DevicePool::new(ctx, bytes)?;
             {
                 let _bound = ctx.bind()?;
@@ -189,7 +190,7 @@ impl CudaTx {
             header.fence_pool.store(id.0, Ordering::Relaxed);
             header.fence.store(fence_kind::MEMORY, Ordering::Relaxed);
         }
-        for line in tables.slots {
+        for line in tables.buffers {
             let ev = IpcEvent::new(ctx)?;
             line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
             // Relaxed: published by the Release store of `magic`.
@@ -239,8 +240,8 @@ impl CudaTx {
     /// entry (its consumer retired, died or was evicted), after which its owner may destroy
     /// them.
     fn forget_reader(&mut self, entry: usize, generation: u32) {
-        let cap = self.capacity;
-        let mine = &mut self.readers[entry * cap..(entry + 1) * cap];
+        let n = self.buffers;
+        let mine = &mut self.readers[entry * n..(entry + 1) * n];
         if mine.iter().any(Option::is_some) {
             mine.iter_mut().for_each(|r| *r = None);
             let ring = &self.name;
@@ -258,7 +259,7 @@ impl CudaTx {
         slot: usize,
     ) -> Result<&IpcEvent, EventFault> {
         let generation = lease::generation(seen);
-        let cached = &mut self.readers[entry * self.capacity + slot];
+        let cached = &mut self.readers[entry * self.buffers + slot];
         if cached.as_ref().is_none_or(|r| r.generation != generation) {
             *cached = None; // a former occupant's import, dropped before the new open
             let line = &map.gpu().releases_of(entry)[slot];
@@ -337,8 +338,8 @@ impl ProducerSide for CudaTx {
         map: &MappedRing,
     ) -> Result<Self, CreateError> {
         let params = map.params();
-        let (slot_size, capacity) = (params.slot_size as usize, params.capacity as usize);
-        CudaTx::build(&ctx, map, slot_size, capacity, settings).map_err(unavailable)
+        let (slot_size, buffers) = (params.slot_size as usize, params.buffers() as usize);
+        CudaTx::build(&ctx, map, slot_size, buffers, settings).map_err(unavailable)
     }
 
     fn spin(&self) -> Duration {
@@ -431,7 +432,7 @@ impl ProducerSide for CudaTx {
         let tables = ring.map().gpu();
         // Relaxed: only this producer writes pool entries.
         let generation = tables.pools[pool as usize].generation.load(Ordering::Relaxed);
-        let line = &tables.slots[slot];
+        let line = &tables.buffers[slot];
         // Relaxed: published by the Release stamp store in `publish_claimed`.
         line.pool.store(pool, Ordering::Relaxed);
         line.pool_generation.store(generation, Ordering::Relaxed);
@@ -476,7 +477,7 @@ impl ProducerSide for CudaTx {
         .is_some();
         // Whoever is still there may destroy its events once we are gone: close our imports
         // of them first, always; then let go of every retiring entry.
-        let entries = self.readers.len() / self.capacity.max(1);
+        let entries = self.readers.len() / self.buffers.max(1);
         for e in 0..entries {
             self.forget_reader(e, 0);
         }
