@@ -280,7 +280,7 @@ class Producer:
     producer waits for the slowest) or "overwrite" (queue: no wait for slow readers; they lose
     messages). `spares`: spare buffers the producer swaps in when it laps a message a consumer
     still holds, so a consumer that holds frames never slows it down; only when consumers hold
-    every spare does it wait. The ring is removed when the producer is closed or freed.
+    every spare does it wait (default 8, fewer where the ring's limits leave less room). The ring is removed when the producer is closed or freed.
     """
 
     def __new__(
@@ -294,7 +294,7 @@ class Producer:
         device: int = 0,
         policy: Literal["block", "overwrite"] = "block",
         max_consumers: int | None = None,
-        spares: int = 8,
+        spares: int | None = None,
     ) -> Self: ...
     def send(
         self,

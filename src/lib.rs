@@ -90,7 +90,7 @@ pub use memory::{Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlo
 #[cfg(not(loom))]
 pub use memory::{Host, Memory, DEFAULT_GPU_POLL};
 #[cfg(not(loom))]
-pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot};
+pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot, DEFAULT_SPARES};
 pub use ring::{Mode, Policy, StartAt};
 pub use shm::MAX_NAME_LEN;
 #[cfg(not(loom))]

@@ -202,3 +202,21 @@ fn blocked_producer_wakes_when_consumer_leaves() {
     let _ = slot;
     leaver.join().unwrap();
 }
+
+#[test]
+fn default_spares_fit_the_limits_and_explicit_ones_are_checked() {
+    // 1024 x 1024 hold records is the most a ring may have: no room for spares by default,
+    // and a consumer can open it.
+    let name = unique_name("spare-limits");
+    let builder = Producer::builder(&name).capacity(1024).max_consumers(1024).slot_size(64);
+    let tx = builder.clone().create().unwrap();
+    assert_eq!(tx.spare_buffers(), 0);
+    let _rx = Consumer::open(&name).unwrap();
+    drop(tx);
+    let too_many = builder.spare_buffers(1).create();
+    assert!(matches!(too_many, Err(CreateError::InvalidConfig { field: "spare_buffers", .. })));
+    let largest = Producer::builder(&unique_name("spare-largest")).capacity(65536).max_consumers(1);
+    assert_eq!(largest.slot_size(16).create().unwrap().spare_buffers(), 0);
+    let tx = Producer::builder(&unique_name("spare-default")).create().unwrap();
+    assert_eq!(tx.spare_buffers(), gpuring::DEFAULT_SPARES);
+}

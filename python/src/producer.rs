@@ -34,14 +34,15 @@ trait Sender {
 }
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
-///          policy="block", max_consumers=None, spares=8)
+///          policy="block", max_consumers=None, spares=None)
 ///
 /// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: the delivery mode of consumers
 /// that do not choose one: "block" (lossless: the producer waits for the slowest) or
 /// "overwrite" (queue: no wait for slow readers; they lose messages). `spares`: spare buffers
 /// the producer swaps in when it laps a message a consumer still holds, so a consumer that
-/// holds frames never slows it down; only when consumers hold every spare does it wait. The
+/// holds frames never slows it down; only when consumers hold every spare does it wait (default
+/// 8, fewer where the ring's limits leave less room). The
 /// ring is removed when the producer is closed or freed.
 #[pyclass(module = "gpuring")]
 pub struct Producer {
@@ -53,7 +54,7 @@ pub struct Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=8))]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         name: &str,
@@ -64,7 +65,7 @@ impl Producer {
         device: i32,
         policy: &str,
         max_consumers: Option<u32>,
-        spares: u32,
+        spares: Option<u32>,
     ) -> PyResult<Producer> {
         let policy = match policy {
             "block" => Policy::Block,
@@ -78,11 +79,13 @@ impl Producer {
         let mut builder = RingProducer::builder(name)
             .slot_size(slot_size)
             .capacity(capacity)
-            .spare_buffers(spares)
             .user_header_size(header_size)
             .policy(policy);
         if let Some(n) = max_consumers {
             builder = builder.max_consumers(n);
+        }
+        if let Some(n) = spares {
+            builder = builder.spare_buffers(n);
         }
         let cuda = match memory {
             "cuda" => true,

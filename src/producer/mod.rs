@@ -20,6 +20,10 @@ use crate::shm::process::ProcessId;
 use crate::stats::ConsumerInfo;
 use crate::wait::{self, Deadline, WaitConfig};
 
+/// Spare buffers of a ring whose builder does not set them (see
+/// [`ProducerBuilder::spare_buffers`]).
+pub const DEFAULT_SPARES: u32 = 8;
+
 /// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
 ///
 /// ```
@@ -36,7 +40,8 @@ use crate::wait::{self, Deadline, WaitConfig};
 pub struct ProducerBuilder {
     name: String,
     pub(crate) capacity: u32,
-    spares: u32,
+    /// `None`: [`DEFAULT_SPARES`], fewer where the ring's limits leave less room.
+    spares: Option<u32>,
     pub(crate) slot_size: usize,
     user_header_size: u32,
     max_consumers: u32,
@@ -64,10 +69,12 @@ impl ProducerBuilder {
 
     /// Spare buffers: payload buffers beyond one per slot, which the producer swaps in when it
     /// laps a message that a consumer still holds, so that holding a message never makes it
-    /// wait. Default 8: four consumers holding two messages each at any time. With more
-    /// consumers that hold messages, or consumers that hold many, raise it; each spare costs
-    /// one slot's memory. When every spare is held too, the producer waits for a release.
-    /// `capacity + spares` is at most 65536.
+    /// wait. Default 8: four consumers holding two messages each at any time (fewer where the
+    /// limits below leave less room). With more consumers that hold messages, or consumers
+    /// that hold many, raise it; each spare costs one slot's memory (`spare_buffers(0)` keeps a
+    /// ring as small as before spares existed). When every spare is held too, the producer
+    /// waits for a release. `capacity + spares` is at most 65536, and
+    /// `(capacity + spares) x max_consumers` at most 2^20.
     ///
     /// ```
     /// # use gpuring::{Consumer, Policy, Producer};
@@ -86,7 +93,7 @@ impl ProducerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn spare_buffers(mut self, spares: u32) -> Self {
-        self.spares = spares;
+        self.spares = Some(spares);
         self
     }
 
@@ -213,12 +220,24 @@ impl ProducerBuilder {
         if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
             return bad("capacity", "must be 1..=65536");
         }
-        if self.spares > Params::MAX_BUFFERS - self.capacity {
-            return bad("spare_buffers", "capacity + spare buffers must be at most 65536");
-        }
         if self.max_consumers == 0 || self.max_consumers > Params::MAX_CONSUMERS {
             return bad("max_consumers", "must be 1..=4096");
         }
+        // Buffers the limits allow: in all, and per consumer (a hold record each).
+        let room = (Params::MAX_BUFFERS as u64)
+            .min(Params::MAX_SLOT_RECORDS / self.max_consumers as u64)
+            .saturating_sub(self.capacity as u64);
+        let spares = match self.spares {
+            Some(n) if n as u64 > room => {
+                return bad(
+                    "spare_buffers",
+                    "capacity + spare buffers must be at most 65536, and times max_consumers \
+                     at most 2^20",
+                );
+            }
+            Some(n) => n,
+            None => DEFAULT_SPARES.min(room as u32),
+        };
         if self.slot_size == 0 || self.slot_size as u64 > Params::MAX_SLOT_SIZE {
             return bad("slot_size", "must be 1 byte..=1 TiB");
         }
@@ -231,7 +250,7 @@ impl ProducerBuilder {
         let me = ProcessId::current();
         let p = Params {
             capacity: self.capacity,
-            spares: self.spares,
+            spares,
             max_consumers: self.max_consumers,
             slot_size: self.slot_size as u64,
             user_header_size: self.user_header_size,
@@ -241,6 +260,11 @@ impl ProducerBuilder {
             producer_start_time: me.start_time,
             epoch: new_epoch(me),
         };
+        // Every field was checked above; this catches a combination they missed, which a
+        // consumer would otherwise refuse (`Params::check` is what it runs).
+        if let Err(Corruption::Field { field, .. }) = p.check() {
+            return bad(field, "out of range for the ring's layout");
+        }
         let total = Layout::of(&p).total as u64;
         if total > isize::MAX as u64 {
             return bad("slot_size", "capacity x slot_size is too large to map");
@@ -330,7 +354,7 @@ impl Producer<Host> {
         ProducerBuilder {
             name: name.to_owned(),
             capacity: 8,
-            spares: 8,
+            spares: None,
             slot_size: 64 * 1024,
             user_header_size: 64,
             max_consumers: 64,

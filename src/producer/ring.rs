@@ -47,9 +47,9 @@ fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
 
 /// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
 /// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze buffers.
-/// Unless the ring is `closed`, also audits the held counts of the buffers the next claim may
-/// take (`ring::reclaim::audit`), so that a count a damaged segment left too high cannot hold
-/// the producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
+/// Unless the ring is `closed`, and if the last claim found every candidate held, also audits
+/// the held counts of the buffers the next claim may take (`ring::reclaim::audit`), so that a
+/// count a damaged segment left too high cannot hold the producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
 fn look_after(
     ring: &Ring<'_>,
     core: &mut ProducerCore,
@@ -74,7 +74,9 @@ fn look_after(
     }
     let mut wake = r.wake_consumers;
     let mut lowered = false;
-    if !closed {
+    // Only while the producer waits for a held buffer: an audit freezes each held buffer for a
+    // moment, which a running producer has no reason to do.
+    if !closed && core.waits_on_held() {
         let candidates: Vec<usize> = core.candidates(ring).collect();
         for buffer in candidates {
             let (l, w) = audit(ring, buffer)?;

@@ -478,6 +478,11 @@ impl ConsumerCore {
                 }
                 let held = stamp::held(st);
                 if held >= ring.consumers.len() as u64 {
+                    if pinning {
+                        // Void, as above: a PINNING record left behind would stall every
+                        // recount of this buffer while we live. Release: as above.
+                        record.store(0, Ordering::Release);
+                    }
                     let held = held as u32;
                     return Err(RingCorrupt::HeldCount { buffer: buffer as u32, held });
                 }

@@ -54,6 +54,12 @@ pub struct ProducerCore {
     spares: Vec<u32>,
     /// The message each buffer carries (its stamp's tag).
     last: Vec<u64>,
+    /// Where the next scan of `spares` starts: just after the last one taken, where the held
+    /// buffer it replaced now sits, so long-held buffers are not tried first every time.
+    scan: usize,
+    /// Whether the last claim found every candidate held (`Blocked::Held`): then, and only
+    /// then, the candidates are audited (see `candidates`).
+    held_wait: bool,
     /// A lower bound of every active `Lossless` consumer's cursor, or `u64::MAX` if there was
     /// none. Cursors never decrease and a joining consumer starts at or after the head it reads
     /// after becoming active, so a bound once true stays true -- except for a consumer that
@@ -74,6 +80,8 @@ impl ProducerCore {
             at: (0..cap).collect(),
             spares: (cap..buffers).collect(),
             last: (0..buffers).map(|b| (b as u64).wrapping_sub(buffers as u64)).collect(),
+            scan: 0,
+            held_wait: false,
             min_cursor: 0,
             joins_seen: 0,
         }
@@ -105,6 +113,11 @@ impl ProducerCore {
         std::iter::once(self.at[p] as usize).chain(self.spares.iter().map(|&b| b as usize))
     }
 
+    /// Whether the last claim failed because consumers hold every candidate buffer.
+    pub fn waits_on_held(&self) -> bool {
+        self.held_wait
+    }
+
     /// Claims a buffer for the next message, if one is free. Claiming again while a buffer is
     /// claimed (an acquire whose slot was dropped unpublished) returns it again.
     pub fn try_claim(&mut self, ring: &Ring<'_>) -> Result<Claimed, ClaimError> {
@@ -131,20 +144,25 @@ impl ProducerCore {
         if self.take(ring, own)? {
             return Ok(self.claimed(own));
         }
-        for i in 0..self.spares.len() {
+        let n = self.spares.len();
+        for k in 0..n {
+            let i = (self.scan + k) % n;
             let spare = self.spares[i] as usize;
             if self.take(ring, spare)? {
                 // The held buffer leaves the ring with its message; the spare takes its place.
                 self.spares[i] = own as u32;
                 self.at[p] = spare as u32;
+                self.scan = i + 1;
                 return Ok(self.claimed(spare));
             }
         }
+        self.held_wait = true;
         Err(ClaimError::Blocked(Blocked::Held))
     }
 
     /// Records buffer `buffer` as claimed for the next message.
     fn claimed(&mut self, buffer: usize) -> Claimed {
+        self.held_wait = false;
         let before = std::mem::replace(&mut self.last[buffer], self.next);
         // Initial tags are below zero (wrapped), so they are never below `next`.
         let claimed = Claimed { buffer, prev: (before < self.next).then_some(before) };
