@@ -745,6 +745,51 @@ fn spares_exhausted<B: Kind>(test: &str) {
     let _ = (std::fs::remove_file(&go), std::fs::remove_file(&done));
 }
 
+/// Eight consumers in one process join one ring at the same instant, receive and check ten
+/// messages each, and leave, several rounds over: opening one ring's shared memory from several
+/// threads at once must work (the CUDA driver's count of one handle's opens races otherwise).
+fn consumers_of_one_process_join_at_once<B: Kind>(test: &str) {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 4;
+    if role().is_some() {
+        let mut tx = create::<B>(&env::<String>("RING"), 16, Policy::Overwrite);
+        let mut seq = 0;
+        loop {
+            if publish::<B>(&mut tx, seq, Duration::from_millis(100)) {
+                seq += 1;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    let name = unique_name("join-at-once");
+    let mut child = spawn(test, "producer", &[("RING", name.clone())]);
+    drop(open_when_created::<B>(&name));
+    for _ in 0..ROUNDS {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (name, barrier) = (name.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let rx = open::<B>(&name, StartAt::Next).expect("open at once");
+                    for _ in 0..10 {
+                        let m = recv::<B>(&rx).expect("a message");
+                        assert_eq!((m.len, m.header_seq), (len_for::<B>(m.seq), m.seq));
+                    }
+                    assert_eq!(mismatches::<B>(&rx), 0);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a consumer thread failed");
+        }
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.wait().unwrap();
+    let _ = gpuring::inspect::remove(&name, true);
+}
+
 /// One test per scenario for backend `$b`, in module `$m`; `$attr` marks them (for example
 /// ignored without a GPU).
 macro_rules! conformance {
@@ -839,6 +884,13 @@ macro_rules! conformance {
             #[test] $(#[$attr])*
             fn mixed_modes_with_kills() {
                 super::mixed_modes_with_kills::<$b>(&name("mixed_modes_with_kills"));
+            }
+
+            #[test] $(#[$attr])*
+            fn consumers_of_one_process_join_at_once() {
+                super::consumers_of_one_process_join_at_once::<$b>(&name(
+                    "consumers_of_one_process_join_at_once",
+                ));
             }
 
             #[test] $(#[$attr])*

@@ -253,8 +253,11 @@ pub unsafe fn ipc_get_mem_handle(ptr: CUdeviceptr) -> DriverResult<CUipcMemHandl
 ///
 /// # Safety
 /// 1. A context must be current on this thread.
-/// 2. `handle` must not be open already in this context (the driver allows one open per
-///    context; a second returns an error, but callers must not rely on that).
+/// 2. No other thread may open or close an IPC mapping at the same time. The driver counts the
+///    opens of one handle in one context (a second open returns the same pointer), but two
+///    threads opening one handle at once race in it: one gets `CUDA_ERROR_ALREADY_MAPPED`
+///    (seen on an H100, driver 580, two consumers of one ring joining in one process).
+///    `cuda::ipc::IpcMapping` serialises them.
 pub unsafe fn ipc_open_mem_handle(handle: CUipcMemHandle) -> DriverResult<CUdeviceptr> {
     let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
     let mut ptr = 0;
@@ -267,11 +270,14 @@ pub unsafe fn ipc_open_mem_handle(handle: CUipcMemHandle) -> DriverResult<CUdevi
 /// `cuIpcCloseMemHandle`.
 ///
 /// # Safety
-/// 1. `ptr` must come from [`ipc_open_mem_handle`] in the current context, not closed yet.
+/// 1. `ptr` must come from [`ipc_open_mem_handle`] in the current context, not closed yet
+///    (once per open: the driver counts them).
 /// 2. No pending work may still use the mapping.
+/// 3. No other thread may open or close an IPC mapping at the same time (see
+///    [`ipc_open_mem_handle`]).
 pub unsafe fn ipc_close_mem_handle(ptr: CUdeviceptr) -> DriverResult<()> {
     IPC_MEM_CLOSES.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: by (1) and (2).
+    // SAFETY: by (1), (2) and (3).
     check("cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(ptr) })
 }
 

@@ -1,6 +1,6 @@
 //! Opened IPC memory handles and interprocess events.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::driver::{self, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, DriverError};
 use super::stream::Stream;
@@ -24,15 +24,16 @@ unsafe impl Sync for IpcMapping {}
 impl IpcMapping {
     /// Opens `handle` in `ctx` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS` (the only flag the
     /// driver accepts; it also lets a consumer on another device map it). The caller says how
-    /// large the allocation is (from the pool table) and must open each handle at most once per
-    /// context.
+    /// large the allocation is (from the pool table). Several consumers of one ring in one
+    /// process each open it: the driver counts the opens and returns the same address.
     pub fn open(
         ctx: &Arc<Context>,
         handle: CUipcMemHandle,
         size: usize,
     ) -> Result<IpcMapping, DriverError> {
         let _bound = ctx.bind()?;
-        // SAFETY: `ctx` is current; the caller opens each handle once per context.
+        let _one_at_a_time = ipc_lock();
+        // SAFETY: `ctx` is current; the lock keeps other opens and closes out.
         let ptr = unsafe { driver::ipc_open_mem_handle(handle) }?;
         Ok(IpcMapping { ctx: ctx.clone(), ptr, size })
     }
@@ -59,11 +60,21 @@ impl IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         if let Ok(_bound) = self.ctx.bind() {
-            // SAFETY: open by the invariant; owners synchronise before dropping a mapping that
-            // pending work reads.
+            let _one_at_a_time = ipc_lock();
+            // SAFETY: open by the invariant (one close for our one open); owners synchronise
+            // before dropping a mapping that pending work reads; the lock keeps other opens
+            // and closes out.
             let _ = unsafe { driver::ipc_close_mem_handle(self.ptr) };
         }
     }
+}
+
+/// The lock every IPC memory open and close of this process takes: the driver's count of the
+/// opens of one handle races when two threads open it at once (see
+/// `driver::ipc_open_mem_handle`). A poisoned lock still serialises.
+fn ipc_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// An interprocess event (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here, or
