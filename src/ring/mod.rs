@@ -70,7 +70,9 @@
 //! leaves the ring, keeping its message for its holders until they release it, and a free spare
 //! takes its place. So a consumer that holds messages slows nobody down as long as the spares
 //! cover what all consumers hold at once. Only when every candidate is held does the producer
-//! wait (and then a release wakes it).
+//! wait (and then a release wakes it). A single try can still see a buffer whose release it has not
+//! yet synchronised with as held (its loads are Relaxed until the CAS); a waiting producer
+//! re-checks after the sleep protocol's fence, so it only ever waits for a release that comes.
 //!
 //! # Delivery modes
 //!
