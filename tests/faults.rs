@@ -198,7 +198,7 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
     // The victim's entry and hold records, as offsets in the segment.
     let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
     let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
-    let stride = gpuring::ring::hold::stride(params.capacity as usize) * 8;
+    let stride = gpuring::ring::hold::stride(params.buffers() as usize) * 8;
     let regions = [
         (layout.consumers + victim_entry * 128, 128),
         (layout.holds + victim_entry * stride, stride),

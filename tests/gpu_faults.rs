@@ -425,10 +425,11 @@ fn a_consumer_with_a_damaged_release_event_is_evicted() {
     // Its release lines' handles: 16 bytes into each 128-byte line (see cuda::layout).
     let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
     let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
-    let cap = params.capacity as usize;
+    // One release line per buffer (slots and spares), `buffers` lines per entry.
+    let buffers = params.buffers() as usize;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    for slot in 0..cap {
-        let line = layout.release_slots + (entry * cap + slot) * 128;
+    for buffer in 0..buffers {
+        let line = layout.release_slots + (entry * buffers + buffer) * 128;
         for w in 0..8 {
             x ^= x << 13;
             x ^= x >> 7;
