@@ -21,7 +21,14 @@ use crate::stats::ConsumerInfo;
 use crate::wait::{self, Deadline, WaitConfig};
 
 /// Spare buffers of a ring whose builder does not set them (see
-/// [`ProducerBuilder::spare_buffers`]).
+/// [`ProducerBuilder::spare_buffers`]), where the ring's limits leave room for them.
+///
+/// ```
+/// # use gpuring::{Producer, DEFAULT_SPARES};
+/// let tx = Producer::builder("doc-default-spares").create()?;
+/// assert_eq!(tx.spare_buffers(), DEFAULT_SPARES);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const DEFAULT_SPARES: u32 = 8;
 
 /// Configures and creates a [`Producer`]. Start from [`Producer::builder`].
