@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::ring::{hold, lease, stamp};
+use crate::ring::{lease, stamp};
 use crate::ring::{Mode, Ring};
 use crate::shm::process::ProcessId;
 
@@ -100,13 +100,5 @@ pub(crate) fn held_buffers(ring: &Ring<'_>) -> usize {
 /// The oldest message consumer entry `index` holds, by its hold records (HELD, and the buffer
 /// still carries that message).
 fn oldest_held(ring: &Ring<'_>, index: usize) -> Option<u64> {
-    (0..ring.buffers.len())
-        .filter_map(|b| {
-            // Relaxed: a snapshot for display.
-            let r = ring.hold(index, b).load(Ordering::Relaxed);
-            let st = ring.buffers[b].stamp.load(Ordering::Relaxed);
-            let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
-            (hold::state(r) == hold::HELD && same).then_some(hold::seq(r))
-        })
-        .min()
+    (0..ring.buffers.len()).filter_map(|b| ring.held_by(index, b)).min()
 }

@@ -67,15 +67,9 @@ impl Producer {
         max_consumers: Option<u32>,
         spares: Option<u32>,
     ) -> PyResult<Producer> {
-        let policy = match policy {
-            "block" => Policy::Block,
-            "overwrite" => Policy::Overwrite,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "policy={other:?}: use \"block\" or \"overwrite\""
-                )))
-            }
-        };
+        let policy = Policy::from_name(policy).ok_or_else(|| {
+            PyValueError::new_err(format!("policy={policy:?}: use \"block\" or \"overwrite\""))
+        })?;
         let mut builder = RingProducer::builder(name)
             .slot_size(slot_size)
             .capacity(capacity)

@@ -433,11 +433,9 @@ impl ConsumerCore {
                 return Ok(None);
             }
             if d > 0 {
-                jumps -= 1;
-                if jumps == 0 {
+                if !self.lagged(ring, c, &mut jumps) {
                     return Ok(None);
                 }
-                self.lagged(ring, c);
                 continue 'next;
             }
             let buffer = position::buffer(word);
@@ -451,11 +449,14 @@ impl ConsumerCore {
             let mut st = line.stamp.load(Ordering::Relaxed);
             loop {
                 let d = stamp::tag_diff(stamp::tag(st), c);
-                if pinning && (d != 0 || stamp::is_writing(st)) {
-                    // Our PINNING record of a failed CAS is void: clear it. (We hold nothing
-                    // else in this buffer: it was taken for `c` after every hold of its older
-                    // message ended.) Release: like every record store (see `super::hold`).
-                    // Every path below returns or moves to another message.
+                let held = stamp::held(st);
+                let damaged = held >= ring.consumers.len() as u64;
+                if pinning && (d != 0 || stamp::is_writing(st) || damaged) {
+                    // Our PINNING record of a failed CAS is void: clear it (a record left
+                    // behind would stall every recount of this buffer while we live). We hold
+                    // nothing else in this buffer: it was taken for `c` after every hold of its
+                    // older message ended. Release: like every record store (see
+                    // `super::hold`). Every path below returns or moves to another message.
                     record.store(0, Ordering::Release);
                 }
                 if d < 0 {
@@ -469,20 +470,12 @@ impl ConsumerCore {
                 }
                 if d > 0 {
                     // The buffer was taken for a newer message since: `c` is gone.
-                    jumps -= 1;
-                    if jumps == 0 {
+                    if !self.lagged(ring, c, &mut jumps) {
                         return Ok(None);
                     }
-                    self.lagged(ring, c);
                     continue 'next;
                 }
-                let held = stamp::held(st);
-                if held >= ring.consumers.len() as u64 {
-                    if pinning {
-                        // Void, as above: a PINNING record left behind would stall every
-                        // recount of this buffer while we live. Release: as above.
-                        record.store(0, Ordering::Release);
-                    }
+                if damaged {
                     let held = held as u32;
                     return Err(RingCorrupt::HeldCount { buffer: buffer as u32, held });
                 }
@@ -535,14 +528,20 @@ impl ConsumerCore {
     }
 
     /// Message `c` was overwritten: the producer published at least up to `c + capacity - 1`
-    /// (it took `c`'s position or buffer for a newer message). Jumps to the oldest message left.
-    fn lagged(&self, ring: &Ring<'_>, c: u64) {
+    /// (it took `c`'s position or buffer for a newer message). Jumps to the oldest message left,
+    /// if `jumps` (the lag jumps one pin may make) is not used up; returns whether it did.
+    fn lagged(&self, ring: &Ring<'_>, c: u64, jumps: &mut u64) -> bool {
+        *jumps -= 1;
+        if *jumps == 0 {
+            return false;
+        }
         // Acquire: pairs with the producer's Release head store.
         let head = ring.producer.head.load(Ordering::Acquire);
         // Wrapping/saturating: `head` comes from shared memory and may be garbage; that must
         // not panic, only misreport the loss.
         let next = c.wrapping_add(1).max(head.saturating_sub(ring.capacity()));
         self.skip(next.wrapping_sub(c));
+        true
     }
 
     /// Moves the cursor `n` messages on without receiving them: they count as lost.
@@ -618,12 +617,7 @@ impl ConsumerCore {
             }
             if !std::mem::replace(&mut released, true) {
                 for buffer in 0..ring.buffers.len() {
-                    // Relaxed: our own record.
-                    let r = ring.hold(self.index, buffer).load(Ordering::Relaxed);
-                    // Relaxed: only decides whether the record names what the buffer carries.
-                    let st = ring.buffers[buffer].stamp.load(Ordering::Relaxed);
-                    let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
-                    if hold::state(r) == hold::HELD && same {
+                    if ring.held_by(self.index, buffer).is_some() {
                         // A damaged stamp (underflow) is not ours to fix on the way out.
                         left.wake |= self.release_buffer(ring, buffer).unwrap_or(false);
                         left.released += 1;

@@ -158,6 +158,19 @@ impl Policy {
         }
     }
 
+    /// Its name, as tools print it and as the CLI and Python take it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Block => "block",
+            Policy::Overwrite => "overwrite",
+        }
+    }
+
+    /// The policy named `name` (see [`Policy::name`]).
+    pub fn from_name(name: &str) -> Option<Policy> {
+        [Policy::Block, Policy::Overwrite].into_iter().find(|p| p.name() == name)
+    }
+
     /// The mode of consumers that do not choose one.
     pub fn default_mode(self) -> Mode {
         match self {
@@ -318,6 +331,16 @@ impl<'a> Ring<'a> {
         // Relaxed: callers that act on the buffer CAS its stamp, which orders.
         let st = self.buffers[buffer].stamp.load(Ordering::Relaxed);
         (stamp::tag_diff(stamp::tag(st), seq) == 0).then_some(buffer)
+    }
+
+    /// The message consumer `entry` holds in buffer `buffer`, if its record says HELD and the
+    /// buffer still carries that message. Relaxed loads: for its owner (its own record) and for
+    /// display; whoever acts on the answer CASes the stamp.
+    pub fn held_by(&self, entry: usize, buffer: usize) -> Option<u64> {
+        let r = self.hold(entry, buffer).load(Ordering::Relaxed);
+        let st = self.buffers[buffer].stamp.load(Ordering::Relaxed);
+        let same = stamp::tag_diff(stamp::tag(st), hold::seq(r)) == 0;
+        (hold::state(r) == hold::HELD && same).then_some(hold::seq(r))
     }
 
     /// Consumer `entry`'s hold record for buffer `buffer`.

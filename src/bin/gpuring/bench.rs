@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use gpuring::testing::payload::Payload;
 use gpuring::StartAt;
+
+use crate::cli::{parse_mode, parse_policy};
+use crate::size::parse_size;
 use gpuring::{monotonic_ns, Consumer, Host, Mode, OpenError, Policy, Producer, RecvError};
 use serde::{Deserialize, Serialize};
 
@@ -69,16 +72,39 @@ struct SlowResult {
 }
 
 /// The options of `gpuring bench`.
+#[derive(clap::Args)]
 pub struct Options {
+    /// Where the slots live: host, cuda, or auto (cuda if a GPU is usable).
+    #[arg(long, default_value = "auto")]
     pub memory: String,
+    /// Consumer processes.
+    #[arg(long, default_value_t = 2)]
     pub consumers: usize,
+    /// Frame size in bytes (K and M suffixes: KiB, MiB).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub size: usize,
+    /// Measured seconds (after 0.2 s of warm-up).
+    #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Slots in the ring.
+    #[arg(long, default_value_t = 16)]
     pub capacity: u32,
+    /// Spare buffers (see `ProducerBuilder::spare_buffers`).
+    #[arg(long, default_value_t = 8)]
     pub spares: u32,
+    /// The ring's policy: block (consumers default to lossless) or overwrite (to queue).
+    #[arg(long, default_value = "block", value_parser = parse_policy)]
     pub policy: Policy,
-    /// The consumers' mode; `None`: the policy's.
+    /// The consumers' delivery mode: lossless, queue or latest (default: the policy's).
+    #[arg(long, value_parser = parse_mode)]
     pub mode: Option<Mode>,
+    /// Add one slow consumer that holds each message this long (ms) while it "works", and
+    /// run the bench first without it: the report compares the producer's and the other
+    /// consumers' rates with and without it.
+    #[arg(long, default_value_t = 0)]
+    pub slow_hold_ms: u64,
+    /// Print JSON.
+    #[arg(long)]
     pub json: bool,
 }
 
@@ -119,7 +145,8 @@ fn collect(mut child: Child) -> Result<ConsumerResult, String> {
 }
 
 /// Runs the bench and prints its result; with a `slow_hold`, twice (see the module docs).
-pub fn run(o: &Options, slow_hold: Duration) -> Result<(), String> {
+pub fn run(o: &Options) -> Result<(), String> {
+    let slow_hold = Duration::from_millis(o.slow_hold_ms);
     if o.consumers == 0 || o.size < 16 || o.seconds <= 0.0 || o.capacity == 0 {
         return Err("need --consumers >= 1, --size >= 16, --seconds > 0, --capacity >= 1".into());
     }
@@ -222,10 +249,7 @@ fn run_in<M: Payload>(
     let results = children.into_iter().map(collect).collect::<Result<Vec<_>, _>>()?;
     Ok(BenchResult {
         memory,
-        policy: match o.policy {
-            Policy::Block => "block",
-            Policy::Overwrite => "overwrite",
-        },
+        policy: o.policy.name(),
         mode: mode.name(),
         capacity: o.capacity,
         spares: o.spares,

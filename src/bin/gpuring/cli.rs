@@ -11,7 +11,6 @@
 //!
 //! Errors are one line on stderr and exit status 1.
 
-use crate::size::parse_size;
 use std::process::ExitCode;
 
 use crate::bench;
@@ -63,40 +62,7 @@ enum Cmd {
     },
     /// A quick self-contained 1 -> N run (consumers are child processes): frames/s and
     /// publish -> recv latency per consumer; every byte is checked.
-    Bench {
-        /// Where the slots live: host, cuda, or auto (cuda if a GPU is usable).
-        #[arg(long, default_value = "auto")]
-        memory: String,
-        /// Consumer processes.
-        #[arg(long, default_value_t = 2)]
-        consumers: usize,
-        /// Frame size in bytes (K and M suffixes: KiB, MiB).
-        #[arg(long, default_value = "64K", value_parser = parse_size)]
-        size: usize,
-        /// Measured seconds (after 0.2 s of warm-up).
-        #[arg(long, default_value_t = 2.0)]
-        seconds: f64,
-        /// Slots in the ring.
-        #[arg(long, default_value_t = 16)]
-        capacity: u32,
-        /// Spare buffers (see `ProducerBuilder::spare_buffers`).
-        #[arg(long, default_value_t = 8)]
-        spares: u32,
-        /// The ring's policy: block (consumers default to lossless) or overwrite (to queue).
-        #[arg(long, default_value = "block", value_parser = parse_policy)]
-        policy: Policy,
-        /// The consumers' delivery mode: lossless, queue or latest (default: the policy's).
-        #[arg(long, value_parser = parse_mode)]
-        mode: Option<Mode>,
-        /// Add one slow consumer that holds each message this long (ms) while it "works", and
-        /// run the bench first without it: the report compares the producer's and the other
-        /// consumers' rates with and without it.
-        #[arg(long, default_value_t = 0)]
-        slow_hold_ms: u64,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(bench::Options),
     /// A consumer process of `bench` (started by it).
     #[command(hide = true)]
     BenchConsumer {
@@ -167,13 +133,6 @@ fn memory_name(m: MemoryKind) -> &'static str {
     }
 }
 
-fn policy_name(p: Policy) -> &'static str {
-    match p {
-        Policy::Block => "block",
-        Policy::Overwrite => "overwrite",
-    }
-}
-
 fn mode_name(m: Option<Mode>) -> &'static str {
     m.map_or("invalid", Mode::name)
 }
@@ -188,7 +147,7 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         slot_size: s.slot_size,
         user_header_size: s.user_header_size,
         max_consumers: s.max_consumers,
-        policy: policy_name(s.policy),
+        policy: s.policy.name(),
         producer_pid: s.producer_pid,
         producer_alive: s.producer_alive,
         closed: s.closed,
@@ -261,7 +220,7 @@ fn list(json: bool) -> Result<(), String> {
                 memory_name(s.memory),
                 s.capacity,
                 bytes(s.slot_size),
-                policy_name(s.policy),
+                s.policy.name(),
                 s.producer_pid,
                 producer_state(s),
                 s.consumers.len()
@@ -296,7 +255,7 @@ fn print_stat(
         now.capacity,
         now.spares,
         bytes(now.slot_size),
-        policy_name(now.policy),
+        now.policy.name(),
         now.producer_pid,
         producer_state(now),
         now.epoch
@@ -384,17 +343,13 @@ fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
 }
 
 /// `--mode`: lossless, queue or latest.
-fn parse_mode(s: &str) -> Result<Mode, String> {
+pub(crate) fn parse_mode(s: &str) -> Result<Mode, String> {
     Mode::from_name(s).ok_or_else(|| format!("{s}: expected lossless, queue or latest"))
 }
 
 /// `--policy`: block or overwrite.
-fn parse_policy(s: &str) -> Result<Policy, String> {
-    match s {
-        "block" => Ok(Policy::Block),
-        "overwrite" => Ok(Policy::Overwrite),
-        other => Err(format!("{other}: expected block or overwrite")),
-    }
+pub(crate) fn parse_policy(s: &str) -> Result<Policy, String> {
+    Policy::from_name(s).ok_or_else(|| format!("{s}: expected block or overwrite"))
 }
 
 pub fn main() -> ExitCode {
@@ -403,32 +358,7 @@ pub fn main() -> ExitCode {
         Cmd::List { json } => list(json),
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),
         Cmd::Rm { name, force, json } => rm(&name, force, json),
-        Cmd::Bench {
-            memory,
-            consumers,
-            size,
-            seconds,
-            capacity,
-            spares,
-            policy,
-            mode,
-            slow_hold_ms,
-            json,
-        } => {
-            let slow_hold = Duration::from_millis(slow_hold_ms);
-            let o = bench::Options {
-                memory,
-                consumers,
-                size,
-                seconds,
-                capacity,
-                spares,
-                policy,
-                mode,
-                json,
-            };
-            bench::run(&o, slow_hold)
-        }
+        Cmd::Bench(o) => bench::run(&o),
         Cmd::BenchConsumer { name, memory, hold_ms, mode } => {
             bench::consumer(&name, &memory, Duration::from_millis(hold_ms), mode)
         }
