@@ -1,6 +1,7 @@
 //! The fd server that the VMM memory mode shares its pools through (src/shm/fdpass.rs): a
-//! process of another uid is refused by the kernel-reported uid, not by anything it says.
-//! Needs root, to run the peer under another uid (CI and the GPU machine run as root).
+//! process of another uid is refused, or served, by the uid and groups the kernel reports for
+//! it, not by anything it says. Needs root, to run the peer under another uid and groups (CI
+//! and the GPU machine run as root).
 
 mod common;
 
@@ -11,6 +12,8 @@ use gpuring::shm::fdpass::{fd_address, fetch, FdServer, FetchError, PeerPolicy};
 
 /// `nobody`.
 const OTHER_UID: u32 = 65534;
+/// `nogroup` (`nobody` on some distributions).
+const OTHER_GID: u32 = 65534;
 
 #[test]
 fn a_peer_of_another_uid_is_refused() {
@@ -34,23 +37,98 @@ fn a_peer_of_another_uid_is_refused() {
     let memfd = rustix::fs::memfd_create("pool", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     let _server =
         FdServer::start(&addr, vec![memfd], b"pools".to_vec(), PeerPolicy::SameUid).unwrap();
-    let run = |role: &str| {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
-            .env("RING", &name)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{role} child failed");
-        // The harness's "test NAME ... " precedes our line on the same output line.
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let at = stdout.find("fds: ").unwrap_or(0);
-        let line = stdout[at..].lines().next().unwrap_or_default().to_owned();
-        println!("{role}: {line}");
-        line
-    };
+    let run = |role: &str| run_child(TEST, role, &name);
     assert!(run("same-uid").contains("fds: received 1,"));
     let refused = run("other-uid");
-    assert!(refused.contains(&format!("refused: uid {OTHER_UID} is not allowed")), "{refused}");
+    assert!(refused.contains(&format!("refused: uid {OTHER_UID} (gid")), "{refused}");
+    assert!(refused.contains("peer policy: same uid as the producer"), "{refused}");
+}
+
+/// Runs this binary's `test` again as `role` on ring `name`, prints its `fds: ` line as
+/// `ROLE: LINE`, and returns that line.
+fn run_child(test: &str, role: &str, name: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role)
+        .env("RING", name)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{role} child failed");
+    // The harness's "test NAME ... " precedes our line on the same output line.
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let at = stdout.find("fds: ").unwrap_or(0);
+    let line = stdout[at..].lines().next().unwrap_or_default().to_owned();
+    println!("{role}: {line}");
+    line
+}
+
+/// Becomes `uid` with primary group `gid` (if given) and exactly the supplementary `groups`.
+/// Groups first: once we are not root, we may no longer change them.
+fn become_user(uid: u32, gid: Option<u32>, groups: &[u32]) {
+    // SAFETY: `groups` is a live slice of `groups.len()` gids; called before this process
+    // starts any thread of its own (the harness thread runs this test alone).
+    assert_eq!(unsafe { libc::setgroups(groups.len(), groups.as_ptr()) }, 0, "setgroups");
+    if let Some(gid) = gid {
+        // SAFETY: as for setgroups; only this process's credentials change.
+        assert_eq!(unsafe { libc::setgid(gid) }, 0, "setgid");
+    }
+    // SAFETY: as for setgroups; only this process's credentials change.
+    assert_eq!(unsafe { libc::setuid(uid) }, 0, "setuid");
+}
+
+#[test]
+fn peers_allowed_by_uid_or_group_are_served() {
+    const TEST: &str = "peers_allowed_by_uid_or_group_are_served";
+    let name = std::env::var("RING").unwrap_or_else(|_| common::unique_name("fds-allow"));
+    // Instance 1 allows uid OTHER_UID; instance 2 allows group OTHER_GID.
+    let by_uid = fd_address(&name, 1).unwrap();
+    let by_gid = fd_address(&name, 2).unwrap();
+    if let Some(role) = role() {
+        let addr = match role.as_str() {
+            // Our primary gid stays root's; the uid alone is what lets us in.
+            "uid" => {
+                become_user(OTHER_UID, None, &[]);
+                &by_uid
+            }
+            "primary-gid" => {
+                become_user(OTHER_UID, Some(OTHER_GID), &[]);
+                &by_gid
+            }
+            // More groups than the server's first SO_PEERGROUPS buffer holds (64), so it
+            // has to ask again with the size the kernel reports.
+            "supplementary-gid" => {
+                let groups: Vec<u32> = (70_000..70_100).chain([OTHER_GID]).collect();
+                become_user(OTHER_UID, None, &groups);
+                &by_gid
+            }
+            "no-gid" => {
+                become_user(OTHER_UID, None, &[]);
+                &by_gid
+            }
+            other => panic!("unknown role {other}"),
+        };
+        match fetch(addr) {
+            Ok((payload, fds)) => println!("fds: received {}, payload {payload:?}", fds.len()),
+            Err(FetchError::Refused(why)) => println!("fds: refused: {why}"),
+            Err(e) => panic!("{e}"),
+        }
+        return;
+    }
+    assert_eq!(rustix::process::getuid().as_raw(), 0, "this test needs root (to switch uid)");
+    let memfd = || rustix::fs::memfd_create("pool", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let _uid_server =
+        FdServer::start(&by_uid, vec![memfd()], b"pools".to_vec(), PeerPolicy::uids([OTHER_UID]))
+            .unwrap();
+    let _gid_server =
+        FdServer::start(&by_gid, vec![memfd()], b"pools".to_vec(), PeerPolicy::gids([OTHER_GID]))
+            .unwrap();
+    let run = |role: &str| run_child(TEST, role, &name);
+    for role in ["uid", "primary-gid", "supplementary-gid"] {
+        let line = run(role);
+        assert!(line.contains("fds: received 1,"), "{role}: {line}");
+    }
+    let refused = run("no-gid");
+    assert!(refused.contains(&format!("refused: uid {OTHER_UID} (gid 0)")), "{refused}");
+    assert!(refused.contains(&format!("or gids [{OTHER_GID}]")), "{refused}");
 }
