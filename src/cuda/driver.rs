@@ -1,15 +1,18 @@
 //! `result`-style wrappers over `cudarc::driver::sys`: each turns a `CUresult` into a
 //! `Result`, and each unsafe one lists its preconditions. Nothing here owns anything; the RAII
-//! types ([`super::DevicePool`], [`super::IpcMapping`], [`super::IpcEvent`], [`super::Stream`]) do.
+//! types ([`super::DevicePool`], [`super::IpcMapping`], [`super::IpcEvent`], [`super::Stream`],
+//! and for VMM sharing [`super::VmmPool`], [`super::VmmMapping`], [`super::HostRegistration`]) do.
 
-use std::ffi::CStr;
+use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+pub use sys::CUmemGenericAllocationHandle;
 pub use sys::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUresult, CUstream,
 };
@@ -60,6 +63,14 @@ pub static IPC_MEM_OPENS: AtomicU64 = AtomicU64::new(0);
 pub static IPC_EVENT_OPENS: AtomicU64 = AtomicU64::new(0);
 /// IPC memory handles closed by this process.
 pub static IPC_MEM_CLOSES: AtomicU64 = AtomicU64::new(0);
+/// IPC handles (memory and event) made by this process, for tests that prove a VMM ring makes
+/// no legacy IPC call.
+pub static IPC_EXPORTS: AtomicU64 = AtomicU64::new(0);
+/// VMM allocations imported from fds by this process ([`mem_import_fd`]), for tests that prove
+/// the steady state imports nothing.
+pub static VMM_IMPORTS: AtomicU64 = AtomicU64::new(0);
+/// fds exported for VMM allocations by this process ([`mem_export_fd`]).
+pub static VMM_EXPORTS: AtomicU64 = AtomicU64::new(0);
 /// Stream and event synchronisations (the CPU waiting for the GPU) made by this process, for
 /// tests that prove the steady state never makes one.
 pub static CPU_SYNCS: AtomicU64 = AtomicU64::new(0);
@@ -88,15 +99,19 @@ pub fn available() -> Result<(), String> {
         .clone()
 }
 
+/// `Ok` once [`available`] said yes; otherwise the driver's "not initialised" error, so that
+/// no driver call is made (cudarc would panic looking up a function of a missing library).
+fn initialised() -> DriverResult<()> {
+    available().map_err(|_| DriverError {
+        call: "cuInit",
+        code: sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
+    })
+}
+
 /// Device `ordinal`. [`available`] must have returned `Ok` (otherwise this returns the
 /// driver's "not initialised" error).
 pub fn device(ordinal: i32) -> DriverResult<CUdevice> {
-    if available().is_err() {
-        return Err(DriverError {
-            call: "cuInit",
-            code: sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
-        });
-    }
+    initialised()?;
     let mut dev = 0;
     // SAFETY: driver initialised by `available`; valid out-pointer.
     check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
@@ -105,12 +120,7 @@ pub fn device(ordinal: i32) -> DriverResult<CUdevice> {
 
 /// Number of devices. [`available`] must have returned `Ok`.
 pub fn device_count() -> DriverResult<i32> {
-    if available().is_err() {
-        return Err(DriverError {
-            call: "cuInit",
-            code: sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
-        });
-    }
+    initialised()?;
     let mut n = 0;
     // SAFETY: driver initialised by `available`; valid out-pointer.
     check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
@@ -244,6 +254,7 @@ pub unsafe fn ipc_get_mem_handle(ptr: CUdeviceptr) -> DriverResult<CUipcMemHandl
     let mut h = MaybeUninit::<CUipcMemHandle>::uninit();
     // SAFETY: by (1); valid out-pointer.
     check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(h.as_mut_ptr(), ptr) })?;
+    IPC_EXPORTS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: initialised by the successful call.
     Ok(unsafe { h.assume_init() })
 }
@@ -325,6 +336,7 @@ pub unsafe fn ipc_get_event_handle(ev: CUevent) -> DriverResult<CUipcEventHandle
     let mut h = MaybeUninit::<CUipcEventHandle>::uninit();
     // SAFETY: by (1); valid out-pointer.
     check("cuIpcGetEventHandle", unsafe { sys::cuIpcGetEventHandle(h.as_mut_ptr(), ev) })?;
+    IPC_EXPORTS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: initialised by the successful call.
     Ok(unsafe { h.assume_init() })
 }
@@ -584,6 +596,276 @@ pub unsafe fn memset_async(
 ) -> DriverResult<()> {
     // SAFETY: by (1).
     check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst, value, len, stream) })
+}
+
+// VMM sharing: `cuMemCreate` allocations, mapped with `cuMemMap` and shared as POSIX fds.
+
+/// Whether device `dev` supports virtual memory management (`cuMemCreate`, `cuMemMap`) with
+/// allocations shareable as POSIX fds: what VMM sharing needs.
+pub fn vmm_supported(dev: CUdevice) -> DriverResult<bool> {
+    use sys::CUdevice_attribute::*;
+    let (mut vmm, mut fds) = (0, 0);
+    // SAFETY: `dev` came from `device`; valid out-pointers.
+    unsafe {
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(
+                &mut vmm,
+                CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                dev,
+            ),
+        )?;
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(
+                &mut fds,
+                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                dev,
+            ),
+        )?;
+    }
+    Ok(vmm != 0 && fds != 0)
+}
+
+/// Where device `ordinal`'s memory is, for the VMM calls.
+fn device_location(ordinal: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal }
+}
+
+/// The properties of every VMM allocation gpuring makes: pinned memory of device `ordinal`,
+/// exportable as a POSIX fd.
+fn vmm_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: all-zero bytes are a valid value of this plain C struct (C code starts from
+    // `= {0}`): its fields are integers, enums whose 0 is a variant (`..._INVALID`,
+    // `CU_MEM_HANDLE_TYPE_NONE`), a raw pointer (null) and bytes.
+    let mut prop: sys::CUmemAllocationProp = unsafe { MaybeUninit::zeroed().assume_init() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location = device_location(ordinal);
+    prop
+}
+
+/// The granularity of [`mem_create`]'s allocations on device `ordinal`: the recommended one,
+/// never below the minimum (2 MiB on current GPUs). Allocation sizes, reservations and
+/// mappings are multiples of it. [`available`] must have returned `Ok` (otherwise this returns
+/// the driver's "not initialised" error).
+pub fn mem_granularity(ordinal: i32) -> DriverResult<usize> {
+    use sys::CUmemAllocationGranularity_flags::*;
+    initialised()?;
+    let prop = vmm_prop(ordinal);
+    let (mut min, mut recommended) = (0, 0);
+    // SAFETY: the driver is initialised; `prop` is a valid property struct; valid
+    // out-pointers. An unknown ordinal is reported as an error.
+    unsafe {
+        check(
+            "cuMemGetAllocationGranularity",
+            sys::cuMemGetAllocationGranularity(&mut min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        )?;
+        check(
+            "cuMemGetAllocationGranularity",
+            sys::cuMemGetAllocationGranularity(
+                &mut recommended,
+                &prop,
+                CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            ),
+        )?;
+    }
+    if min == 0 {
+        return Err(DriverError {
+            call: "cuMemGetAllocationGranularity",
+            code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        });
+    }
+    // Both are powers of two in practice; a recommendation that is not a multiple of the
+    // minimum would give sizes that `cuMemMap` refuses.
+    Ok(if recommended >= min && recommended % min == 0 { recommended } else { min })
+}
+
+/// `cuMemCreate`: `size` bytes of pinned memory of device `ordinal`, exportable as a POSIX fd
+/// ([`mem_export_fd`]), mapped nowhere yet ([`mem_map`]). `size` must be a nonzero multiple of
+/// [`mem_granularity`] (the driver refuses others). The caller releases the handle once
+/// ([`mem_release`]).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_create(size: usize, ordinal: i32) -> DriverResult<CUmemGenericAllocationHandle> {
+    let prop = vmm_prop(ordinal);
+    let mut h = 0;
+    // SAFETY: by (1); `prop` is a valid property struct; valid out-pointer; flags 0.
+    check("cuMemCreate", unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) })?;
+    Ok(h)
+}
+
+/// `cuMemRelease`: drops this reference to the allocation. Its memory is freed once every
+/// handle to it (in every process, exported fds included) is released and every mapping of it
+/// unmapped, so a mapping may outlive the handle it was made with.
+///
+/// # Safety
+/// 1. `h` must be a live handle from [`mem_create`], [`mem_import_fd`] or
+///    [`mem_retain_allocation_handle`], released once per such call and not used afterwards
+///    (the driver's behaviour for an invalid handle is undefined).
+/// 2. A context must be current on this thread.
+pub unsafe fn mem_release(h: CUmemGenericAllocationHandle) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuMemRelease", unsafe { sys::cuMemRelease(h) })
+}
+
+/// `cuMemAddressReserve`: `size` bytes of this process's device address space, aligned to
+/// `align` (a power of two; 0: the driver's choice), backed by nothing until [`mem_map`].
+/// `size` must be a multiple of the host page size (the driver refuses others).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_address_reserve(size: usize, align: usize) -> DriverResult<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: by (1); valid out-pointer; no address hint; flags 0.
+    check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) })?;
+    Ok(ptr)
+}
+
+/// `cuMemAddressFree`: gives back a reservation.
+///
+/// # Safety
+/// 1. `ptr` and `size` must be exactly a reservation from [`mem_address_reserve`], not freed
+///    yet, with nothing mapped in it any more.
+/// 2. A context must be current on this thread.
+pub unsafe fn mem_address_free(ptr: CUdeviceptr, size: usize) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(ptr, size) })
+}
+
+/// `cuMemMap` of the first `size` bytes of allocation `h` at `ptr` (offset 0, the only one the
+/// driver takes; flags 0). The range is not accessible until [`mem_set_access_rw`]. `ptr` and
+/// `size` must be multiples of the minimum granularity and `size` at most the allocation's
+/// size: the driver refuses others (a size larger than the allocation with
+/// `CUDA_ERROR_NOT_SUPPORTED`, seen on an H100, driver 580).
+///
+/// # Safety
+/// 1. `ptr..ptr + size` must lie in a reservation of this process ([`mem_address_reserve`])
+///    where nothing is mapped yet.
+/// 2. `h` must be a live handle.
+/// 3. A context must be current on this thread.
+pub unsafe fn mem_map(
+    ptr: CUdeviceptr,
+    size: usize,
+    h: CUmemGenericAllocationHandle,
+) -> DriverResult<()> {
+    // SAFETY: by (1), (2) and (3).
+    check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, h, 0) })
+}
+
+/// `cuMemUnmap`: `ptr..ptr + size` becomes a bare reservation again. The driver documents it
+/// as synchronous for most uses.
+///
+/// # Safety
+/// 1. `ptr` and `size` must be exactly one whole range mapped by [`mem_map`].
+/// 2. No pending GPU work may still use the range, and nothing may use it afterwards.
+/// 3. A context must be current on this thread.
+pub unsafe fn mem_unmap(ptr: CUdeviceptr, size: usize) -> DriverResult<()> {
+    // SAFETY: by (1), (2) and (3).
+    check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr, size) })
+}
+
+/// `cuMemSetAccess`: device `ordinal` may read and write `ptr..ptr + size`.
+///
+/// # Safety
+/// 1. `ptr..ptr + size` must be mapped by [`mem_map`] (one or more whole mappings).
+/// 2. A context must be current on this thread.
+pub unsafe fn mem_set_access_rw(ptr: CUdeviceptr, size: usize, ordinal: i32) -> DriverResult<()> {
+    let desc = sys::CUmemAccessDesc {
+        location: device_location(ordinal),
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: by (1) and (2); `desc` is one valid descriptor.
+    check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(ptr, size, &desc, 1) })
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX fd: a new fd (each call makes one) from which a
+/// process that receives it imports the allocation ([`mem_import_fd`]). Fails for an
+/// allocation not created with that handle type requested. Counted in [`VMM_EXPORTS`].
+///
+/// # Safety
+/// 1. `h` must be a live handle.
+/// 2. A context must be current on this thread.
+pub unsafe fn mem_export_fd(h: CUmemGenericAllocationHandle) -> DriverResult<OwnedFd> {
+    let handle_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let mut fd: c_int = -1;
+    // SAFETY: by (1) and (2); for POSIX fds the driver writes an `int` through the out-pointer,
+    // which points to one.
+    check("cuMemExportToShareableHandle", unsafe {
+        sys::cuMemExportToShareableHandle((&raw mut fd).cast(), h, handle_type, 0)
+    })?;
+    if fd < 0 {
+        return Err(DriverError {
+            call: "cuMemExportToShareableHandle",
+            code: sys::CUresult::CUDA_ERROR_UNKNOWN,
+        });
+    }
+    VMM_EXPORTS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the driver just opened `fd` for us, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX fd made by [`mem_export_fd`] (in this process or
+/// another): a new handle to that allocation, to [`mem_map`] and, once, [`mem_release`]. The
+/// driver does not take the fd: the caller still owns it (and may close it right after). An fd
+/// that is not such an export is refused by the driver. Counted in [`VMM_IMPORTS`].
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_import_fd(fd: BorrowedFd<'_>) -> DriverResult<CUmemGenericAllocationHandle> {
+    let handle_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // For POSIX fds the driver takes the fd's value in the pointer argument, not a pointer.
+    let os_handle = std::ptr::without_provenance_mut::<c_void>(fd.as_raw_fd() as usize);
+    let mut h = 0;
+    // SAFETY: by (1); valid out-pointer; `fd` is open for the duration of the call (borrowed).
+    check("cuMemImportFromShareableHandle", unsafe {
+        sys::cuMemImportFromShareableHandle(&mut h, os_handle, handle_type)
+    })?;
+    VMM_IMPORTS.fetch_add(1, Ordering::Relaxed);
+    Ok(h)
+}
+
+/// `cuMemRetainAllocationHandle`: a new reference to the allocation mapped at `ptr` (any
+/// address in a [`mem_map`] mapping of this process), to release once with [`mem_release`].
+/// Fails for addresses that no `cuMemMap` mapping covers (`cuMemAlloc` memory, for one).
+///
+/// # Safety
+/// 1. A context must be current on this thread.
+pub unsafe fn mem_retain_allocation_handle(
+    ptr: CUdeviceptr,
+) -> DriverResult<CUmemGenericAllocationHandle> {
+    let addr = std::ptr::without_provenance_mut::<c_void>(ptr as usize);
+    let mut h = 0;
+    // SAFETY: by (1); valid out-pointer; `addr` is only looked up, an unmapped one is reported
+    // as an error.
+    check("cuMemRetainAllocationHandle", unsafe {
+        sys::cuMemRetainAllocationHandle(&mut h, addr)
+    })?;
+    Ok(h)
+}
+
+/// The device whose memory allocation `h` is (`cuMemGetAllocationPropertiesFromHandle`):
+/// `Some(ordinal)` for device memory, `None` for any other location.
+///
+/// # Safety
+/// 1. `h` must be a live handle.
+/// 2. A context must be current on this thread.
+pub unsafe fn mem_allocation_device(h: CUmemGenericAllocationHandle) -> DriverResult<Option<i32>> {
+    let mut prop = MaybeUninit::<sys::CUmemAllocationProp>::zeroed();
+    // SAFETY: by (1) and (2); valid out-pointer.
+    check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+        sys::cuMemGetAllocationPropertiesFromHandle(prop.as_mut_ptr(), h)
+    })?;
+    let p = prop.as_ptr();
+    // SAFETY: `p` points to initialised bytes (zeroed, then written by the driver). The
+    // location's type is read as the `u32` it is in C, not as the Rust enum, whose variants a
+    // newer driver may outgrow.
+    let (kind, id) =
+        unsafe { ((&raw const (*p).location.type_).cast::<u32>().read(), (*p).location.id) };
+    let device = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as u32;
+    Ok((kind == device).then_some(id))
 }
 
 /// The 64 bytes of an IPC memory handle, as stored in a segment.

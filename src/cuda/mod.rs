@@ -1,6 +1,7 @@
 //! The CUDA layer, driver only: thin wrappers over `cudarc::driver::sys` ([`driver`]) and RAII
 //! owners of what they create or open ([`Context`], [`Stream`], [`DevicePool`], [`IpcMapping`],
-//! [`IpcEvent`]). What a CUDA ring does with them is in `crate::memory::cuda`.
+//! [`IpcEvent`], and for VMM sharing [`VmmPool`], [`VmmMapping`], [`HostRegistration`]). What a
+//! CUDA ring does with them is in `crate::memory::cuda`.
 //!
 //! The driver is loaded lazily (cudarc's `dynamic-loading`), so this builds and runs on machines
 //! without CUDA; [`driver::available`] says whether it can be used, and no CUDA call is made
@@ -14,16 +15,23 @@ pub mod driver;
 mod ipc;
 mod pool;
 mod stream;
+mod vmm;
 
 use std::fmt;
 use std::sync::Arc;
 
-pub use driver::{available, DriverError, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+pub use driver::{
+    available, DriverError, IPC_EVENT_OPENS, IPC_EXPORTS, IPC_MEM_CLOSES, IPC_MEM_OPENS,
+    VMM_EXPORTS, VMM_IMPORTS,
+};
 // The IPC owners serve the ring's own CUDA layer; the bench and tests use them directly.
 #[doc(hidden)]
 pub use ipc::{IpcEvent, IpcMapping};
+// The VMM owners likewise, for rings that share their memory as fds (`Sharing::Vmm`).
 pub use pool::{DevicePool, POOL_ALIGN};
 pub use stream::Stream;
+#[doc(hidden)]
+pub use vmm::{export_raw_fd, HostRegistration, VmmImportError, VmmMapping, VmmPool};
 
 /// Why a CUDA operation failed.
 ///
