@@ -1,13 +1,14 @@
 //! The shared structures a CUDA-memory segment adds to the host layout, and the checks a
 //! consumer makes on them before it forms a device pointer.
 //!
-//! * a [`GpuHeader`]: the producer's device and how GPU work is fenced;
-//! * a pool table: which device allocations carry payload, by IPC handle;
-//! * per slot, a [`GpuSlotLine`]: the message's descriptor (pool, offset) and the 64-byte
-//!   handle of the slot's ready event;
-//! * per consumer and slot, a [`ConsumerSlot`]: that consumer's release event handle and the
-//!   sequence number it last released there, so the producer waits only for the consumers that
-//!   read a slot's previous message.
+//! * a [`GpuHeader`]: the producer's device, how GPU work is fenced and how memory is shared;
+//! * a pool table: which device allocations carry payload (legacy sharing: by IPC handle; VMM:
+//!   the handles stay zero and the fds come from the producer's server);
+//! * per buffer, a [`GpuSlotLine`]: the message's descriptor (pool, offset), and its ready
+//!   fence (legacy: the 64-byte handle of its ready event; VMM: its ready word);
+//! * per consumer and buffer, a [`ConsumerSlot`]: that consumer's release fence (event handle
+//!   or release words) and the sequence number it last released there, so the producer waits
+//!   only for the consumers that read a buffer's previous message.
 //!
 //! Like every shared structure, all fields are atomics; handles are stored as eight `u64`s.
 
@@ -52,6 +53,19 @@ pub struct GpuHeader {
     /// With [`fence_kind::MEMORY`]: the pool table entry that holds the fence words
     /// ([`fence_bytes`]). Written before `magic`.
     pub fence_pool: AtomicU32,
+    /// How the pools and fences reach consumers: a [`sharing_kind`]. Written before `magic`.
+    pub sharing: AtomicU32,
+}
+
+/// Values of [`GpuHeader::sharing`].
+pub mod sharing_kind {
+    /// Legacy CUDA IPC: pool handles in the pool table, interprocess events as fences.
+    pub const LEGACY: u32 = 1;
+    /// VMM: `cuMemCreate` pools handed out as file descriptors by the producer's fd server
+    /// (`crate::shm::fdpass`), fences as sequence words in this segment
+    /// ([`super::GpuSlotLine::ready_done`], [`super::ConsumerSlot::release_done`]) that every process
+    /// page-locks. No IPC handle anywhere: the `Handle64` fields stay zero.
+    pub const VMM: u32 = 2;
 }
 
 /// Values of [`GpuHeader::fence`].
@@ -115,7 +129,7 @@ pub struct PoolEntry {
     pub size: AtomicU64,
     /// UUID of the device that owns it (two little-endian halves).
     pub device_uuid: [AtomicU64; 2],
-    /// Its `cuIpcGetMemHandle` handle.
+    /// Its `cuIpcGetMemHandle` handle (legacy sharing; zero with VMM).
     pub handle: Handle64,
 }
 
@@ -130,8 +144,14 @@ pub struct GpuSlotLine {
     /// Byte offset of the message in the pool.
     pub offset: AtomicU64,
     /// The slot's ready event: recorded by the producer on its stream at publish. Written once
-    /// when the segment is built.
+    /// when the segment is built. Legacy sharing only (zero with VMM).
     pub ready_event: Handle64,
+    /// VMM sharing: `seq + 1` of the last message in this buffer whose writes are complete,
+    /// written by the producer's GPU (`cuStreamWriteValue64`, after the writes, with a
+    /// system-wide memory barrier) and polled by the CPU of both sides, or waited on by a
+    /// consumer's GPU (`cuStreamWaitValue64`, greater or equal). Only grows while one producer
+    /// owns the segment.
+    pub ready_done: AtomicU64,
 }
 
 /// One consumer's state for one slot.
@@ -145,8 +165,22 @@ pub struct ConsumerSlot {
     /// the handle only for an ACTIVE entry of that generation, and keys its import by it.
     pub generation: AtomicU32,
     /// The consumer's release event for this slot, recorded on its stream at release. Written
-    /// when the consumer joins.
+    /// when the consumer joins. Legacy sharing only (zero with VMM).
     pub release_event: Handle64,
+    /// VMM sharing: `seq + 1` of the message this consumer's GPU last finished reading in this
+    /// buffer, written by its stream (`cuStreamWriteValue64`) after its reads; the producer
+    /// polls it on the CPU. Two banks: an occupant of generation `g` uses bank
+    /// [`release_bank`]`(g)` only, and zeroes it while JOINING. So a write that a dead former
+    /// occupant queued and its GPU runs late (after the reap: an MPS server may tear a dead
+    /// client down after the kernel reports it gone) lands in the other bank and cannot lower
+    /// the new occupant's word. (Only the occupant two generations back shares the bank; its
+    /// write would have to survive two reaps.)
+    pub release_done: [AtomicU64; 2],
+}
+
+/// The bank of [`ConsumerSlot::release_done`] an occupant of generation `generation` uses.
+pub fn release_bank(generation: u32) -> usize {
+    (generation & 1) as usize
 }
 
 const _: () = {

@@ -15,8 +15,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 /// Bumped on any change to the header or region layout (2: hold records, CUDA tables; 3: memory
 /// fence words; 4: doorbell parking marks in the wake lines and consumer entries; 5: the
 /// consumer entry's lease word, eviction reason and table counters, no done words nor
-/// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode).
-pub const LAYOUT_VERSION: u32 = 6;
+/// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode; 7: the
+/// CUDA sharing kind and the VMM fence words).
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -243,7 +244,7 @@ impl Params {
 /// holds             u64 x hold::stride(buffers) per consumer (the ring's hold records)
 /// user_headers      buffers x user_header_stride        (user_header_size rounded up to 64)
 /// -- CUDA memory kind only (zero bytes for host memory) --
-/// gpu               format::gpu::GpuHeader              128 B   (device UUID, fence kind)
+/// gpu               format::gpu::GpuHeader              128 B   (device UUID, fence, sharing)
 /// pools             format::gpu::PoolEntry x GPU_POOLS, 128 B each
 /// gpu_slots         format::gpu::GpuSlotLine x buffers, 128 B each
 /// release_slots     format::gpu::ConsumerSlot x (max_consumers x buffers), 128 B each

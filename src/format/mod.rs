@@ -4,6 +4,7 @@
 //! * [`header`]: the header, the parameters it carries and the layout of the regions that follow;
 //! * [`gpu`]: the tables a CUDA ring adds (device, pools, slot descriptors, release events) and
 //!   the checks a consumer makes on them before it forms a device pointer;
+//! * [`offer`]: what a VMM producer sends with its pools' file descriptors;
 //! * `view`: typed views of a mapped segment whose header was checked (`MappedRing`), the one
 //!   place where offsets become references.
 //!
@@ -13,6 +14,8 @@
 #[cfg(all(feature = "cuda", not(loom)))]
 pub mod gpu;
 pub mod header;
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod offer;
 #[cfg(not(loom))]
 pub(crate) mod view;
 
