@@ -2,7 +2,7 @@
 """Lists public items of the documented API whose doc comment has no code example.
 
 The documented API is every `pub` item outside the modules that lib.rs and cuda/mod.rs mark
-`#[doc(hidden)]` (ring/, shm/, format/, cuda/driver, cuda/ipc, testing/) and the private
+`#[doc(hidden)]` (ring/, shm/, format/, cuda/driver, cuda/ipc, cuda/vmm, testing/) and the private
 modules, less the memory kinds' sides: `pub` only so that the sealed `Memory` trait can name
 them, in private modules nobody outside the crate can reach. An item counts
 as covered when its own doc comment holds a ``` block. Fields and enum variants are not items
@@ -14,7 +14,7 @@ import pathlib, re, sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "src"
 # Hidden modules, and private ones (their `pub` items are crate-internal).
-HIDDEN = ("ring/", "shm/", "format/", "cuda/driver.rs", "cuda/ipc.rs", "testing/", "bin/",
+HIDDEN = ("ring/", "shm/", "format/", "cuda/driver.rs", "cuda/ipc.rs", "cuda/vmm.rs", "testing/", "bin/",
           "doorbells.rs", "wait.rs")
 # `pub` in private modules, for the sealed trait's associated types: not nameable outside.
 UNNAMEABLE = {("memory/host.rs", "HostTx"), ("memory/host.rs", "HostRx"),

@@ -249,6 +249,14 @@ pub enum OpenError {
     },
     /// The producer of this ring is closed or dead.
     Disconnected,
+    /// The producer shares its memory by file descriptor (CUDA VMM sharing) and its peer
+    /// policy does not admit this process: no memory was handed over. Run the consumer as the
+    /// producer's user, or have the producer allow this uid or one of its groups
+    /// ([`PeerPolicy`](crate::PeerPolicy)).
+    PeerRefused {
+        /// The producer's answer: this process's uid and gid and the policy that refused them.
+        reason: String,
+    },
     /// Another OS error.
     Io(io::Error),
 }
@@ -285,6 +293,9 @@ impl fmt::Display for OpenError {
                 write!(f, "ring already has its maximum of {max} consumers")
             }
             OpenError::Disconnected => f.write_str("the producer is closed or dead"),
+            OpenError::PeerRefused { reason } => {
+                write!(f, "the producer refused to share its memory with this process: {reason}")
+            }
             OpenError::Io(e) => write!(f, "opening the segment: {e}"),
         }
     }
@@ -542,6 +553,13 @@ pub enum RegisterError {
     TableFull,
     /// The allocation is not on the ring's device.
     OtherDevice,
+    /// The allocation cannot be shared the way the ring shares memory: a legacy `cuMemAlloc`
+    /// pool on a VMM ring (use [`Producer::alloc_pool`](crate::Producer::alloc_pool)), or a
+    /// VMM one on a legacy ring.
+    WrongSharing {
+        /// How the ring shares its memory: `"legacy"` or `"vmm"`.
+        ring: &'static str,
+    },
     /// The driver refused (for example an allocation from a stream-ordered pool, which legacy
     /// IPC cannot share).
     Cuda(crate::cuda::CudaError),
@@ -619,6 +637,7 @@ display!(PublishError {
 display!(RegisterError {
     RegisterError::TableFull => "the ring's pool table is full";
     RegisterError::OtherDevice => "the allocation is on another device";
+    RegisterError::WrongSharing { ring } => "the allocation cannot be shared by this ring's {} sharing: allocate it with Producer::alloc_pool", ring;
 });
 display!(SendError {
     SendError::Publish(e) => "{}", e;

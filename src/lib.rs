@@ -86,12 +86,16 @@ pub use error::{
 };
 pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]
-pub use memory::{Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId};
+pub use memory::{
+    Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId, Sharing,
+};
 #[cfg(not(loom))]
 pub use memory::{Host, Memory, DEFAULT_GPU_POLL};
 #[cfg(not(loom))]
 pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot, DEFAULT_SPARES};
 pub use ring::{Mode, Policy, StartAt};
+#[cfg(not(loom))]
+pub use shm::fdpass::PeerPolicy;
 pub use shm::MAX_NAME_LEN;
 #[cfg(not(loom))]
 pub use stats::ConsumerInfo;

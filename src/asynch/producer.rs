@@ -33,14 +33,22 @@ impl<M: Memory> Producer<M> {
     async fn acquire_async_slot(&mut self) -> Result<WriteSlot<'_, M>, Fault> {
         let lapped = self.parts().0.lapped_buffer();
         if let Some(buffer) = lapped {
-            self.poll_async(|p| p.parts().1.written(buffer)).await?;
+            self.poll_async(|p| {
+                let (ring, mem) = p.parts();
+                mem.written(ring, buffer)
+            })
+            .await?;
         }
         let (ring, mem) = self.parts();
         let claimed = ring.claim_async(&mut |e, g| mem.forget(e, g)).await?;
         let buffer = claimed.buffer;
         if let Some(prev) = claimed.prev {
             if lapped != Some(buffer) {
-                self.poll_async(|p| p.parts().1.written(buffer)).await?;
+                self.poll_async(|p| {
+                    let (ring, mem) = p.parts();
+                    mem.written(ring, buffer)
+                })
+                .await?;
             }
             self.poll_async(|p| {
                 let (ring, mem) = p.parts();

@@ -53,7 +53,7 @@ impl ProducerSide for HostTx {
         Duration::ZERO
     }
 
-    fn written(&mut self, _: usize) -> Result<bool, Fault> {
+    fn written(&mut self, _: &ProducerRing, _: usize) -> Result<bool, Fault> {
         Ok(true)
     }
 

@@ -13,8 +13,10 @@
 //!   release, and how it leaves.
 //!
 //! [`Host`] keeps the payload in the segment and adds nothing; [`Cuda`] keeps it in device
-//! memory shared by legacy IPC handles. A third kind (the VMM mode: `cuMemCreate` memory shared
-//! by file descriptor) is one more pair of sides here and one more `MemoryKind` in the segment.
+//! memory, shared either by legacy IPC handles or, with `Sharing::Vmm`, as `cuMemCreate`
+//! memory handed out by file descriptor. The sharing is a setting of the `Cuda` kind that the
+//! segment records, not a kind of its own: everything but the handle and fence steps is the
+//! same.
 
 use std::time::Duration;
 
@@ -66,8 +68,8 @@ pub trait Memory: sealed::Sealed + Sized + Send + 'static {
 
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId, DEFAULT_LINGER,
-    SLOT_ALIGN,
+    Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId, Sharing,
+    DEFAULT_LINGER, SLOT_ALIGN,
 };
 
 /// Default for `gpu_poll` on both builders (CUDA rings): how long the CPU polls a pending
@@ -81,7 +83,7 @@ pub use cuda::{
 pub const DEFAULT_GPU_POLL: Duration = Duration::from_micros(30);
 
 /// The settings on a producer's builder that only some memory kinds read (the CUDA ones).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct TxSettings {
     /// The device the ring's memory is on (`create_gpu`'s argument).
@@ -92,11 +94,19 @@ pub(crate) struct TxSettings {
     pub memory_fence: bool,
     /// Test support: do not wait for consumers' release events (`unfenced_for_tests`).
     pub unfenced: bool,
+    /// VMM sharing (`Sharing::Vmm`) and whom it serves; `None`: legacy IPC.
+    pub vmm: Option<crate::shm::fdpass::PeerPolicy>,
 }
 
 impl Default for TxSettings {
     fn default() -> Self {
-        TxSettings { device: 0, gpu_poll: DEFAULT_GPU_POLL, memory_fence: false, unfenced: false }
+        TxSettings {
+            device: 0,
+            gpu_poll: DEFAULT_GPU_POLL,
+            memory_fence: false,
+            unfenced: false,
+            vmm: None,
+        }
     }
 }
 
@@ -146,7 +156,7 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
 
     /// Whether the GPU (or whatever writes the payload) has finished writing buffer `slot`'s
     /// previous message, so it can be written again.
-    fn written(&mut self, slot: usize) -> Result<bool, Fault>;
+    fn written(&mut self, ring: &ProducerRing, slot: usize) -> Result<bool, Fault>;
 
     /// Whether the consumers that read message `prev` in buffer `slot` are done reading it (on
     /// their GPUs): called once the buffer is claimed. May evict a consumer through `ring`.

@@ -648,14 +648,14 @@ impl<M: Memory> Producer<M> {
     ) -> Result<WriteSlot<'a, M>, Fault> {
         let lapped = self.ring.lapped_buffer();
         if let Some(buffer) = lapped {
-            self.poll(deadline, |p| p.mem.written(buffer))?;
+            self.poll(deadline, |p| p.mem.written(&p.ring, buffer))?;
         }
         let Producer { ring, mem } = &mut *self;
         let claimed = ring.claim_until(deadline, &mut |e, g| mem.forget(e, g))?;
         let buffer = claimed.buffer;
         if let Some(prev) = claimed.prev {
             if lapped != Some(buffer) {
-                self.poll(deadline, |p| p.mem.written(buffer))?;
+                self.poll(deadline, |p| p.mem.written(&p.ring, buffer))?;
             }
             self.poll(deadline, |p| p.mem.readers_done(&mut p.ring, buffer, prev))?;
         }

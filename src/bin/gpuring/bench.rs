@@ -41,6 +41,9 @@ pub struct ConsumerResult {
 #[derive(Serialize)]
 struct BenchResult {
     memory: &'static str,
+    /// How CUDA memory was shared: "legacy" or "vmm" ("legacy" for host memory, which shares
+    /// the segment itself).
+    sharing: String,
     policy: &'static str,
     /// The consumers' delivery mode.
     mode: &'static str,
@@ -77,6 +80,10 @@ pub struct Options {
     /// Where the slots live: host, cuda, or auto (cuda if a GPU is usable).
     #[arg(long, default_value = "auto")]
     pub memory: String,
+    /// How CUDA memory reaches the consumers: legacy (IPC handles) or vmm (file descriptors,
+    /// uid-checked; see docs/gpu.md, "Sharing modes").
+    #[arg(long, default_value = "legacy", value_parser = ["legacy", "vmm"])]
+    pub sharing: String,
     /// Consumer processes.
     #[arg(long, default_value_t = 2)]
     pub consumers: usize,
@@ -210,6 +217,12 @@ fn run_in<M: Payload>(
         .policy(o.policy)
         .slot_size(o.size)
         .user_header_size(8);
+    if memory == "host" && o.sharing != "legacy" {
+        return Err("--sharing vmm shares CUDA memory: use --memory cuda".into());
+    }
+    #[cfg(feature = "cuda")]
+    let builder =
+        builder.sharing(gpuring::Sharing::from_name(&o.sharing).expect("checked by clap"));
     let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
     let mut tx = builder.create_in::<M>().map_err(err)?;
     let w = M::writer(&tx).map_err(|e| format!("preparing the pattern writer: {e}"))?;
@@ -249,6 +262,7 @@ fn run_in<M: Payload>(
     let results = children.into_iter().map(collect).collect::<Result<Vec<_>, _>>()?;
     Ok(BenchResult {
         memory,
+        sharing: o.sharing.clone(),
         policy: o.policy.name(),
         mode: mode.name(),
         capacity: o.capacity,
@@ -273,8 +287,10 @@ fn print(r: &BenchResult) {
         0 => String::new(),
         ms => format!(", the last holding each message {ms} ms"),
     };
+    let sharing =
+        if r.memory == "cuda" { format!(" ({} sharing)", r.sharing) } else { String::new() };
     println!(
-        "{} memory, {} policy, {} consumers, {} slots + {} spares, 1 -> {}{slow}, {} B frames, \
+        "{} memory{sharing}, {} policy, {} consumers, {} slots + {} spares, 1 -> {}{slow}, {} B frames, \
          {:.1} s: producer {:.0} frames/s",
         r.memory,
         r.policy,

@@ -1,20 +1,20 @@
 //! The one GPU-side ordering step both sides take: make a stream's next work run after the work
-//! behind another process's event, as cheaply as possible.
+//! another process signalled, as cheaply as possible: nothing if the signal is already there
+//! (seen within a short CPU poll), else one GPU-side wait.
 
 use std::time::{Duration, Instant};
 
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::{Context, IpcEvent, Stream};
 
-/// Polls `ev` with `cuEventQuery` for up to `window` (nothing when it is zero). Returns
-/// whether it completed.
-fn poll_until_complete(ev: &IpcEvent, window: Duration) -> Result<bool, DriverError> {
-    if window.is_zero() {
-        return Ok(false);
-    }
+/// Asks `done` at least once, and again until `window` has passed. Returns whether it said yes.
+fn poll_until_done(
+    mut done: impl FnMut() -> Result<bool, DriverError>,
+    window: Duration,
+) -> Result<bool, DriverError> {
     let start = Instant::now();
     loop {
-        if ev.is_complete()? {
+        if done()? {
             return Ok(true);
         }
         if start.elapsed() >= window {
@@ -24,35 +24,53 @@ fn poll_until_complete(ev: &IpcEvent, window: Duration) -> Result<bool, DriverEr
     }
 }
 
-/// Makes work queued on `stream` from now on run after the work before `ev`'s last record:
-/// nothing if that completed (seen within the `poll` window), else a GPU-side wait, on the
-/// event, or with `Fence::Memory` (`word` is `Some((address, value))`) until the device word at
-/// `address` is at least `value`. The other side writes that word before it records the event,
-/// so a completed event means a written word.
+/// What the other side's work is signalled by.
+pub(crate) enum Signal<'a> {
+    /// Legacy sharing: its interprocess event, and with `Fence::Memory` also a device word
+    /// (address, value) it sets before it records the event, which the GPU waits on instead.
+    Event(&'a IpcEvent, Option<(CUdeviceptr, u64)>),
+    /// VMM sharing: a page-locked host word (`cpu`, mapped at device address `device`) that
+    /// the other side's GPU sets to at least `value` after the work.
+    Word { cpu: &'a std::sync::atomic::AtomicU64, device: CUdeviceptr, value: u64 },
+}
+
+impl Signal<'_> {
+    fn is_done(&self) -> Result<bool, DriverError> {
+        match self {
+            Signal::Event(ev, _) => ev.is_complete(),
+            // Acquire: the GPU wrote the word after the work, with a system-wide barrier; what
+            // the CPU then does (skip the wait, reuse the buffer) comes after.
+            Signal::Word { cpu, value, .. } => {
+                Ok(cpu.load(std::sync::atomic::Ordering::Acquire) >= *value)
+            }
+        }
+    }
+}
+
+/// Makes work queued on `stream` from now on run after the work `signal` marks: nothing if it
+/// completed (seen at once or within the `poll` window), else a GPU-side wait on the event or the word
+/// (`cuStreamWaitValue64`, greater or equal).
 ///
 /// # Safety
-/// 1. With `word`, `address` must be an 8-byte device word readable from `ctx` until the wait
-///    has run, which the other side sets to at least `value` after the work `ev` marks.
+/// 1. A word (the `Fence::Memory` one or `Signal::Word`'s) must be an 8-byte word readable
+///    from `ctx`'s device until the wait has run, which the other side sets to at least its
+///    value after the work.
 pub(crate) unsafe fn order_after(
-    ev: &IpcEvent,
-    word: Option<(CUdeviceptr, u64)>,
+    signal: Signal<'_>,
     poll: Duration,
     ctx: &Context,
     stream: &Stream,
 ) -> Result<(), DriverError> {
-    if poll_until_complete(ev, poll)? {
+    if poll_until_done(|| signal.is_done(), poll)? {
         return Ok(());
     }
-    match word {
-        None => {
-            ev.wait_if_pending(stream)?;
-        }
-        Some((address, value)) if !ev.is_complete()? => {
-            let _bound = ctx.bind()?;
-            // SAFETY: the word by (1); the stream is live while borrowed.
-            unsafe { driver::stream_wait_value64(stream.raw(), address, value) }?;
-        }
-        Some(_) => {}
-    }
-    Ok(())
+    let word = match signal {
+        Signal::Event(ev, None) => return ev.wait_if_pending(stream).map(drop),
+        Signal::Event(ev, Some(_)) if ev.is_complete()? => return Ok(()),
+        Signal::Event(_, Some(word)) => word,
+        Signal::Word { device, value, .. } => (device, value),
+    };
+    let _bound = ctx.bind()?;
+    // SAFETY: the word by (1); the stream is live while borrowed.
+    unsafe { driver::stream_wait_value64(stream.raw(), word.0, word.1) }
 }

@@ -1,13 +1,14 @@
 //! CUDA memory: the payload lives in device memory, shared with consumers by legacy IPC
-//! handles, and the hand-off is fenced on the GPU.
+//! handles or, with [`Sharing::Vmm`], as file descriptors; the hand-off is fenced on the GPU.
 //!
 //! The ring protocol is the host one; what differs is where the bytes live and how reuse is
-//! fenced. Each slot is a region of a dedicated device allocation, shared once per consumer.
-//! Publishing records the slot's ready event on the producer's stream; a consumer's stream
-//! waits on it before its kernels read. Releasing records the consumer's own release event; the
-//! producer polls those (on the CPU, a lap later) before it rewrites the slot, so its stream
-//! never depends on work another process may never run. Consumers never wait for the GPU on the
-//! CPU. See `docs/gpu.md`.
+//! fenced. Each slot is a region of a device allocation, shared once per consumer. Publishing
+//! queues the buffer's ready fence on the producer's stream (legacy: its ready event; VMM: a
+//! write of its ready word in the segment); a consumer's stream waits on it before its kernels
+//! read. Releasing queues the consumer's own release fence; the producer polls those (on the
+//! CPU, a lap later) before it rewrites the buffer, so its stream never depends on work another
+//! process may never run. Consumers never wait for the GPU on the CPU. See `docs/gpu.md`.
+//! `words` holds the VMM fence words, `fence` the one ordering step both sides take.
 //!
 //! [`tx`] is the producer's side ([`CudaTx`]), [`rx`] the consumer's ([`CudaRx`]); each also
 //! holds the methods only CUDA rings have (streams, pools, device pointers).
@@ -15,6 +16,7 @@
 mod fence;
 mod rx;
 mod tx;
+mod words;
 
 use std::time::Duration;
 
@@ -28,6 +30,7 @@ use crate::cuda::{Context, CudaError, Stream};
 use crate::error::{CreateError, OpenError};
 use crate::format::MemoryKind;
 use crate::producer::{Producer, ProducerBuilder, WriteSlot};
+use crate::shm::fdpass::PeerPolicy;
 
 /// CUDA device memory: the payload lives on a GPU and never crosses PCIe. Feature `cuda`.
 ///
@@ -114,6 +117,69 @@ pub enum Fence {
     Memory,
 }
 
+/// How a CUDA ring's memory and fences reach its consumers. Chosen by the producer
+/// ([`ProducerBuilder::sharing`]); consumers follow what the segment says, and never fall
+/// back from one to the other. docs/gpu.md ("Sharing modes") says when to pick which, and
+/// docs/security.md what each exposes to whom.
+///
+/// ```no_run
+/// use gpuring::{PeerPolicy, Producer, Sharing};
+///
+/// assert_eq!(Sharing::default(), Sharing::Legacy);
+/// // Memory handed out by file descriptor, to processes of our uid or of group 44 only.
+/// let policy = PeerPolicy::Allow { uids: vec![], gids: vec![44] };
+/// let tx = Producer::builder("cam0").sharing(Sharing::Vmm(policy)).create_gpu(0)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Sharing {
+    /// Legacy CUDA IPC: each pool's 64-byte `cuIpcGetMemHandle` handle and each buffer's
+    /// interprocess event handle are in the segment, so any process that can read the segment
+    /// can map the memory. Works on every device and driver with legacy IPC; the fastest
+    /// measured path.
+    #[default]
+    Legacy,
+    /// Virtual memory management: pools from `cuMemCreate`, handed to each consumer as file
+    /// descriptors over a unix socket, only to the peers the [`PeerPolicy`] admits (the kernel
+    /// reports their uid and groups). Fences are sequence words in the segment that each
+    /// process page-locks (`cuStreamWriteValue64`/`cuStreamWaitValue64`): no IPC handle of
+    /// any kind is made. Memory stays valid for a consumer after the producer exits. Needs a
+    /// device with VMM and POSIX-fd handle support, and 64-bit stream memory operations.
+    Vmm(PeerPolicy),
+}
+
+impl Sharing {
+    /// `"legacy"` or `"vmm"`: the name the CLI, Python and `gpuring stat` use.
+    ///
+    /// ```
+    /// assert_eq!(gpuring::Sharing::Legacy.name(), "legacy");
+    /// assert_eq!(gpuring::Sharing::Vmm(Default::default()).name(), "vmm");
+    /// ```
+    pub fn name(&self) -> &'static str {
+        match self {
+            Sharing::Legacy => "legacy",
+            Sharing::Vmm(_) => "vmm",
+        }
+    }
+
+    /// Parses a name as [`name`](Self::name) gives it, with the default peer policy for VMM
+    /// (same uid).
+    ///
+    /// ```
+    /// use gpuring::{PeerPolicy, Sharing};
+    ///
+    /// assert_eq!(Sharing::from_name("vmm"), Some(Sharing::Vmm(PeerPolicy::SameUid)));
+    /// assert_eq!(Sharing::from_name("ipc"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Sharing> {
+        match name {
+            "legacy" => Some(Sharing::Legacy),
+            "vmm" => Some(Sharing::Vmm(PeerPolicy::default())),
+            _ => None,
+        }
+    }
+}
+
 /// Refuses a stream of another device than the ring's (`ctx`'s).
 fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
     let (theirs, ours) = (stream.context().ordinal(), ctx.ordinal());
@@ -124,9 +190,10 @@ fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
 }
 
 impl ProducerBuilder {
-    /// Creates a CUDA-memory ring on device `ordinal`: one dedicated device allocation holds
-    /// every slot, and each slot has an interprocess ready event. Fails with
-    /// [`CreateError::MemoryUnavailable`] where there is no usable CUDA driver or device.
+    /// Creates a CUDA-memory ring on device `ordinal`: one device allocation holds every
+    /// buffer, each with a ready fence (legacy sharing: an interprocess event; VMM: a word in
+    /// the segment). Fails with [`CreateError::MemoryUnavailable`] where there is no usable CUDA
+    /// driver or device, or the device cannot do what [`sharing`](Self::sharing) asks.
     ///
     /// ```no_run
     /// use gpuring::{CreateError, Producer};
@@ -190,12 +257,32 @@ impl ProducerBuilder {
         self.kind.memory_fence = fence == Fence::Memory;
         self
     }
+
+    /// CUDA rings: how the memory and fences reach consumers. Default [`Sharing::Legacy`].
+    /// [`Sharing::Vmm`] cannot be combined with [`Fence::Memory`] (its fences are memory
+    /// words already); `create_gpu` refuses that with [`CreateError::InvalidConfig`].
+    ///
+    /// ```no_run
+    /// use gpuring::{PeerPolicy, Producer, Sharing};
+    ///
+    /// let tx = Producer::builder("cam0").sharing(Sharing::Vmm(PeerPolicy::SameUid)).create_gpu(0)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sharing(mut self, sharing: Sharing) -> Self {
+        self.kind.vmm = match sharing {
+            Sharing::Legacy => None,
+            Sharing::Vmm(policy) => Some(policy),
+        };
+        self
+    }
 }
 
 impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
-    /// Maps the producer's pools and opens the slots' ready events once, here.
+    /// Maps the producer's pools (legacy: from their IPC handles; VMM: from the fds the
+    /// producer's server sends, if its peer policy admits this process, else
+    /// [`OpenError::PeerRefused`]) and opens the buffers' fences once, here.
     ///
     /// ```no_run
     /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}

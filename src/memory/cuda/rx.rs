@@ -6,33 +6,68 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::fence::order_after;
+use std::os::fd::AsFd;
+
+use super::fence::{order_after, Signal};
+use super::words::SegmentWords;
 use super::{same_device, Cuda};
 use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
-use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream};
+use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportError, VmmMapping};
 use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::gpu::{
-    check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, KnownPool,
-    MAX_POOLS,
+    check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, release_bank,
+    sharing_kind, KnownPool, MAX_POOLS,
 };
+use crate::format::offer::decode;
 use crate::format::view::MappedRing;
 use crate::format::Params;
 use crate::memory::{ConsumerSide, Fault, RxSettings};
 use crate::ring::{Leave, Pinned};
+use crate::shm::fdpass::{fd_address, fetch_from, FetchError};
 use crate::wait::{self, Deadline};
 
 /// Why a pool could not be mapped.
 enum OpenFault {
-    /// Its pool table entry is damaged.
+    /// Its pool table entry (or the producer's offer of it) is damaged.
     Corrupt(Corruption),
     /// The driver refused.
     Cuda(CudaError),
+    /// VMM: the producer's fd server refused us; its reason.
+    Refused(String),
+    /// VMM: the producer's fd server could not be reached, or answered what no gpuring server
+    /// sends.
+    Fetch(String),
 }
 
 impl OpenFault {
     fn cuda(e: DriverError) -> OpenFault {
         OpenFault::Cuda(e.into())
+    }
+
+    /// As an error of `open`: a closed producer's unreachable server means `Disconnected`.
+    fn opening(self, map: &MappedRing) -> OpenError {
+        match self {
+            OpenFault::Corrupt(c) => OpenError::Corrupt(c),
+            OpenFault::Cuda(e) => cuda_err(e),
+            OpenFault::Refused(reason) => OpenError::PeerRefused { reason },
+            // Acquire: pairs with the producer's Release store of `closed`.
+            OpenFault::Fetch(_) if map.header().closed.load(Ordering::Acquire) != 0 => {
+                OpenError::Disconnected
+            }
+            OpenFault::Fetch(reason) => OpenError::MemoryUnavailable { reason },
+        }
+    }
+
+    /// As a fault of `recv` (a pool registered after we joined).
+    fn receiving(self) -> Fault {
+        match self {
+            OpenFault::Corrupt(c) => Fault::Corrupt(c),
+            OpenFault::Cuda(e) => Fault::Cuda(e),
+            OpenFault::Refused(why) | OpenFault::Fetch(why) => {
+                Fault::Cuda(CudaError::Unavailable(format!("mapping a new pool: {why}")))
+            }
+        }
     }
 }
 
@@ -49,28 +84,66 @@ const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
 /// failed context will never write).
 const IDLE_PATIENCE: Duration = Duration::from_secs(30);
 
+/// A pool's memory as this process maps it.
+enum Mapping {
+    /// Legacy: opened from its IPC handle.
+    Ipc(IpcMapping),
+    /// VMM: imported from the fd the producer sent.
+    Vmm(VmmMapping),
+}
+
+impl Mapping {
+    fn ptr(&self) -> CUdeviceptr {
+        match self {
+            Mapping::Ipc(m) => m.ptr(),
+            Mapping::Vmm(m) => m.ptr(),
+        }
+    }
+}
+
 /// A pool this consumer mapped.
 struct OpenPool {
     known: KnownPool,
-    mapping: IpcMapping,
+    mapping: Mapping,
+}
+
+/// How the consumer reaches the producer's fences, and it ours: the segment's `sharing`.
+enum RxShare {
+    Legacy(LegacyRx),
+    /// VMM: the segment, page-locked for our device; the fences are its words.
+    Vmm(SegmentWords),
+}
+
+/// Legacy IPC fences.
+///
+/// Invariants: `ready[i]` is buffer `i`'s ready event, opened from the segment; `release[i]`
+/// is our release event for buffer `i`, whose handle is in our release line `i`.
+struct LegacyRx {
+    release: Vec<IpcEvent>,
+    ready: Vec<IpcEvent>,
+    /// With `Fence::Memory`: the device address of the ring's fence words, inside the mapping
+    /// of the fence pool in `pools` (checked at join to hold `fence_bytes`).
+    words: Option<CUdeviceptr>,
+}
+
+impl LegacyRx {
+    /// Nothing: what a departed consumer's side is left with.
+    fn empty() -> LegacyRx {
+        LegacyRx { release: Vec::new(), ready: Vec::new(), words: None }
+    }
 }
 
 /// The consumer's CUDA state.
 ///
-/// Invariants: `ready[i]` is slot `i`'s ready event, opened from the segment; `release[i]` is
-/// our release event for slot `i`, whose handle is in our release line `i`; each `pools[p]`
-/// maps pool table entry `p` in generation `known.generation`, and its mapping is at least
-/// `known.size` bytes. Field order is drop order: the stream before the events and mappings.
+/// Invariants: each `pools[p]` maps pool table entry `p` in generation `known.generation`, and
+/// its mapping is at least `known.size` bytes. Field order is drop order: the stream before the
+/// fences and mappings.
 pub struct CudaRx {
     stream: Stream,
-    release: Vec<IpcEvent>,
-    ready: Vec<IpcEvent>,
+    share: RxShare,
     pools: RefCell<Vec<Option<OpenPool>>>,
     ctx: Arc<Context>,
-    /// With `Fence::Memory`: the device address of the ring's fence words, inside the mapping
-    /// of the fence pool in `pools` (checked at join to hold `fence_bytes`).
-    words: Option<CUdeviceptr>,
-    /// How long to poll a ready event before a GPU-side wait.
+    /// How long to poll a ready fence before a GPU-side wait.
     poll: Duration,
 }
 
@@ -82,9 +155,43 @@ fn uuid_hex(u: &[u8; 16]) -> String {
     u.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The device this consumer reads on: `settings.device`, which must be the ring's, or the one
+/// with the ring's UUID.
+fn pick_device(settings: &RxSettings, ring_uuid: [u8; 16]) -> Result<i32, OpenError> {
+    match settings.device {
+        Some(d) => {
+            let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
+            if uuid != ring_uuid {
+                return Err(OpenError::MemoryUnavailable {
+                    reason: format!(
+                        "the ring's memory is on GPU {}, not on device {d} ({}); consumers on \
+                         another GPU are not supported yet",
+                        uuid_hex(&ring_uuid),
+                        uuid_hex(&uuid)
+                    ),
+                });
+            }
+            Ok(d)
+        }
+        None => {
+            let n = driver::device_count().map_err(cuda_err)?;
+            (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
+                || OpenError::MemoryUnavailable {
+                    reason: format!(
+                        "the ring's memory is on GPU {}, which this process cannot see",
+                        uuid_hex(&ring_uuid)
+                    ),
+                },
+            )
+        }
+    }
+}
+
 impl CudaRx {
-    /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device,
-    /// creates and publishes our release events, opens the ready events and the live pools.
+    /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device, sets
+    /// up the fences of the ring's sharing (legacy: creates and publishes our release events,
+    /// opens the ready events; VMM: page-locks the segment, clears our release words) and maps
+    /// the live pools.
     fn join(
         map: &MappedRing,
         entry: usize,
@@ -92,39 +199,24 @@ impl CudaRx {
         settings: &RxSettings,
     ) -> Result<CudaRx, OpenError> {
         let tables = map.gpu();
-        let ring_uuid = load_uuid(&tables.header.device_uuid);
-        let ordinal = match settings.device {
-            Some(d) => {
-                let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
-                if uuid != ring_uuid {
-                    return Err(OpenError::MemoryUnavailable {
-                        reason: format!(
-                            "the ring's memory is on GPU {}, not on device {d} ({}); consumers \
-                             on another GPU are not supported yet",
-                            uuid_hex(&ring_uuid),
-                            uuid_hex(&uuid)
-                        ),
-                    });
-                }
-                d
-            }
-            None => {
-                let n = driver::device_count().map_err(cuda_err)?;
-                (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
-                    || OpenError::MemoryUnavailable {
-                        reason: format!(
-                            "the ring's memory is on GPU {}, which this process cannot see",
-                            uuid_hex(&ring_uuid)
-                        ),
-                    },
-                )?
-            }
+        let bad = |field, value| OpenError::Corrupt(Corruption::Field { field, value });
+        // Relaxed (both): written before `magic`, which the open acquired.
+        let vmm = match tables.header.sharing.load(Ordering::Relaxed) {
+            sharing_kind::LEGACY => false,
+            sharing_kind::VMM => true,
+            other => return Err(bad("gpu.sharing", other as u64)),
         };
-        if map.params().producer_pid == std::process::id() {
+        let fenced_by = tables.header.fence.load(Ordering::Relaxed);
+        if vmm && fenced_by != fence_kind::EVENTS {
+            return Err(bad("gpu.fence", fenced_by as u64));
+        }
+        let ordinal = pick_device(settings, load_uuid(&tables.header.device_uuid))?;
+        if !vmm && map.params().producer_pid == std::process::id() {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
             return Err(OpenError::MemoryUnavailable {
                 reason: "CUDA IPC handles cannot be opened in the process that made them: \
-                         consume a CUDA ring from another process than its producer's"
+                         consume a legacy-sharing CUDA ring from another process than its \
+                         producer's, or create it with Sharing::Vmm"
                     .into(),
             });
         }
@@ -137,47 +229,33 @@ impl CudaRx {
         if map.header().closed.load(Ordering::Acquire) != 0 {
             return Err(OpenError::Disconnected);
         }
-        // Our release lines: the producer reads them only once our entry is ACTIVE in this
-        // generation, so nobody reads them while we write.
-        let mut release = Vec::with_capacity(tables.buffer_count);
-        for line in tables.releases_of(entry) {
-            let ev = IpcEvent::new(&ctx).map_err(cuda_err)?;
-            let handle = ev.ipc_handle().map_err(cuda_err)?;
-            line.release_event.store(&driver::event_handle_bytes(&handle));
-            // Relaxed: published by the Release CAS to ACTIVE when we join.
-            line.released.store(0, Ordering::Relaxed);
-            // Release: a producer that Acquire-loads this generation sees the handle above.
-            line.generation.store(generation, Ordering::Release);
-            release.push(ev);
-        }
-        let ready = tables
-            .buffers
-            .iter()
-            .map(|line| {
-                let h = driver::event_handle_from_bytes(&line.ready_event.load());
-                IpcEvent::open(&ctx, h)
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(cuda_err)?;
+        let share = if vmm {
+            // SAFETY: the consumer drops this in `leave` before its mapping of the segment (or
+            // forgets both), and this mapping is ours alone.
+            let words = unsafe { SegmentWords::register(&ctx, map) }.map_err(cuda_err)?;
+            for line in tables.releases_of(entry) {
+                // Relaxed (both): published by the Release store of the generation below.
+                line.release_done[release_bank(generation)].store(0, Ordering::Relaxed);
+                line.released.store(0, Ordering::Relaxed);
+                // Release: a producer that Acquire-loads this generation sees the words above.
+                line.generation.store(generation, Ordering::Release);
+            }
+            RxShare::Vmm(words)
+        } else {
+            RxShare::Legacy(LegacyRx::join(&ctx, map, entry, generation)?)
+        };
         let mut side = CudaRx {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
-            release,
-            ready,
+            share,
             pools: RefCell::new((0..MAX_POOLS).map(|_| None).collect()),
             ctx,
-            words: None,
             poll: settings.gpu_poll,
         };
-        for p in 0..MAX_POOLS {
-            // Acquire: pairs with the producer's Release store of LIVE.
-            if tables.pools[p].state.load(Ordering::Acquire) == pool_state::LIVE {
-                side.open_pool(map, p).map_err(|e| match e {
-                    OpenFault::Corrupt(c) => OpenError::Corrupt(c),
-                    OpenFault::Cuda(e) => cuda_err(e),
-                })?;
-            }
+        side.open_pools(map, None).map_err(|e| e.opening(map))?;
+        let words = side.fence_words(map)?;
+        if let RxShare::Legacy(legacy) = &mut side.share {
+            legacy.words = words;
         }
-        side.words = side.fence_words(map)?;
         Ok(side)
     }
 
@@ -206,15 +284,13 @@ impl CudaRx {
         }
     }
 
-    /// Maps pool table entry `p` after checking it: live, on our device, of a sane size, and
-    /// no larger than what the driver maps.
-    fn open_pool(&self, map: &MappedRing, p: usize) -> Result<(), OpenFault> {
+    /// Checks pool table entry `p`: live (else `None`), of a sane size, on the ring's device.
+    fn check_entry(map: &MappedRing, p: usize) -> Result<Option<KnownPool>, OpenFault> {
         let entry = &map.gpu().pools[p];
         let bad = |field, value| OpenFault::Corrupt(Corruption::Field { field, value });
         // Acquire: pairs with the producer's Release store of LIVE.
-        let state = entry.state.load(Ordering::Acquire);
-        if state != pool_state::LIVE {
-            return Err(bad("pool.state", state as u64));
+        if entry.state.load(Ordering::Acquire) != pool_state::LIVE {
+            return Ok(None);
         }
         // Relaxed: written before LIVE, which we acquired.
         let generation = entry.generation.load(Ordering::Relaxed);
@@ -222,18 +298,72 @@ impl CudaRx {
         if size == 0 || size > MAX_POOL_SIZE {
             return Err(bad("pool.size", size));
         }
-        let ring_uuid = load_uuid(&map.gpu().header.device_uuid);
-        if load_uuid(&entry.device_uuid) != ring_uuid {
+        if load_uuid(&entry.device_uuid) != load_uuid(&map.gpu().header.device_uuid) {
             return Err(bad("pool.device_uuid", p as u64));
         }
-        let handle = driver::mem_handle_from_bytes(&entry.handle.load());
-        let mapping =
-            IpcMapping::open(&self.ctx, handle, size as usize).map_err(OpenFault::cuda)?;
-        if (mapping.mapped_size().map_err(OpenFault::cuda)? as u64) < size {
-            return Err(bad("pool.size", size));
+        Ok(Some(KnownPool { generation, size }))
+    }
+
+    /// Maps the live pools we have not mapped yet (`only`: just that one), the ring's way:
+    /// legacy, from each entry's IPC handle; VMM, from the fds of one fetch from the
+    /// producer's server, each checked against the pool table and imported on our device.
+    fn open_pools(&self, map: &MappedRing, only: Option<usize>) -> Result<(), OpenFault> {
+        let wanted = |p: usize| only.is_none_or(|o| o == p) && self.pools.borrow()[p].is_none();
+        let bad = |field, value| OpenFault::Corrupt(Corruption::Field { field, value });
+        match &self.share {
+            RxShare::Legacy(_) => {
+                for p in (0..MAX_POOLS).filter(|&p| wanted(p)) {
+                    let Some(known) = CudaRx::check_entry(map, p)? else { continue };
+                    let handle = driver::mem_handle_from_bytes(&map.gpu().pools[p].handle.load());
+                    let size = known.size as usize;
+                    let mapping =
+                        IpcMapping::open(&self.ctx, handle, size).map_err(OpenFault::cuda)?;
+                    if mapping.mapped_size().map_err(OpenFault::cuda)? < size {
+                        return Err(bad("pool.size", known.size));
+                    }
+                    self.pools.borrow_mut()[p] =
+                        Some(OpenPool { known, mapping: Mapping::Ipc(mapping) });
+                }
+            }
+            RxShare::Vmm(_) => {
+                let epoch = map.params().epoch;
+                let addr = fd_address(map.segment().name().ring(), epoch)
+                    .map_err(|e| OpenFault::Fetch(e.to_string()))?;
+                let producer = map.params().producer_pid;
+                let (payload, fds) = fetch_from(&addr, producer).map_err(|e| match e {
+                    FetchError::Refused(why) => OpenFault::Refused(why),
+                    other => OpenFault::Fetch(other.to_string()),
+                })?;
+                let offered = decode(&payload, fds.len(), epoch).map_err(|why| {
+                    OpenFault::Fetch(format!("the producer's fd server sent a bad offer: {why}"))
+                })?;
+                // Every fd we do not map is closed when `fds` drops.
+                for (offer, fd) in offered.iter().zip(&fds) {
+                    let p = offer.pool as usize;
+                    if !wanted(p) {
+                        continue;
+                    }
+                    // An offered pool not LIVE yet is mapped when a message first names it.
+                    let Some(known) = CudaRx::check_entry(map, p)? else { continue };
+                    if known.generation != offer.generation {
+                        return Err(bad("offer.generation", offer.generation as u64));
+                    }
+                    if known.size != offer.size {
+                        return Err(bad("offer.size", offer.size));
+                    }
+                    let mapping = VmmMapping::import(&self.ctx, fd.as_fd(), known.size as usize)
+                        .map_err(|e| match e {
+                            VmmImportError::OtherDevice { found } => {
+                                bad("pool.device", found.map_or(u64::MAX, |d| d as u64))
+                            }
+                            VmmImportError::Size(_) => bad("pool.size", known.size),
+                            VmmImportError::Driver(e) => OpenFault::cuda(e),
+                        })?;
+                    self.pools.borrow_mut()[p] =
+                        Some(OpenPool { known, mapping: Mapping::Vmm(mapping) });
+                }
+            }
         }
-        let known = KnownPool { generation, size };
-        self.pools.borrow_mut()[p] = Some(OpenPool { known, mapping });
         Ok(())
     }
 
@@ -250,16 +380,49 @@ impl CudaRx {
         };
         let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
         if unmapped {
-            self.open_pool(map, pool as usize).map_err(|e| match e {
-                OpenFault::Corrupt(c) => Fault::Corrupt(c),
-                OpenFault::Cuda(e) => Fault::Cuda(e),
-            })?;
+            self.open_pools(map, Some(pool as usize)).map_err(OpenFault::receiving)?;
         }
         let pools = self.pools.borrow();
         let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
             .map_err(Fault::Corrupt)?;
         let base = pools[d.pool].as_ref().expect("checked: mapped").mapping.ptr();
         Ok(base + d.offset)
+    }
+}
+
+impl LegacyRx {
+    /// Creates and publishes our release events in entry `entry`'s lines (generation
+    /// `generation`), and opens the buffers' ready events.
+    fn join(
+        ctx: &Arc<Context>,
+        map: &MappedRing,
+        entry: usize,
+        generation: u32,
+    ) -> Result<LegacyRx, OpenError> {
+        let tables = map.gpu();
+        // Our release lines: the producer reads them only once our entry is ACTIVE in this
+        // generation, so nobody reads them while we write.
+        let mut release = Vec::with_capacity(tables.buffer_count);
+        for line in tables.releases_of(entry) {
+            let ev = IpcEvent::new(ctx).map_err(cuda_err)?;
+            let handle = ev.ipc_handle().map_err(cuda_err)?;
+            line.release_event.store(&driver::event_handle_bytes(&handle));
+            // Relaxed: published by the Release CAS to ACTIVE when we join.
+            line.released.store(0, Ordering::Relaxed);
+            // Release: a producer that Acquire-loads this generation sees the handle above.
+            line.generation.store(generation, Ordering::Release);
+            release.push(ev);
+        }
+        let ready = tables
+            .buffers
+            .iter()
+            .map(|line| {
+                let h = driver::event_handle_from_bytes(&line.ready_event.load());
+                IpcEvent::open(ctx, h)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cuda_err)?;
+        Ok(LegacyRx { release, ready, words: None })
     }
 }
 
@@ -285,13 +448,13 @@ impl ConsumerSide for CudaRx {
         stream: Option<&Stream>,
     ) -> Result<u64, Fault> {
         let ptr = self.locate(ring.map(), m)?;
-        self.order_after_write(m, stream.unwrap_or(&self.stream))?;
+        self.order_after_write(ring.map(), m, stream.unwrap_or(&self.stream))?;
         Ok(ptr)
     }
 
-    /// Records the release event of `m`'s slot on `stream` and says so in our release line;
-    /// the caller then releases the slot. The producer polls that event before it rewrites the
-    /// slot.
+    /// Queues `m`'s release fence on `stream` (legacy: records our release event; VMM: writes
+    /// our release word) and says so in our release line; the caller then releases the slot.
+    /// The producer polls that fence before it rewrites the buffer.
     fn release(
         &self,
         ring: &ConsumerRing,
@@ -299,26 +462,38 @@ impl ConsumerSide for CudaRx {
         stream: Option<&Stream>,
     ) -> Result<(), Fault> {
         let stream = stream.unwrap_or(&self.stream);
-        let recorded = self.release[m.buffer].record(stream);
-        if recorded.is_err() {
-            // Without the event the producer could overwrite what our stream still reads: wait
+        let line = &ring.map().gpu().releases_of(ring.entry())[m.buffer];
+        let queued = match &self.share {
+            RxShare::Legacy(legacy) => legacy.release[m.buffer].record(stream),
+            RxShare::Vmm(words) => {
+                let word = words.device(&line.release_done[release_bank(ring.generation())]);
+                self.ctx.bind().and_then(|_bound| {
+                    // SAFETY: the word lies in the segment, page-locked for our device until
+                    // we leave (after this write is done); the stream is live.
+                    unsafe { driver::stream_write_value64(stream.raw(), word, m.seq + 1) }
+                })
+            }
+        };
+        if queued.is_err() {
+            // Without the fence the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
             // context is broken and nothing of ours reads any more; the slot is released all
-            // the same, or it would stay held for ever.
+            // the same, or it would stay held for ever. (VMM: the producer waits for the word,
+            // which never comes, until we leave and our entry is freed.)
             let _ = stream.synchronize();
         }
-        let line = &ring.map().gpu().releases_of(ring.entry())[m.buffer];
-        // Release: pairs with the producer's Acquire load; it waits for the event recorded
+        // Release: pairs with the producer's Acquire load; it waits for the fence queued
         // above only when it sees this value.
         line.released.store(m.seq + 1, Ordering::Release);
-        Ok(recorded?)
+        Ok(queued?)
     }
 
     /// Leaves in the order that keeps every CUDA object valid while someone uses it
     /// (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the producer
     /// (mappings, ready events); we give back what we hold and retire the entry; the producer
     /// drops its imports of our release events and frees the entry; only then do we destroy
-    /// those events.
+    /// those events. VMM: the producer opened nothing of ours, so the entry is freed at once,
+    /// after the segment is unregistered.
     fn leave(&mut self, ring: &mut ConsumerRing) {
         if !self.wait_idle(ring) {
             // Our stream waits on a fence that will never complete (its producer died, or its
@@ -334,24 +509,37 @@ impl ConsumerSide for CudaRx {
             }
             let pools = std::mem::replace(&mut self.pools, RefCell::new(Vec::new()));
             std::mem::forget(pools);
-            std::mem::forget(std::mem::take(&mut self.ready));
-            std::mem::forget(std::mem::take(&mut self.release));
+            std::mem::forget(std::mem::replace(
+                &mut self.share,
+                RxShare::Legacy(LegacyRx::empty()),
+            ));
             return;
         }
         let (entry, generation) = (ring.entry(), ring.generation());
         self.pools.borrow_mut().clear();
-        self.ready.clear();
+        let legacy = match std::mem::replace(&mut self.share, RxShare::Legacy(LegacyRx::empty())) {
+            RxShare::Vmm(words) => {
+                drop(words);
+                tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
+                ring.leave(Leave::Free);
+                return;
+            }
+            RxShare::Legacy(mut legacy) => {
+                legacy.ready.clear();
+                legacy
+            }
+        };
         tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
         let left = ring.leave(Leave::Retire);
         tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer retiring");
         let Some(retiring) = left.and_then(|l| l.retiring) else {
             // The entry was not ours any more: nobody acknowledges it. Keep the events alive
             // in case the producer still has them open.
-            std::mem::forget(std::mem::take(&mut self.release));
+            std::mem::forget(legacy);
             return;
         };
         if self.wait_retired(ring, retiring) {
-            self.release.clear();
+            drop(legacy);
             tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer release events destroyed");
         } else {
             crate::ring::consumer::give_up_retiring(&ring.map().ring(), entry, retiring);
@@ -359,7 +547,7 @@ impl ConsumerSide for CudaRx {
                 ring = %ring.name(), entry,
                 "the producer did not let go of our release events in time: they stay until exit"
             );
-            std::mem::forget(std::mem::take(&mut self.release));
+            std::mem::forget(legacy);
         }
     }
 }
@@ -367,22 +555,49 @@ impl ConsumerSide for CudaRx {
 impl CudaRx {
     /// Makes work queued on `stream` from now on run after the producer's writes of `m`:
     /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
-    /// the ready event or, with `Fence::Memory`, on the slot's ready word.
-    fn order_after_write(&self, m: &Pinned, stream: &Stream) -> Result<(), DriverError> {
-        let word = self.words.map(|w| (w + ready_word(m.buffer), m.seq + 1));
-        // SAFETY: the ready word lies in the fence pool we mapped (size checked at join), kept
-        // mapped while we live; the producer writes seq + 1 there after message `seq`.
-        unsafe { order_after(&self.ready[m.buffer], word, self.poll, &self.ctx, stream) }
+    /// the ready event, or on the buffer's ready word (`Fence::Memory`, or VMM sharing).
+    fn order_after_write(
+        &self,
+        map: &MappedRing,
+        m: &Pinned,
+        stream: &Stream,
+    ) -> Result<(), DriverError> {
+        let signal = match &self.share {
+            RxShare::Legacy(legacy) => {
+                let word = legacy.words.map(|w| (w + ready_word(m.buffer), m.seq + 1));
+                Signal::Event(&legacy.ready[m.buffer], word)
+            }
+            RxShare::Vmm(words) => {
+                let cpu = &map.gpu().buffers[m.buffer].ready_done;
+                Signal::Word { cpu, device: words.device(cpu), value: m.seq + 1 }
+            }
+        };
+        // SAFETY: a legacy ready word lies in the fence pool we mapped (size checked at join),
+        // a VMM one in the segment we page-locked; both stay so while we live, and the
+        // producer writes seq + 1 there after message `seq`.
+        unsafe { order_after(signal, self.poll, &self.ctx, stream) }
     }
 
-    /// Waits until our GPU work is done: the stream and every release event complete. Polls,
+    /// Waits until our GPU work is done: the stream and every release fence complete. Polls,
     /// checking the producer's liveness once per liveness interval; false if the producer died
     /// and our work still waits (on a fence of its that will never complete), or if it is not
     /// done after [`IDLE_PATIENCE`] (a producer whose context failed never writes its fences).
     fn wait_idle(&self, ring: &ConsumerRing) -> bool {
+        let lines = ring.map().gpu().releases_of(ring.entry());
+        let bank = release_bank(ring.generation());
         let idle = || {
             self.stream.is_idle().unwrap_or(true)
-                && self.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
+                && match &self.share {
+                    RxShare::Legacy(legacy) => {
+                        legacy.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
+                    }
+                    // Acquire: our GPU wrote the word after its reads; the unmapping comes
+                    // after. Relaxed: `released` is our own store.
+                    RxShare::Vmm(_) => lines.iter().all(|l| {
+                        l.release_done[bank].load(Ordering::Acquire)
+                            >= l.released.load(Ordering::Relaxed)
+                    }),
+                }
         };
         let mut producer_dead_since = None;
         let config = ring.wait_config();
@@ -456,6 +671,21 @@ impl Consumer<Cuda> {
     /// ```
     pub fn stream(&self) -> &Stream {
         &self.mem().stream
+    }
+
+    /// How the ring shares its memory, as the segment says: `"legacy"` (IPC handles and
+    /// events) or `"vmm"` (fds from the producer's server, fences as memory words).
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// println!("reading {} memory", rx.sharing_name());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sharing_name(&self) -> &'static str {
+        match self.mem().share {
+            RxShare::Legacy(_) => "legacy",
+            RxShare::Vmm(_) => "vmm",
+        }
     }
 
     /// Receives the next message and makes `stream` (yours, of this consumer's device) wait

@@ -5,16 +5,26 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::os::fd::OwnedFd;
+
+use super::words::SegmentWords;
 use super::{same_device, Cuda};
 use crate::cuda::driver::{self, CUdeviceptr};
-use crate::cuda::{Context, CudaError, DevicePool, DriverError, IpcEvent, Stream};
+use crate::cuda::{
+    export_raw_fd, Context, CudaError, DevicePool, DriverError, IpcEvent, Stream, VmmPool,
+};
 use crate::error::{AcquireError, AcquireTimeoutError, CreateError, PublishError, RegisterError};
-use crate::format::gpu::{fence_bytes, fence_kind, pool_state, ready_word, store_uuid, MAX_POOLS};
+use crate::format::gpu::{
+    fence_bytes, fence_kind, pool_state, ready_word, release_bank, sharing_kind, store_uuid,
+    MAX_POOLS,
+};
+use crate::format::offer::{encode, OfferedPool};
 use crate::format::view::MappedRing;
 use crate::memory::{Fault, ProducerSide, TxSettings};
 use crate::producer::{Producer, ProducerRing, WriteSlot};
 use crate::ring::lease::{self, evict_reason};
 use crate::ring::Ring;
+use crate::shm::fdpass::{fd_address, FdServer, PeerPolicy};
 use crate::shm::process::ProcessId;
 use crate::wait::{self, Deadline, WaitConfig};
 
@@ -65,18 +75,19 @@ pub struct PoolId(pub(crate) u32);
 
 /// Memory named in the pool table, kept alive as long as the producer.
 enum PoolMemory {
+    /// A legacy pool (`cuMemAlloc`), shared by IPC handle.
     Owned(DevicePool),
+    /// A VMM pool (`cuMemCreate`), shared by fd.
+    OwnedVmm(VmmPool),
     /// Registered by `register_raw`; its owner keeps it alive (the caller's promise).
-    Borrowed {
-        ptr: CUdeviceptr,
-        size: usize,
-    },
+    Borrowed { ptr: CUdeviceptr, size: usize },
 }
 
 impl PoolMemory {
     fn ptr(&self) -> CUdeviceptr {
         match self {
             PoolMemory::Owned(p) => p.ptr(),
+            PoolMemory::OwnedVmm(p) => p.ptr(),
             PoolMemory::Borrowed { ptr, .. } => *ptr,
         }
     }
@@ -84,6 +95,7 @@ impl PoolMemory {
     fn size(&self) -> usize {
         match self {
             PoolMemory::Owned(p) => p.size(),
+            PoolMemory::OwnedVmm(p) => p.size(),
             PoolMemory::Borrowed { size, .. } => *size,
         }
     }
@@ -96,10 +108,91 @@ struct ReaderEvent {
     event: IpcEvent,
 }
 
+/// How the producer shares its pools and fences: the segment's `sharing`.
+enum TxShare {
+    Legacy(LegacyTx),
+    Vmm(VmmTx),
+}
+
+/// Legacy IPC: pool handles in the table, interprocess events.
+///
+/// Invariants: `ready[i]` is buffer `i`'s ready event, whose handle is in the buffer's line.
+struct LegacyTx {
+    ready: Vec<IpcEvent>,
+    /// Per consumer table entry and buffer, the release event we opened (`buffers` per entry).
+    /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
+    /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
+    readers: Vec<Option<ReaderEvent>>,
+    /// With `Fence::Memory`: the device address of the buffers' ready words (in a pool of
+    /// ours, zeroed at creation; `format::gpu::fence_bytes` long).
+    words: Option<CUdeviceptr>,
+}
+
+/// VMM: pools handed out by fd, fences as words in the segment.
+///
+/// Invariants: `offered[i]` describes `fds[i]`, one per pool table entry we filled, and the
+/// server offers exactly these; `published[b]` is `seq + 1` of the last message published in
+/// buffer `b` (0: none), what its `ready_done` word reaches once the message's writes are done.
+struct VmmTx {
+    /// The fd server; `None` once the producer closed (a closed ring takes no new consumer).
+    server: Option<FdServer>,
+    fds: Vec<OwnedFd>,
+    offered: Vec<OfferedPool>,
+    /// The segment, page-locked for our device: where the GPU writes the ready words.
+    words: SegmentWords,
+    published: Vec<u64>,
+    epoch: u64,
+}
+
+impl VmmTx {
+    /// Starts serving ring instance `map`'s pools (none yet) to the peers `policy` admits, and
+    /// page-locks the segment for `ctx`'s device. Runs before the segment is published, so
+    /// every consumer that sees it finds the server listening.
+    fn start(ctx: &Arc<Context>, map: &MappedRing, policy: PeerPolicy) -> Result<VmmTx, CudaError> {
+        let epoch = map.params().epoch;
+        let name = map.segment().name().ring();
+        let served = fd_address(name, epoch)
+            .and_then(|addr| FdServer::start(&addr, Vec::new(), encode(epoch, &[]), policy));
+        let server = served.map_err(|e| {
+            CudaError::Unavailable(format!("cannot serve the ring's memory by fd: {e}"))
+        })?;
+        // SAFETY: dropped with the producer's CUDA side, which `close` (or the producer's field
+        // order) drops before the segment's mapping; no other registration of this mapping.
+        let words = unsafe { SegmentWords::register(ctx, map) }?;
+        let published = vec![0; map.buffer_count()];
+        let (fds, offered) = (Vec::new(), Vec::new());
+        Ok(VmmTx { server: Some(server), fds, offered, words, published, epoch })
+    }
+
+    /// Adds pool `pool` (its fd, entry, generation and size) to what the server offers.
+    fn offer(&mut self, fd: OwnedFd, pool: OfferedPool) -> Result<(), CudaError> {
+        let failed = |e: std::io::Error| CudaError::Unavailable(format!("offering a pool: {e}"));
+        let mut fds = Vec::with_capacity(self.fds.len() + 1);
+        for f in self.fds.iter().chain(std::iter::once(&fd)) {
+            fds.push(f.try_clone().map_err(failed)?);
+        }
+        let mut offered = self.offered.clone();
+        offered.push(pool);
+        let Some(server) = &self.server else {
+            return Err(CudaError::Unavailable("the producer is closed".into()));
+        };
+        server.set_offer(fds, encode(self.epoch, &offered)).map_err(failed)?;
+        self.fds.push(fd);
+        self.offered = offered;
+        Ok(())
+    }
+
+    /// Whether buffer `b`'s last published message is written (its ready word reached).
+    fn written(&self, map: &MappedRing, b: usize) -> bool {
+        // Acquire: the GPU wrote the word after the message's writes; reusing the buffer
+        // comes after.
+        map.gpu().buffers[b].ready_done.load(Ordering::Acquire) >= self.published[b]
+    }
+}
+
 /// The producer's CUDA side.
 ///
-/// Invariants: `pools[i]` is what pool table entry `i` names (LIVE, generation 1);
-/// `ready[i]` is slot `i`'s ready event, whose handle is in the slot's line.
+/// Invariants: `pools[i]` is what pool table entry `i` names (LIVE, generation 1).
 pub struct CudaTx {
     /// The ring's name, for lifecycle events.
     name: String,
@@ -108,16 +201,9 @@ pub struct CudaTx {
     pools: Vec<PoolMemory>,
     /// Distance between slots in pool 0.
     stride: usize,
-    ready: Vec<IpcEvent>,
-    /// Per consumer table entry and buffer, the release event we opened (`buffers` per entry).
-    /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
-    /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
-    readers: Vec<Option<ReaderEvent>>,
+    share: TxShare,
     /// Buffers: the ring's capacity plus its spares.
     buffers: usize,
-    /// With `Fence::Memory`: the device address of the buffers' ready words (in
-    /// `pools[fence_pool]`, zeroed at creation; `format::gpu::fence_bytes` long).
-    words: Option<CUdeviceptr>,
     /// The producer's own stream, for `acquire`.
     stream: Stream,
     /// Test support: skip the wait for readers (`unfenced_for_tests`).
@@ -129,8 +215,8 @@ pub struct CudaTx {
 }
 
 impl CudaTx {
-    /// Allocates the buffers and their events and writes the pool table and buffer lines of a
-    /// segment nobody sees yet.
+    /// Allocates the buffers (and, legacy, their events), and writes the pool table and buffer
+    /// lines of a segment nobody sees yet; VMM: starts the fd server first.
     fn build(
         ctx: &Arc<Context>,
         map: &MappedRing,
@@ -139,20 +225,34 @@ impl CudaTx {
         settings: &TxSettings,
     ) -> Result<CudaTx, CudaError> {
         let stride = slot_size.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
-        let pool = DevicePool::new(ctx, stride * buffers)?;
         let uuid = ctx.uuid()?;
         let tables = map.gpu();
         store_uuid(&tables.header.device_uuid, uuid);
+        let (share, pool, sharing) = match &settings.vmm {
+            None => {
+                let readers = map.params().max_consumers as usize * buffers;
+                let legacy = LegacyTx {
+                    ready: Vec::with_capacity(buffers),
+                    readers: (0..readers).map(|_| None).collect(),
+                    words: None,
+                };
+                let pool = PoolMemory::Owned(DevicePool::new(ctx, stride * buffers)?);
+                (TxShare::Legacy(legacy), pool, sharing_kind::LEGACY)
+            }
+            Some(policy) => {
+                let vmm = VmmTx::start(ctx, map, policy.clone())?;
+                let pool = PoolMemory::OwnedVmm(VmmPool::new(ctx, stride * buffers)?);
+                (TxShare::Vmm(vmm), pool, sharing_kind::VMM)
+            }
+        };
         let mut side = CudaTx {
             name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
             uuid,
             pools: Vec::new(),
             stride,
-            ready: Vec::with_capacity(buffers),
-            readers: (0..map.params().max_consumers as usize * buffers).map(|_| None).collect(),
+            share,
             buffers,
-            words: None,
             stream: Stream::new(ctx)?,
             unfenced: settings.unfenced,
             linger: DEFAULT_LINGER,
@@ -162,19 +262,12 @@ impl CudaTx {
             RegisterError::Cuda(e) => e,
             other => CudaError::Unavailable(format!("registering a pool: {other}")),
         };
-        side.add_pool(map, PoolMemory::Owned(pool)).map_err(registered)?;
+        side.add_pool(map, pool).map_err(registered)?;
         let header = &tables.header;
-        // Relaxed (both): published by the Release store of `magic`.
+        // Relaxed (all three): published by the Release store of `magic`.
+        header.sharing.store(sharing, Ordering::Relaxed);
         header.fence.store(fence_kind::EVENTS, Ordering::Relaxed);
         if settings.memory_fence {
-            let dev = driver::device(ctx.ordinal())?;
-            if !driver::can_use_64_bit_stream_mem_ops(dev)? {
-                return Err(CudaError::Unavailable(
-                    "Fence::Memory needs 64-bit stream memory operations, which this device \
-                     does not support"
-                        .into(),
-                ));
-            }
             let bytes = fence_bytes(buffers);
             let words = DevicePool::new(ctx, bytes)?;
             {
@@ -185,63 +278,99 @@ impl CudaTx {
                 unsafe { driver::memset_async(words.ptr(), 0, bytes, setup.raw()) }?;
                 setup.synchronize()?;
             }
-            side.words = Some(words.ptr());
+            let ptr = words.ptr();
             let id = side.add_pool(map, PoolMemory::Owned(words)).map_err(registered)?;
+            if let TxShare::Legacy(legacy) = &mut side.share {
+                legacy.words = Some(ptr);
+            }
             header.fence_pool.store(id.0, Ordering::Relaxed);
             header.fence.store(fence_kind::MEMORY, Ordering::Relaxed);
         }
         for line in tables.buffers {
-            let ev = IpcEvent::new(ctx)?;
-            line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
-            // Relaxed: published by the Release store of `magic`.
+            // Relaxed (both): published by the Release store of `magic`.
             line.pool.store(0, Ordering::Relaxed);
-            side.ready.push(ev);
+            line.ready_done.store(0, Ordering::Relaxed);
+            if let TxShare::Legacy(legacy) = &mut side.share {
+                let ev = IpcEvent::new(ctx)?;
+                line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
+                legacy.ready.push(ev);
+            }
         }
         Ok(side)
     }
 
-    /// Writes `mem` into the next pool table entry.
+    /// Writes `mem` into the next pool table entry, and shares it the ring's way: its IPC
+    /// handle in the entry (legacy), or its fd in the server's offer (VMM), before the entry
+    /// turns LIVE.
     fn add_pool(&mut self, map: &MappedRing, mem: PoolMemory) -> Result<PoolId, RegisterError> {
         let index = self.pools.len();
         if index >= MAX_POOLS {
             return Err(RegisterError::TableFull);
         }
-        let _bound = self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
-        // SAFETY: a context is current.
-        let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
-            .map_err(|_| RegisterError::OtherDevice)?;
-        // Legacy IPC shares whole allocations: only the base of one may be registered, and the
-        // size we declare must not exceed it.
-        if base != mem.ptr() || size < mem.size() {
-            return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
-                "{:#x}+{} is not the base of an allocation of at least that size",
-                mem.ptr(),
-                mem.size()
-            ))));
+        let cuda = |e: DriverError| RegisterError::Cuda(e.into());
+        match (&self.share, &mem) {
+            (TxShare::Legacy(_), PoolMemory::OwnedVmm(_)) => {
+                return Err(RegisterError::WrongSharing { ring: "legacy" });
+            }
+            (TxShare::Vmm(_), PoolMemory::Owned(_)) => {
+                return Err(RegisterError::WrongSharing { ring: "vmm" });
+            }
+            _ => {}
         }
-        let _bound = self.ctx.bind().map_err(|e| RegisterError::Cuda(e.into()))?;
-        // SAFETY: `base` is the base of a live allocation in the current context (checked just
-        // above by the driver).
-        let handle = unsafe { driver::ipc_get_mem_handle(base) }
-            .map_err(|e| RegisterError::Cuda(e.into()))?;
+        let _bound = self.ctx.bind().map_err(cuda)?;
+        if !matches!(mem, PoolMemory::OwnedVmm(_)) {
+            // SAFETY: a context is current.
+            let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
+                .map_err(|_| RegisterError::OtherDevice)?;
+            // Both ways share whole allocations: only the base of one may be registered, and
+            // the size we declare must not exceed it. (Our own VMM pools are that by making.)
+            if base != mem.ptr() || size < mem.size() {
+                return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
+                    "{:#x}+{} is not the base of an allocation of at least that size",
+                    mem.ptr(),
+                    mem.size()
+                ))));
+            }
+        }
         let entry = &map.gpu().pools[index];
-        entry.handle.store(&driver::mem_handle_bytes(&handle));
-        // Relaxed: published by the Release store of `state` below.
+        // Relaxed (all): published by the Release store of `state` below.
         entry.size.store(mem.size() as u64, Ordering::Relaxed);
         store_uuid(&entry.device_uuid, self.uuid);
-        entry.generation.fetch_add(1, Ordering::Relaxed);
-        // Release: a consumer that Acquire-loads LIVE sees the fields above.
+        let generation = entry.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        match &mut self.share {
+            TxShare::Legacy(_) => {
+                // SAFETY: `mem.ptr()` is the base of a live allocation in the current context
+                // (checked just above by the driver).
+                let handle = unsafe { driver::ipc_get_mem_handle(mem.ptr()) }.map_err(cuda)?;
+                entry.handle.store(&driver::mem_handle_bytes(&handle));
+            }
+            TxShare::Vmm(vmm) => {
+                let fd = match &mem {
+                    PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
+                    // SAFETY: `mem.ptr()` is a live mapping of this context (checked above);
+                    // the export fails for memory that is not a POSIX-fd `cuMemCreate`
+                    // allocation.
+                    _ => unsafe { export_raw_fd(&self.ctx, mem.ptr()) }
+                        .map_err(|_| RegisterError::WrongSharing { ring: "vmm" })?,
+                };
+                let size = mem.size() as u64;
+                vmm.offer(fd, OfferedPool { pool: index as u32, generation, size })?;
+            }
+        }
+        // Release: a consumer that Acquire-loads LIVE sees the fields above (and, VMM, finds
+        // the pool in the server's offer, which was replaced before this store).
         entry.state.store(pool_state::LIVE, Ordering::Release);
         self.pools.push(mem);
         Ok(PoolId(index as u32))
     }
 
-    /// Drops our imports of entry `entry`'s release events: the producer is about to free the
-    /// entry (its consumer retired, died or was evicted), after which its owner may destroy
-    /// them.
+    /// Drops our imports of entry `entry`'s release events (legacy): the producer is about to
+    /// free the entry (its consumer retired, died or was evicted), after which its owner may
+    /// destroy them.
     fn forget_reader(&mut self, entry: usize, generation: u32) {
+        let TxShare::Legacy(legacy) = &mut self.share else { return };
         let n = self.buffers;
-        let mine = &mut self.readers[entry * n..(entry + 1) * n];
+        let mine = &mut legacy.readers[entry * n..(entry + 1) * n];
         if mine.iter().any(Option::is_some) {
             mine.iter_mut().for_each(|r| *r = None);
             let ring = &self.name;
@@ -249,17 +378,27 @@ impl CudaTx {
         }
     }
 
+    /// Whether every buffer's last write is done.
+    fn all_written(&self, map: &MappedRing) -> bool {
+        match &self.share {
+            TxShare::Legacy(l) => l.ready.iter().all(|ev| ev.is_complete().unwrap_or(true)),
+            TxShare::Vmm(v) => (0..self.buffers).all(|b| v.written(map, b)),
+        }
+    }
+}
+
+impl LegacyTx {
     /// The release event of consumer `entry` (whose lease we saw as `seen`, ACTIVE) for
     /// `slot`, opened once per occupant.
     fn reader_event(
         &mut self,
+        ctx: &Arc<Context>,
         map: &MappedRing,
-        entry: usize,
-        seen: u64,
-        slot: usize,
+        (entry, seen): (usize, u64),
+        (slot, buffers): (usize, usize),
     ) -> Result<&IpcEvent, EventFault> {
         let generation = lease::generation(seen);
-        let cached = &mut self.readers[entry * self.buffers + slot];
+        let cached = &mut self.readers[entry * buffers + slot];
         if cached.as_ref().is_none_or(|r| r.generation != generation) {
             *cached = None; // a former occupant's import, dropped before the new open
             let line = &map.gpu().releases_of(entry)[slot];
@@ -277,7 +416,7 @@ impl CudaTx {
             if map.ring().consumers[entry].lease.load(Ordering::Acquire) != seen {
                 return Err(EventFault::Moved);
             }
-            let event = IpcEvent::open(&self.ctx, handle).map_err(EventFault::of)?;
+            let event = IpcEvent::open(ctx, handle).map_err(EventFault::of)?;
             *cached = Some(ReaderEvent { generation, event });
         }
         Ok(&cached.as_ref().expect("opened above").event)
@@ -322,6 +461,38 @@ fn consumers_gone(ring: &Ring<'_>) -> bool {
     })
 }
 
+/// Refuses settings this build cannot honour, before the segment exists: VMM sharing needs a
+/// device that shares `cuMemCreate` memory by fd and 64-bit stream memory operations (its
+/// fences), and is not combined with `Fence::Memory`; that fence needs the memory operations
+/// too.
+fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateError> {
+    if settings.vmm.is_some() && settings.memory_fence {
+        return Err(CreateError::InvalidConfig {
+            field: "fence",
+            reason: "Fence::Memory cannot be combined with Sharing::Vmm, whose fences are \
+                     memory words already",
+        });
+    }
+    let dev = driver::device(ctx.ordinal()).map_err(|e| unavailable(e.into()))?;
+    let mem_ops = driver::can_use_64_bit_stream_mem_ops(dev).map_err(|e| unavailable(e.into()))?;
+    if (settings.vmm.is_some() || settings.memory_fence) && !mem_ops {
+        let what = if settings.memory_fence { "Fence::Memory" } else { "Sharing::Vmm" };
+        return Err(CreateError::MemoryUnavailable {
+            reason: format!(
+                "{what} needs 64-bit stream memory operations, which this device does not support"
+            ),
+        });
+    }
+    if settings.vmm.is_some() && !driver::vmm_supported(dev).map_err(|e| unavailable(e.into()))? {
+        return Err(CreateError::MemoryUnavailable {
+            reason: "Sharing::Vmm needs a device that shares cuMemCreate memory by POSIX file \
+                     descriptor, which this one does not"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 impl ProducerSide for CudaTx {
     type Stream = Stream;
 
@@ -329,7 +500,9 @@ impl ProducerSide for CudaTx {
     type Prepared = Arc<Context>;
 
     fn prepare(settings: &TxSettings) -> Result<Arc<Context>, CreateError> {
-        Context::new(settings.device).map_err(unavailable)
+        let ctx = Context::new(settings.device).map_err(unavailable)?;
+        check_settings(&ctx, settings)?;
+        Ok(ctx)
     }
 
     fn create(
@@ -346,18 +519,22 @@ impl ProducerSide for CudaTx {
         self.poll
     }
 
-    /// Whether slot `slot`'s ready event, recorded when its previous message was published,
-    /// has completed on the GPU. Waiting for it bounds how far the CPU runs ahead of the GPU
-    /// to one lap of the ring; without it, a producer faster than the GPU fills the driver's
-    /// launch queue and latency grows to tens of milliseconds.
-    fn written(&mut self, slot: usize) -> Result<bool, Fault> {
-        Ok(self.ready[slot].is_complete()?)
+    /// Whether buffer `slot`'s previous message, published with its ready fence, is written on
+    /// the GPU. Waiting for it bounds how far the CPU runs ahead of the GPU to one lap of the
+    /// ring; without it, a producer faster than the GPU fills the driver's launch queue and
+    /// latency grows to tens of milliseconds.
+    fn written(&mut self, ring: &ProducerRing, slot: usize) -> Result<bool, Fault> {
+        match &self.share {
+            TxShare::Legacy(legacy) => Ok(legacy.ready[slot].is_complete()?),
+            TxShare::Vmm(vmm) => Ok(vmm.written(ring.map(), slot)),
+        }
     }
 
     /// Whether every active consumer that read message `prev` in slot `slot` (its release line
-    /// says so) has finished reading it on its GPU: its release event for the slot completed.
-    /// A consumer whose event cannot be opened or queried is evicted (the failure is its entry's
-    /// alone) and no longer waited for.
+    /// says so) has finished reading it on its GPU: its release fence for the slot is done
+    /// (legacy: its release event completed; VMM: its release word reached `prev + 1`). A
+    /// legacy consumer whose event cannot be opened or queried is evicted (the failure is its
+    /// entry's alone) and no longer waited for.
     fn readers_done(
         &mut self,
         ring: &mut ProducerRing,
@@ -377,12 +554,23 @@ impl ProducerSide for CudaTx {
                 continue;
             }
             let line = &map.gpu().releases_of(e)[slot];
-            // Acquire: pairs with the consumer's Release store made after it recorded its
-            // release event for `prev`.
+            // Acquire: pairs with the consumer's Release store made after it queued its
+            // release fence for `prev`.
             if line.released.load(Ordering::Acquire) != prev + 1 {
                 continue;
             }
-            let looked = match self.reader_event(map, e, seen, slot) {
+            let legacy = match &mut self.share {
+                TxShare::Legacy(legacy) => legacy,
+                TxShare::Vmm(_) => {
+                    // Acquire: the consumer's GPU wrote the word after its reads of `prev`;
+                    // our rewrite of the buffer comes after.
+                    let word = &line.release_done[release_bank(lease::generation(seen))];
+                    busy |= word.load(Ordering::Acquire) < prev + 1;
+                    continue;
+                }
+            };
+            let looked = match legacy.reader_event(&self.ctx, map, (e, seen), (slot, self.buffers))
+            {
                 Ok(event) => event.is_complete().map_err(EventFault::of),
                 Err(why) => Err(why),
             };
@@ -393,7 +581,7 @@ impl ProducerSide for CudaTx {
                 // consumer's handle (or line) is to blame and that consumer goes; if it does
                 // not (a sticky error, out of memory), the failure is ours and ends this
                 // acquire rather than evict anyone.
-                Err(EventFault::Failed(why)) if self.ready[slot].is_complete().is_err() => {
+                Err(EventFault::Failed(why)) if legacy.ready[slot].is_complete().is_err() => {
                     return Err(Fault::Cuda(why));
                 }
                 Err(EventFault::Failed(why)) => {
@@ -419,17 +607,33 @@ impl ProducerSide for CudaTx {
         stream: Option<&Stream>,
     ) -> Result<(), PublishError> {
         let stream = stream.unwrap_or(&self.stream);
-        if let Some(words) = self.words {
-            let _bound = self.ctx.bind()?;
-            let seq = ring.published();
-            // SAFETY: the slot's ready word lies in our fence words, alive as long as the
-            // producer; the stream is live.
-            unsafe {
-                driver::stream_write_value64(stream.raw(), words + ready_word(slot), seq + 1)
-            }?;
-        }
-        self.ready[slot].record(stream)?;
         let tables = ring.map().gpu();
+        let seq = ring.published();
+        match &mut self.share {
+            TxShare::Legacy(legacy) => {
+                if let Some(words) = legacy.words {
+                    let _bound = self.ctx.bind()?;
+                    // SAFETY: the slot's ready word lies in our fence words, alive as long as
+                    // the producer; the stream is live.
+                    unsafe {
+                        driver::stream_write_value64(
+                            stream.raw(),
+                            words + ready_word(slot),
+                            seq + 1,
+                        )
+                    }?;
+                }
+                legacy.ready[slot].record(stream)?;
+            }
+            TxShare::Vmm(vmm) => {
+                let word = vmm.words.device(&tables.buffers[slot].ready_done);
+                let _bound = self.ctx.bind()?;
+                // SAFETY: the word lies in the segment, page-locked for our device until the
+                // producer closes (after its last write is done); the stream is live.
+                unsafe { driver::stream_write_value64(stream.raw(), word, seq + 1) }?;
+                vmm.published[slot] = seq + 1;
+            }
+        }
         // Relaxed: only this producer writes pool entries.
         let generation = tables.pools[pool as usize].generation.load(Ordering::Relaxed);
         let line = &tables.buffers[slot];
@@ -449,7 +653,9 @@ impl ProducerSide for CudaTx {
     }
 
     /// Closes the ring, waits up to the linger time for consumers to leave, and frees the
-    /// device memory, unless someone may still use it: then it is left to process exit.
+    /// device memory, unless someone may still use it: then it is left to process exit. (VMM:
+    /// a consumer's import keeps the memory alive by itself, so only our own unfinished writes
+    /// keep it.)
     fn close(&mut self, ring: &mut ProducerRing) {
         ring.close();
         // SeqCst, against the fence a joining consumer makes between claiming its entry and
@@ -470,31 +676,46 @@ impl ProducerSide for CudaTx {
         .is_some();
         // Our own writes must end before the memory is freed. Poll rather than synchronize: a
         // wedged GPU must not hang the process here.
-        let ready = &self.ready;
         let written = wait::wait_until(None, config, Deadline::after(WRITES_PATIENCE), |_| {
-            ready.iter().all(|ev| ev.is_complete().unwrap_or(true)).then_some(())
+            self.all_written(ring.map()).then_some(())
         })
         .is_some();
         // Whoever is still there may destroy its events once we are gone: close our imports
         // of them first, always; then let go of every retiring entry.
-        let entries = self.readers.len() / self.buffers.max(1);
+        let entries = ring.map().params().max_consumers as usize;
         for e in 0..entries {
             self.forget_reader(e, 0);
         }
         let _ = ring.reap_with(&mut |_, _| {});
-        if !all_left || !written {
+        // VMM: stop serving fds; an import already made keeps its memory alive without us.
+        let vmm = matches!(self.share, TxShare::Vmm(_));
+        if let TxShare::Vmm(v) = &mut self.share {
+            v.server = None;
+        }
+        if !written || (!all_left && !vmm) {
             tracing::warn!(
                 ring = %ring.name(), all_left, written,
-                "consumers still map the ring's device memory: leaving it to process exit"
+                "consumers may still use the ring's device memory: leaving it to process exit"
             );
             // Someone may still map the memory or wait on our events, or our GPU work may still
-            // write it: freeing it now could corrupt a reader. Leave it to process exit.
+            // write it (or the segment's words): freeing it now could corrupt a reader. Leave
+            // it to process exit.
             std::mem::forget(std::mem::take(&mut self.pools));
-            std::mem::forget(std::mem::take(&mut self.ready));
+            let share = std::mem::replace(&mut self.share, TxShare::Legacy(LegacyTx::empty()));
+            std::mem::forget(share);
             return;
         }
         drop(std::mem::take(&mut self.pools));
+        // VMM: unregister the segment now, while it is still mapped.
+        drop(std::mem::replace(&mut self.share, TxShare::Legacy(LegacyTx::empty())));
         tracing::debug!(target: "gpuring::lifecycle", ring = %ring.name(), "producer pools freed");
+    }
+}
+
+impl LegacyTx {
+    /// Nothing: what a closed producer's side is left with.
+    fn empty() -> LegacyTx {
+        LegacyTx { ready: Vec::new(), readers: Vec::new(), words: None }
     }
 }
 
@@ -541,7 +762,9 @@ impl Producer<Cuda> {
     }
 
     /// Adds `pool` to the ring's pool table, so that messages can be published from it with
-    /// [`WriteSlot::publish_region`]. The producer keeps it until it drops.
+    /// [`WriteSlot::publish_region`]. The producer keeps it until it drops. Legacy sharing
+    /// only: a VMM ring refuses a `cuMemAlloc` pool with [`RegisterError::WrongSharing`] (use
+    /// [`alloc_pool`](Self::alloc_pool), which works for both).
     ///
     /// ```no_run
     /// use gpuring::cuda::DevicePool;
@@ -557,13 +780,55 @@ impl Producer<Cuda> {
         mem.add_pool(ring.map(), PoolMemory::Owned(pool))
     }
 
+    /// Allocates a pool of at least `bytes` on the ring's device, in the ring's sharing mode
+    /// (legacy: a dedicated `cuMemAlloc` rounded up to 2 MiB; VMM: a `cuMemCreate` allocation
+    /// rounded up to the device's granularity), and adds it to the pool table like
+    /// [`register`](Self::register). Its address is [`pool`](Self::pool)`(id)`.
+    ///
+    /// ```no_run
+    /// use gpuring::{PeerPolicy, Producer, Sharing};
+    ///
+    /// let mut tx = Producer::builder("cam0").sharing(Sharing::Vmm(PeerPolicy::SameUid)).create_gpu(0)?;
+    /// let id = tx.alloc_pool(64 << 20)?; // decoder surfaces, shared by fd with each consumer
+    /// let (base, size) = tx.pool(id).expect("allocated above");
+    /// assert!(size >= 64 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn alloc_pool(&mut self, bytes: usize) -> Result<PoolId, RegisterError> {
+        let (ring, mem) = self.parts();
+        let pool = match mem.share {
+            TxShare::Legacy(_) => PoolMemory::Owned(DevicePool::new(&mem.ctx, bytes)?),
+            TxShare::Vmm(_) => PoolMemory::OwnedVmm(VmmPool::new(&mem.ctx, bytes)?),
+        };
+        mem.add_pool(ring.map(), pool)
+    }
+
+    /// How the ring shares its memory: what [`ProducerBuilder::sharing`] chose.
+    ///
+    /// [`ProducerBuilder::sharing`]: crate::ProducerBuilder::sharing
+    ///
+    /// ```no_run
+    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// println!("{} sharing", tx.sharing_name()); // "legacy" or "vmm"
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sharing_name(&self) -> &'static str {
+        match self.mem().share {
+            TxShare::Legacy(_) => "legacy",
+            TxShare::Vmm(_) => "vmm",
+        }
+    }
+
     /// Adds an allocation the caller owns (a decoder's output surfaces, say) to the pool table.
     ///
     /// # Safety
-    /// 1. `ptr` must be the base of a dedicated `cuMemAlloc` allocation of at least `size`
-    ///    bytes on this producer's device, never one from a stream-ordered or caching pool
-    ///    (legacy IPC shares the whole underlying block; see `docs/gpu.md`).
-    /// 2. It must stay allocated until this producer has dropped.
+    /// 1. Legacy sharing: `ptr` must be the base of a dedicated `cuMemAlloc` allocation of at
+    ///    least `size` bytes on this producer's device, never one from a stream-ordered or
+    ///    caching pool (legacy IPC shares the whole underlying block; see `docs/gpu.md`).
+    ///    VMM sharing: `ptr` must be where a `cuMemCreate` allocation of at least `size` bytes,
+    ///    made with the POSIX file descriptor handle type, is mapped (at its offset 0) in this
+    ///    producer's context; anything else is refused with [`RegisterError::WrongSharing`].
+    /// 2. It must stay allocated (and mapped) until this producer has dropped.
     ///
     /// ```no_run
     /// # struct Decoder;
