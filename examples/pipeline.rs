@@ -1,5 +1,6 @@
 // Run: cargo run --release --example pipeline -- [--consumers 3] [--seconds 5] [--fps 60]
 //                                                  [--memory auto|host|cuda] [--external N]
+//                                                  [--sharing legacy|vmm]
 //
 // The main job: one producer generates synthetic video frames (1920x1080 RGBA by default) into
 // a ring and spawns N consumer processes. Each consumer checks every byte of every frame
@@ -8,7 +9,9 @@
 //
 // With a GPU (the default where one is usable) the frames live in device memory: the producer
 // writes each with a kernel, each consumer checks it with a kernel on its own stream, and no
-// byte crosses PCIe. Without one it runs the same pipeline in host memory.
+// byte crosses PCIe. Without one it runs the same pipeline in host memory. `--sharing vmm`
+// shares the device memory by file descriptor instead of legacy IPC handles (docs/gpu.md,
+// "Sharing modes"); it needs CUDA memory.
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
@@ -53,6 +56,9 @@ struct Args {
     /// Where frames live: a GPU when one is usable (auto), or host memory.
     #[arg(long, value_enum, default_value_t = MemoryArg::Auto)]
     memory: MemoryArg,
+    /// How CUDA memory reaches the consumers: legacy IPC handles, or VMM (fds, uid-checked).
+    #[arg(long, value_enum, default_value_t = SharingArg::Legacy)]
+    sharing: SharingArg,
     /// Ring name (default: pipeline-PID).
     #[arg(long)]
     name: Option<String>,
@@ -66,6 +72,12 @@ enum MemoryArg {
     Auto,
     Host,
     Cuda,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SharingArg {
+    Legacy,
+    Vmm,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -119,6 +131,10 @@ fn producer(args: &Args) -> ExitCode {
         eprintln!("pipeline: this build has no CUDA support (feature `cuda`)");
         return ExitCode::FAILURE;
     }
+    if args.sharing == SharingArg::Vmm {
+        eprintln!("pipeline: --sharing vmm shares CUDA memory; there is no usable GPU here");
+        return ExitCode::FAILURE;
+    }
     producer_in::<Host>(args)
 }
 
@@ -139,11 +155,17 @@ fn producer_in<M: Timed>(args: &Args) -> ExitCode {
         PolicyArg::Overwrite => Policy::Overwrite,
     };
     let bytes = frame_bytes(args);
-    let made = Producer::builder(&name)
+    let builder = Producer::builder(&name)
         .capacity(args.capacity)
         .slot_size(bytes)
         .user_header_size(HEADER_BYTES)
-        .policy(policy)
+        .policy(policy);
+    #[cfg(feature = "cuda")]
+    let builder = match args.sharing {
+        SharingArg::Legacy => builder,
+        SharingArg::Vmm => builder.sharing(gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid)),
+    };
+    let made = builder
         .create_in::<M>()
         .map_err(|e| e.to_string())
         .and_then(|tx| Ok((M::writer(&tx).map_err(|e| e.to_string())?, tx)));
@@ -155,8 +177,13 @@ fn producer_in<M: Timed>(args: &Args) -> ExitCode {
         }
     };
     let memory = kind_name::<M>();
+    let sharing = match (M::KIND, args.sharing) {
+        (MemoryKind::Host, _) => "",
+        (_, SharingArg::Legacy) => " (legacy IPC sharing)",
+        (_, SharingArg::Vmm) => " (VMM sharing)",
+    };
     println!(
-        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {memory} memory, {} consumers",
+        "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {memory} memory{sharing}, {} consumers",
         args.width,
         args.height,
         bytes as f64 / (1 << 20) as f64,

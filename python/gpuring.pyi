@@ -77,6 +77,8 @@ class Consumer:
       ("block": lossless, "overwrite": queue).
     - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a
       dead one's).
+    - `allow_foreign_owner`: open a ring whose segment another user owns (its producer made it
+      readable and writable for us with `permissions=`). Refused by default.
 
     Iterating yields messages until the producer closes the ring.
     """
@@ -92,6 +94,7 @@ class Consumer:
         start: Literal["newest", "next", "oldest"] = "newest",
         mode: Literal["lossless", "queue", "latest"] | None = None,
         wait: float = 0.0,
+        allow_foreign_owner: bool = False,
     ) -> Self: ...
     def recv(self, timeout: float | None = None) -> Slot:
         """The next message, waiting at most `timeout` seconds (None: as long as it takes).
@@ -280,7 +283,14 @@ class Producer:
     producer waits for the slowest) or "overwrite" (queue: no wait for slow readers; they lose
     messages). `spares`: spare buffers the producer swaps in when it laps a message a consumer
     still holds, so a consumer that holds frames never slows it down; only when consumers hold
-    every spare does it wait (default 8, fewer where the ring's limits leave less room). The ring is removed when the producer is closed or freed.
+    every spare does it wait (default 8, fewer where the ring's limits leave less room).
+    `sharing` (CUDA rings): "legacy" (IPC handles in the ring, which any process that can read
+    it may map) or "vmm" (memory handed out by file descriptor to processes of this uid only, or
+    also of the uids in `allow_uids` and the groups in `allow_gids`; a refused consumer gets
+    `PermissionError`). `permissions`: the ring's file mode (default 0o600: this user only);
+    consumers of other users need read and write (for example 0o666, and
+    `Consumer(..., allow_foreign_owner=True)`). The ring is removed when the producer is closed
+    or freed.
     """
 
     def __new__(
@@ -295,6 +305,10 @@ class Producer:
         policy: Literal["block", "overwrite"] = "block",
         max_consumers: int | None = None,
         spares: int | None = None,
+        sharing: Literal["legacy", "vmm"] = "legacy",
+        allow_uids: list[int] | None = None,
+        allow_gids: list[int] | None = None,
+        permissions: int | None = None,
     ) -> Self: ...
     def send(
         self,

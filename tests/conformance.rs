@@ -151,19 +151,25 @@ impl Kind for Host {
     const DRAINS_AFTER_EXIT: bool = true;
 }
 
-/// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`.
+/// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`, `VMM`
+/// the VMM sharing (fds and memory-word fences, no IPC handle) over legacy IPC.
 #[cfg(feature = "cuda")]
-struct Cuda<const MEMORY_FENCE: bool>;
+struct Cuda<const MEMORY_FENCE: bool, const VMM: bool>;
 
 #[cfg(feature = "cuda")]
-impl<const MEMORY_FENCE: bool> Kind for Cuda<MEMORY_FENCE> {
+impl<const MEMORY_FENCE: bool, const VMM: bool> Kind for Cuda<MEMORY_FENCE, VMM> {
     type M = gpuring::Cuda;
     const SLOT: usize = 256 << 10;
     const MESSAGES: u64 = 20_000;
     const DRAINS_AFTER_EXIT: bool = false;
 
     fn configure(b: ProducerBuilder) -> ProducerBuilder {
-        b.fence(if MEMORY_FENCE { gpuring::Fence::Memory } else { gpuring::Fence::Events })
+        let b = b.fence(if MEMORY_FENCE { gpuring::Fence::Memory } else { gpuring::Fence::Events });
+        if VMM {
+            b.sharing(gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid))
+        } else {
+            b
+        }
     }
 }
 
@@ -903,9 +909,11 @@ macro_rules! conformance {
 
 conformance!(host, Host);
 #[cfg(feature = "cuda")]
-conformance!(cuda_memory, Cuda<false>, #[ignore = "needs a CUDA GPU"]);
+conformance!(cuda_memory, Cuda<false, false>, #[ignore = "needs a CUDA GPU"]);
 #[cfg(feature = "cuda")]
-conformance!(cuda_memory_fence, Cuda<true>, #[ignore = "needs a CUDA GPU"]);
+conformance!(cuda_memory_fence, Cuda<true, false>, #[ignore = "needs a CUDA GPU"]);
+#[cfg(feature = "cuda")]
+conformance!(cuda_vmm, Cuda<false, true>, #[ignore = "needs a CUDA GPU"]);
 
 /// The segment is scribbled over with random bytes, then truncated, while a consumer process
 /// receives: it gets errors (or nothing), never a crash (SIGBUS is caught, see

@@ -9,11 +9,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
-use gpuring::cuda::driver::{self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
+use gpuring::cuda::driver::{
+    self, CPU_SYNCS, IPC_EVENT_OPENS, IPC_EXPORTS, IPC_MEM_CLOSES, IPC_MEM_OPENS, VMM_IMPORTS,
+};
 use gpuring::cuda::DevicePool;
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
-use gpuring::RecvError;
 use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
+use gpuring::{CreateError, PeerPolicy, ProducerBuilder, RecvError, RegisterError, Sharing};
 
 /// Process-wide handle and sync counters.
 fn counters() -> [u64; 4] {
@@ -90,7 +92,12 @@ fn produce(tx: &mut GpuProducer, frames: u64, len: u64) {
 /// can see it. `poll` is both sides' `gpu_poll`: 0 puts every wait on the GPU; a window longer
 /// than the reader's kernel makes the producer see the release complete on the CPU instead.
 fn fence_run(test: &str, unfenced: bool, poll: Duration) {
-    fence_run_with(test, unfenced, poll, gpuring::Fence::Events)
+    fence_run_with(test, unfenced, poll, |b| b)
+}
+
+/// A producer builder set for VMM sharing (fds, memory-word fences, no IPC handle).
+fn vmm(b: ProducerBuilder) -> ProducerBuilder {
+    b.sharing(Sharing::Vmm(PeerPolicy::SameUid))
 }
 
 /// The exit code of a consumer that saw no torn frame where the fence was off.
@@ -100,7 +107,12 @@ const NO_TEARING: i32 = 3;
 /// within a run (10^7 to 10^8 torn bytes), but not always when other tests share the GPU.
 const UNFENCED_TRIES: u32 = 3;
 
-fn fence_run_with(test: &str, unfenced: bool, poll: Duration, fence: gpuring::Fence) {
+fn fence_run_with(
+    test: &str,
+    unfenced: bool,
+    poll: Duration,
+    setup: fn(ProducerBuilder) -> ProducerBuilder,
+) {
     const FRAMES: u64 = 300;
     const LEN: u64 = 4 << 20;
     if role().is_some() {
@@ -121,7 +133,7 @@ fn fence_run_with(test: &str, unfenced: bool, poll: Duration, fence: gpuring::Fe
     for attempt in 1..=tries {
         let name = unique_name("fence");
         let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize).policy(Policy::Block);
-        let b = b.unfenced_for_tests(unfenced).gpu_poll(poll).fence(fence);
+        let b = setup(b.unfenced_for_tests(unfenced).gpu_poll(poll));
         let mut tx = b.create_gpu(0).unwrap();
         let mut child = spawn(test, "consumer", &[("RING", name)]);
         wait_for_consumers(&tx, 1);
@@ -154,7 +166,26 @@ fn release_fence_holds_when_completion_is_seen_on_the_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn memory_fence_prevents_torn_frames() {
     let test = "memory_fence_prevents_torn_frames";
-    fence_run_with(test, false, Duration::ZERO, gpuring::Fence::Memory);
+    fence_run_with(test, false, Duration::ZERO, |b| b.fence(gpuring::Fence::Memory));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_fences_prevent_torn_frames() {
+    fence_run_with("vmm_fences_prevent_torn_frames", false, Duration::ZERO, vmm);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_fences_hold_when_completion_is_seen_on_the_cpu() {
+    let test = "vmm_fences_hold_when_completion_is_seen_on_the_cpu";
+    fence_run_with(test, false, Duration::from_millis(10), vmm);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn without_release_fence_vmm_frames_tear() {
+    fence_run_with("without_release_fence_vmm_frames_tear", true, Duration::ZERO, vmm);
 }
 
 #[test]
@@ -170,7 +201,23 @@ fn without_release_fence_frames_tear() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn steady_state_opens_nothing_and_never_syncs() {
-    const TEST: &str = "steady_state_opens_nothing_and_never_syncs";
+    steady_state("steady_state_opens_nothing_and_never_syncs", |b| b);
+}
+
+/// The same in VMM sharing, where no process makes any legacy IPC call at all (no handle
+/// exported or opened, ever), and a consumer imports each pool once, at join.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_steady_state_imports_once_and_makes_no_ipc_call() {
+    steady_state("vmm_steady_state_imports_once_and_makes_no_ipc_call", vmm);
+}
+
+/// Legacy IPC calls this process made: handles exported, memory and event handles opened.
+fn ipc_calls() -> [u64; 3] {
+    [&IPC_EXPORTS, &IPC_MEM_OPENS, &IPC_EVENT_OPENS].map(|c| c.load(Relaxed))
+}
+
+fn steady_state(test: &str, setup: fn(ProducerBuilder) -> ProducerBuilder) {
     const FRAMES: u64 = 5000;
     const LEN: u64 = 1 << 20;
     const CAP: u32 = 8;
@@ -178,6 +225,8 @@ fn steady_state_opens_nothing_and_never_syncs() {
     match role().as_deref() {
         Some("consumer") => {
             let rx = open_when_created(&env::<String>("RING"));
+            let vmm = rx.sharing_name() == "vmm";
+            let imports = VMM_IMPORTS.load(Relaxed);
             let k = PatternKernels::get(rx.context()).unwrap();
             let bad = counter(&rx);
             let mut at_first = None;
@@ -194,11 +243,19 @@ fn steady_state_opens_nothing_and_never_syncs() {
             assert_eq!(at_first.unwrap(), at_end, "[mem opens, event opens, closes, syncs]");
             assert_eq!(bad.read().unwrap(), 0);
             assert_eq!(n, FRAMES);
-            eprintln!("consumer: counters {at_end:?} unchanged over {n} frames");
+            assert_eq!(VMM_IMPORTS.load(Relaxed), imports, "imports after join");
+            if vmm {
+                assert_eq!(ipc_calls(), [0; 3], "[IPC exports, mem opens, event opens]");
+            }
+            let ipc = ipc_calls();
+            eprintln!(
+                "consumer ({}): counters {at_end:?} unchanged over {n} frames, IPC calls {ipc:?}",
+                rx.sharing_name()
+            );
         }
         Some("producer") => {
             let b = Producer::builder(&env::<String>("RING")).capacity(CAP);
-            let mut tx = b.slot_size(LEN as usize).create_gpu(0).unwrap();
+            let mut tx = setup(b.slot_size(LEN as usize)).create_gpu(0).unwrap();
             wait_for_consumers(&tx, CONSUMERS);
             // Warm-up: the first two laps open each consumer's release events, once.
             produce(&mut tx, 2 * CAP as u64, LEN);
@@ -217,14 +274,21 @@ fn steady_state_opens_nothing_and_never_syncs() {
             let spare_opens = CONSUMERS as u64 * u64::from(tx.spare_buffers());
             assert_eq!((warm[0], warm[2], warm[3]), (end[0], end[2], end[3]), "{warm:?} {end:?}");
             assert!(end[1] - warm[1] <= spare_opens, "event opens {warm:?} -> {end:?}");
+            if tx.sharing_name() == "vmm" {
+                assert_eq!(ipc_calls(), [0; 3], "[IPC exports, mem opens, event opens]");
+            }
             let n = FRAMES - 2 * CAP as u64;
-            eprintln!("producer: counters {end:?} unchanged over {n} frames");
+            let ipc = ipc_calls();
+            eprintln!(
+                "producer ({}): counters {end:?} unchanged over {n} frames, IPC calls {ipc:?}",
+                tx.sharing_name()
+            );
         }
         _ => {
             let vars = [("RING", unique_name("steady"))];
-            let producer = spawn(TEST, "producer", &vars);
+            let producer = spawn(test, "producer", &vars);
             let consumers: Vec<_> =
-                (0..CONSUMERS).map(|_| spawn(TEST, "consumer", &vars)).collect();
+                (0..CONSUMERS).map(|_| spawn(test, "consumer", &vars)).collect();
             expect_success(producer, "producer");
             for c in consumers {
                 expect_success(c, "consumer");
@@ -238,29 +302,47 @@ fn steady_state_opens_nothing_and_never_syncs() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn publish_from_registered_allocation() {
+    registered_run("publish_from_registered_allocation", false);
+}
+
+/// The same with VMM sharing: the pool comes from `alloc_pool`, and the consumer fetches its
+/// fd from the producer's server when the first message names it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_publish_from_an_allocated_pool() {
+    registered_run("vmm_publish_from_an_allocated_pool", true);
+}
+
+fn registered_run(test: &str, vmm_sharing: bool) {
     const FRAMES: u64 = 400;
     const REGION: u64 = 1 << 20;
     if role().is_some() {
         let rx = open_when_created(&env::<String>("RING"));
-        let opens = IPC_MEM_OPENS.load(Relaxed);
+        let opens = [IPC_MEM_OPENS.load(Relaxed), VMM_IMPORTS.load(Relaxed)];
         let (n, bad) = consume(&rx, 0);
         assert_eq!((n, bad), (FRAMES, 0));
         // The registered pool was mapped once, at join or at its first message.
-        assert!(IPC_MEM_OPENS.load(Relaxed) - opens <= 1);
+        let now = [IPC_MEM_OPENS.load(Relaxed), VMM_IMPORTS.load(Relaxed)];
+        assert!(now[0] - opens[0] + now[1] - opens[1] <= 1, "{opens:?} -> {now:?}");
+        eprintln!("consumer ({}): IPC opens, VMM imports {opens:?} -> {now:?}", rx.sharing_name());
         return;
     }
     let name = unique_name("reg");
-    let mut tx =
-        Producer::builder(&name).capacity(4).slot_size(REGION as usize).create_gpu(0).unwrap();
-    let child = spawn("publish_from_registered_allocation", "consumer", &[("RING", name)]);
+    let b = Producer::builder(&name).capacity(4).slot_size(REGION as usize);
+    let mut tx = if vmm_sharing { vmm(b) } else { b }.create_gpu(0).unwrap();
+    let child = spawn(test, "consumer", &[("RING", name)]);
     wait_for_consumers(&tx, 1);
     // Registered after the consumer joined: it maps the pool when the first message names it.
     // One surface per buffer (4 slots and the spares): a surface is written again only when
     // an acquire hands out its buffer again, after its readers are done. (With spares, the
     // buffer of message `seq` is not always the one of `seq - 4`: a held message keeps its own.)
     let surfaces_n = (4 + tx.spare_buffers()) as u64;
-    let surfaces = DevicePool::new(tx.context(), (surfaces_n * REGION) as usize).unwrap();
-    let id = tx.register(surfaces).unwrap();
+    let bytes = (surfaces_n * REGION) as usize;
+    let id = if vmm_sharing {
+        tx.alloc_pool(bytes).unwrap()
+    } else {
+        tx.register(DevicePool::new(tx.context(), bytes).unwrap()).unwrap()
+    };
     let (base, size) = tx.pool(id).unwrap();
     assert!(size as u64 >= surfaces_n * REGION);
     let k = PatternKernels::get(tx.context()).unwrap();
@@ -278,6 +360,81 @@ fn publish_from_registered_allocation() {
     assert!(slot.publish_region(id, past, 16, &[]).is_err(), "region past the end");
     drop(tx);
     expect_success(child, "consumer");
+}
+
+/// In VMM sharing a consumer may live in its producer's process (fd imports have no "not in
+/// the exporter" rule), and every byte checks out; allocations the ring cannot share by fd, and
+/// `Fence::Memory` with VMM, are refused with errors that say why.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_consumer_in_the_producers_process() {
+    const LEN: u64 = 1 << 20;
+    let name = unique_name("vmm-same");
+    let b = Producer::builder(&name).capacity(4).slot_size(LEN as usize).policy(Policy::Block);
+    let mut tx = vmm(b).create_gpu(0).unwrap();
+    assert_eq!(tx.sharing_name(), "vmm");
+    let rx = Consumer::builder(&name).open_gpu().unwrap();
+    assert_eq!(rx.sharing_name(), "vmm");
+    let (kt, kr) =
+        (PatternKernels::get(tx.context()).unwrap(), PatternKernels::get(rx.context()).unwrap());
+    let bad = counter(&rx);
+    for seq in 0..200u64 {
+        let slot = tx.acquire().unwrap();
+        // SAFETY: as in `produce`.
+        unsafe { kt.fill(slot.stream(), slot.ptr(), LEN, seq).unwrap() };
+        slot.publish(LEN as usize, &[]).unwrap();
+        let m = rx.recv().unwrap();
+        assert_eq!(m.seq(), seq);
+        // SAFETY: as in `consume`.
+        unsafe { kr.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
+    }
+    assert_eq!(bad.read().unwrap(), 0);
+    let legacy_pool = DevicePool::new(tx.context(), 2 << 20).unwrap();
+    let raw = legacy_pool.ptr();
+    match tx.register(legacy_pool) {
+        Err(e @ RegisterError::WrongSharing { ring: "vmm" }) => eprintln!("register: {e}"),
+        other => panic!("a cuMemAlloc pool registered on a VMM ring: {other:?}"),
+    }
+    let keep = DevicePool::new(tx.context(), 2 << 20).unwrap();
+    // SAFETY: `keep` outlives `tx`... and the call is refused before anything is shared.
+    match unsafe { tx.register_raw(keep.ptr(), keep.size()) } {
+        Err(RegisterError::WrongSharing { .. }) => {}
+        other => panic!("register_raw of cuMemAlloc memory on a VMM ring: {other:?} ({raw:#x})"),
+    }
+    let both = vmm(Producer::builder(&unique_name("vmm-fence"))).fence(gpuring::Fence::Memory);
+    match both.create_gpu(0) {
+        Err(e @ CreateError::InvalidConfig { field: "fence", .. }) => eprintln!("{e}"),
+        other => panic!("Fence::Memory with VMM: {:?}", other.err()),
+    }
+    drop(rx);
+    drop(tx);
+    drop(keep);
+}
+
+/// VMM memory belongs to every process that imported it: a consumer still reads a held frame,
+/// byte for byte, after its producer has closed and freed its side.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_memory_outlives_the_producer() {
+    const LEN: u64 = 4 << 20;
+    let name = unique_name("vmm-outlive");
+    let mut tx =
+        vmm(Producer::builder(&name).capacity(2).slot_size(LEN as usize)).create_gpu(0).unwrap();
+    tx.set_linger(Duration::from_millis(50));
+    let rx = Consumer::builder(&name).open_gpu().unwrap();
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let slot = tx.acquire().unwrap();
+    // SAFETY: as in `produce`.
+    unsafe { k.fill(slot.stream(), slot.ptr(), LEN, 7).unwrap() };
+    slot.publish(LEN as usize, &[]).unwrap();
+    let m = rx.recv().unwrap();
+    drop(tx); // the consumer holds `m`: the producer frees its side after the linger anyway
+    let (kr, bad) = (PatternKernels::get(rx.context()).unwrap(), counter(&rx));
+    // SAFETY: `m` is held: its bytes stay readable on its stream until released.
+    unsafe { kr.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
+    assert_eq!(bad.read().unwrap(), 0, "the frame changed after the producer left");
+    drop(m);
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
 }
 
 /// A CUDA ring is not opened as host memory (and vice versa), and a consumer naming another

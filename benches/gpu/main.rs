@@ -15,6 +15,9 @@
 //! 2. paced 1→1 latency through a one-slot ring (the ring's version of the raw handoff);
 //! 3. the matrix: consumers × frame sizes × policies, each consumer a process reading every byte.
 //!
+//! `--compare-sharing` runs instead a paced comparison of the two sharing modes (legacy IPC
+//! against VMM) over the consumer counts and frame sizes given, and prints their ratios.
+//!
 //! Consumer processes are this binary again, with `GPURING_GPU_BENCH_ROLE` set.
 
 mod floors;
@@ -22,6 +25,7 @@ mod floors;
 mod kernels;
 mod report;
 mod ring;
+mod sharing;
 #[path = "../../src/bin/gpuring/size.rs"]
 mod size;
 
@@ -83,6 +87,14 @@ pub struct Opts {
     /// The rings' fence: `events` or `memory`.
     #[arg(long, default_value = "events")]
     fence: String,
+    /// How the rings share their memory: `legacy` (IPC handles and events) or `vmm` (fds,
+    /// memory-word fences).
+    #[arg(long, default_value = "legacy")]
+    sharing: String,
+    /// Compare the sharing modes (paced, legacy then VMM per cell, as ratios) instead of the
+    /// floors and the matrix.
+    #[arg(long)]
+    compare_sharing: bool,
 }
 
 fn parse_us(s: &str) -> Result<Duration, String> {
@@ -144,6 +156,14 @@ fn main() {
     let mut rep = report::Report::new(&o);
 
     rep.timer_step = k.timer_step(&stream);
+    if o.compare_sharing {
+        let md = sharing::compare(&o, &k);
+        println!("{md}");
+        if let Some(path) = &o.md {
+            std::fs::write(path, &md).unwrap();
+        }
+        return;
+    }
     if !o.no_floors {
         floors_and_latency(&o, &ctx, &stream, &k, &mut rep);
     }
@@ -167,6 +187,12 @@ pub fn fence(o: &Opts) -> gpuring::Fence {
         "events" => gpuring::Fence::Events,
         other => panic!("unknown fence {other} (events or memory)"),
     }
+}
+
+/// The rings' sharing for this run.
+pub fn sharing(o: &Opts) -> gpuring::Sharing {
+    gpuring::Sharing::from_name(&o.sharing)
+        .unwrap_or_else(|| panic!("unknown sharing {} (legacy or vmm)", o.sharing))
 }
 
 /// The producer's and consumers' `gpu_poll` for this run.

@@ -16,13 +16,14 @@ use gpuring::{Consumer, OpenError, Policy, Producer};
 use crate::kernels::{percentiles, Kernels};
 use crate::{child_result, Opts, ROLE};
 
-/// Counts of IPC opens/closes and CPU syncs made by this process so far.
+/// Counts of IPC opens/closes (and VMM imports) and CPU syncs made by this process so far.
 pub fn counters() -> (u64, u64) {
-    use gpuring::cuda::driver::CPU_SYNCS;
+    use gpuring::cuda::driver::{CPU_SYNCS, VMM_IMPORTS};
     use gpuring::cuda::{IPC_EVENT_OPENS, IPC_MEM_CLOSES, IPC_MEM_OPENS};
     let opens = IPC_MEM_OPENS.load(Ordering::Relaxed)
         + IPC_EVENT_OPENS.load(Ordering::Relaxed)
-        + IPC_MEM_CLOSES.load(Ordering::Relaxed);
+        + IPC_MEM_CLOSES.load(Ordering::Relaxed)
+        + VMM_IMPORTS.load(Ordering::Relaxed);
     (opens, CPU_SYNCS.load(Ordering::Relaxed))
 }
 
@@ -92,6 +93,7 @@ pub fn run_cell(
         .policy(policy)
         .gpu_poll(poll)
         .fence(crate::fence(o))
+        .sharing(crate::sharing(o))
         .create_gpu(o.device)
         .expect("create the CUDA ring");
     let children: Vec<Child> = (0..n).map(|i| spawn_consumer(&name, size, i, poll)).collect();

@@ -35,6 +35,8 @@ use crate::slot::{stream_number, Slot};
 ///   ("block": lossless, "overwrite": queue).
 /// - `wait`: seconds to wait for the ring to appear (or for a live producer to replace a dead
 ///   one's).
+/// - `allow_foreign_owner`: open a ring whose segment another user owns (its producer made it
+///   readable and writable for us with `permissions=`). Refused by default.
 #[pyclass(module = "gpuring")]
 pub struct Consumer {
     /// None once closed. Bound to the thread that opened it (see `bound`).
@@ -49,7 +51,7 @@ pub struct Consumer {
 impl Consumer {
     #[new]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
-    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None, wait=0.0))]
+    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None, wait=0.0, allow_foreign_owner=false))]
     fn new(
         py: Python<'_>,
         name: &str,
@@ -60,6 +62,7 @@ impl Consumer {
         start: &str,
         mode: Option<&str>,
         wait: f64,
+        allow_foreign_owner: bool,
     ) -> PyResult<Consumer> {
         let wanted = Wanted::from_args(dtype, shape)?;
         let start = match start {
@@ -84,7 +87,7 @@ impl Consumer {
         let stream = stream.filter(|s| !s.is_none()).map(stream_handle).transpose()?;
         let until = deadline(Some(wait))?;
         let rx = loop {
-            match open(name, start, mode, device, stream) {
+            match open(name, start, mode, device, stream, allow_foreign_owner) {
                 // Not there yet, still being built, or a dead producer's ring that its
                 // successor will replace: what `open_when_ready` waits through too.
                 Err(
@@ -273,8 +276,10 @@ fn open(
     mode: Option<Mode>,
     device: Option<i32>,
     stream: Option<u64>,
+    allow_foreign_owner: bool,
 ) -> Result<Rc<dyn Receiver>, OpenError> {
-    let builder = RingConsumer::builder(name).start_at(start);
+    let builder =
+        RingConsumer::builder(name).start_at(start).allow_foreign_owner(allow_foreign_owner);
     let builder = match mode {
         Some(m) => builder.mode(m),
         None => builder,

@@ -1,7 +1,9 @@
 //! Exception types, and how the ring's errors become them.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyException, PyFileNotFoundError, PyTimeoutError};
+use pyo3::exceptions::{
+    PyBufferError, PyException, PyFileNotFoundError, PyPermissionError, PyTimeoutError,
+};
 use pyo3::PyErr;
 
 create_exception!(
@@ -30,7 +32,8 @@ pub fn error(what: impl std::fmt::Display) -> PyErr {
 
 /// What a failed open becomes: `FileNotFoundError` for a ring that does not exist (so
 /// `except FileNotFoundError` works as for files), `gpuring.Disconnected` for one whose
-/// producer is gone, `gpuring.Error` otherwise.
+/// producer is gone, `PermissionError` for a VMM producer that refused to share its memory
+/// with this process, `gpuring.Error` otherwise.
 pub fn open_error(name: &str, e: gpuring::OpenError) -> PyErr {
     match e {
         gpuring::OpenError::NotFound => {
@@ -38,6 +41,9 @@ pub fn open_error(name: &str, e: gpuring::OpenError) -> PyErr {
         }
         gpuring::OpenError::Disconnected => {
             Disconnected::new_err(format!("ring {name:?}: producer gone"))
+        }
+        e @ gpuring::OpenError::PeerRefused { .. } => {
+            PyPermissionError::new_err(format!("ring {name:?}: {e}"))
         }
         e => Error::new_err(format!("ring {name:?}: {e}")),
     }

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use gpuring::tensor::TensorHeader;
 use gpuring::{
-    AcquireTimeoutError, Cuda, Host, Memory, Policy, Producer as RingProducer, ProducerBuilder,
+    AcquireTimeoutError, Cuda, Host, Memory, PeerPolicy, Policy, Producer as RingProducer,
+    ProducerBuilder, Sharing,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -34,7 +35,8 @@ trait Sender {
 }
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
-///          policy="block", max_consumers=None, spares=None)
+///          policy="block", max_consumers=None, spares=None, sharing="legacy",
+///          allow_uids=None, allow_gids=None, permissions=None)
 ///
 /// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: the delivery mode of consumers
@@ -42,7 +44,10 @@ trait Sender {
 /// "overwrite" (queue: no wait for slow readers; they lose messages). `spares`: spare buffers
 /// the producer swaps in when it laps a message a consumer still holds, so a consumer that
 /// holds frames never slows it down; only when consumers hold every spare does it wait (default
-/// 8, fewer where the ring's limits leave less room). The
+/// 8, fewer where the ring's limits leave less room). `sharing` (CUDA rings): "legacy" (IPC
+/// handles in the ring, which any process that can read it may map) or "vmm" (memory handed
+/// out by file descriptor to processes of this uid only, or also of the uids in `allow_uids`
+/// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). The
 /// ring is removed when the producer is closed or freed.
 #[pyclass(module = "gpuring")]
 pub struct Producer {
@@ -54,7 +59,7 @@ pub struct Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None))]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", allow_uids=None, allow_gids=None, permissions=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         name: &str,
@@ -66,6 +71,10 @@ impl Producer {
         policy: &str,
         max_consumers: Option<u32>,
         spares: Option<u32>,
+        sharing: &str,
+        allow_uids: Option<Vec<u32>>,
+        allow_gids: Option<Vec<u32>>,
+        permissions: Option<u32>,
     ) -> PyResult<Producer> {
         let policy = Policy::from_name(policy).ok_or_else(|| {
             PyValueError::new_err(format!("policy={policy:?}: use \"block\" or \"overwrite\""))
@@ -81,6 +90,9 @@ impl Producer {
         if let Some(n) = spares {
             builder = builder.spare_buffers(n);
         }
+        if let Some(mode) = permissions {
+            builder = builder.mode(mode);
+        }
         let cuda = match memory {
             "cuda" => true,
             "host" => false,
@@ -91,7 +103,28 @@ impl Producer {
                 )))
             }
         };
-        let builder = builder.device(device);
+        let (uids, gids) = (allow_uids.unwrap_or_default(), allow_gids.unwrap_or_default());
+        let sharing =
+            match sharing {
+                "legacy" if uids.is_empty() && gids.is_empty() => Sharing::Legacy,
+                "legacy" => return Err(PyValueError::new_err(
+                    "allow_uids and allow_gids apply to sharing=\"vmm\" (legacy sharing checks \
+                     no peer)",
+                )),
+                "vmm" if uids.is_empty() && gids.is_empty() => Sharing::Vmm(PeerPolicy::SameUid),
+                "vmm" => Sharing::Vmm(PeerPolicy::Allow { uids, gids }),
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "sharing={other:?}: use \"legacy\" or \"vmm\""
+                    )))
+                }
+            };
+        if !cuda && sharing != Sharing::Legacy {
+            return Err(PyValueError::new_err(
+                "sharing=\"vmm\" shares CUDA memory: use memory=\"cuda\" (or \"auto\" on a GPU machine)",
+            ));
+        }
+        let builder = builder.device(device).sharing(sharing);
         let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
         let tx = tx.map_err(|e| error(format!("cannot create ring {name:?}: {e}")))?;
         Ok(Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() })
