@@ -401,6 +401,20 @@ fn vmm_consumer_in_the_producers_process() {
         Err(RegisterError::WrongSharing { .. }) => {}
         other => panic!("register_raw of cuMemAlloc memory on a VMM ring: {other:?} ({raw:#x})"),
     }
+    // A VMM allocation of the caller's own is accepted by `register_raw`, and read through.
+    let own = gpuring::cuda::VmmPool::new(tx.context(), 2 << 20).unwrap();
+    // SAFETY: `own` is a POSIX-fd `cuMemCreate` allocation mapped at its base in the ring's
+    // context, dropped after `tx` below.
+    let id = unsafe { tx.register_raw(own.ptr(), own.size()) }.unwrap();
+    let slot = tx.acquire().unwrap();
+    // SAFETY: `own` holds LEN bytes; written on the slot's stream, which publish fences.
+    unsafe { kt.fill(slot.stream(), own.ptr(), LEN, 1000).unwrap() };
+    slot.publish_region(id, 0, LEN, &[]).unwrap();
+    let m = rx.recv().unwrap();
+    // SAFETY: as in `consume`.
+    unsafe { kr.check(m.stream(), m.ptr(), m.len() as u64, 1000, bad.ptr(), 0) }.unwrap();
+    drop(m);
+    assert_eq!(bad.read().unwrap(), 0, "a frame from a registered VMM allocation");
     let both = vmm(Producer::builder(&unique_name("vmm-fence"))).fence(gpuring::Fence::Memory);
     match both.create_gpu(0) {
         Err(e @ CreateError::InvalidConfig { field: "fence", .. }) => eprintln!("{e}"),
@@ -408,7 +422,7 @@ fn vmm_consumer_in_the_producers_process() {
     }
     drop(rx);
     drop(tx);
-    drop(keep);
+    drop((keep, own));
 }
 
 /// VMM memory belongs to every process that imported it: a consumer still reads a held frame,
