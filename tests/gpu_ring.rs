@@ -426,29 +426,43 @@ fn vmm_consumer_in_the_producers_process() {
 }
 
 /// VMM memory belongs to every process that imported it: a consumer still reads a held frame,
-/// byte for byte, after its producer has closed and freed its side.
+/// byte for byte, after its producer has closed and freed its side, even once new allocations
+/// (which would reuse freed memory) have been written all over the device.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn vmm_memory_outlives_the_producer() {
     const LEN: u64 = 4 << 20;
     let name = unique_name("vmm-outlive");
-    let mut tx =
-        vmm(Producer::builder(&name).capacity(2).slot_size(LEN as usize)).create_gpu(0).unwrap();
+    let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize);
+    let mut tx = vmm(b).create_gpu(0).unwrap();
     tx.set_linger(Duration::from_millis(50));
     let rx = Consumer::builder(&name).open_gpu().unwrap();
     let k = PatternKernels::get(tx.context()).unwrap();
     let slot = tx.acquire().unwrap();
+    let seq = slot.seq();
     // SAFETY: as in `produce`.
-    unsafe { k.fill(slot.stream(), slot.ptr(), LEN, 7).unwrap() };
+    unsafe { k.fill(slot.stream(), slot.ptr(), LEN, seq).unwrap() };
     slot.publish(LEN as usize, &[]).unwrap();
     let m = rx.recv().unwrap();
+    assert_eq!(m.seq(), seq);
+    let ctx = tx.context().clone();
     drop(tx); // the consumer holds `m`: the producer frees its side after the linger anyway
+              // Freed memory would be handed out again: fill 64 new allocations of the frame's size.
+    let scratch: Vec<_> = (0..64).map(|_| DevicePool::new(&ctx, LEN as usize).unwrap()).collect();
+    let stream = gpuring::cuda::Stream::new(&ctx).unwrap();
+    for pool in &scratch {
+        let _bound = ctx.bind().unwrap();
+        // SAFETY: `pool` holds LEN bytes; the stream is live and synchronised below.
+        unsafe { driver::memset_async(pool.ptr(), 0xA5, LEN as usize, stream.raw()) }.unwrap();
+    }
+    stream.synchronize().unwrap();
     let (kr, bad) = (PatternKernels::get(rx.context()).unwrap(), counter(&rx));
     // SAFETY: `m` is held: its bytes stay readable on its stream until released.
     unsafe { kr.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
     assert_eq!(bad.read().unwrap(), 0, "the frame changed after the producer left");
     drop(m);
     assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    drop(scratch);
 }
 
 /// A CUDA ring is not opened as host memory (and vice versa), and a consumer naming another
