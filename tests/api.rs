@@ -220,3 +220,15 @@ fn default_spares_fit_the_limits_and_explicit_ones_are_checked() {
     let tx = Producer::builder(&unique_name("spare-default")).create().unwrap();
     assert_eq!(tx.spare_buffers(), gpuring::DEFAULT_SPARES);
 }
+
+/// VMM sharing is a setting of CUDA memory: a host ring refuses it rather than ignore it.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_host_ring_refuses_vmm_sharing() {
+    let b = Producer::builder(&unique_name("host-vmm"));
+    let vmm = gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid);
+    match b.sharing(vmm).create() {
+        Err(gpuring::CreateError::InvalidConfig { field: "sharing", .. }) => {}
+        other => panic!("a host ring took VMM sharing: {:?}", other.err()),
+    }
+}

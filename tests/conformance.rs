@@ -46,6 +46,9 @@ trait Kind {
     fn configure(b: ProducerBuilder) -> ProducerBuilder {
         b
     }
+    /// Checks that a joined consumer reads the ring the way `configure` set it up (so that a
+    /// variant cannot pass as another one's rerun).
+    fn joined(_rx: &Consumer<Self::M>) {}
 }
 
 /// A producer and its payload writer.
@@ -87,6 +90,7 @@ fn publish<K: Kind>(tx: &mut Tx<K>, seq: u64, timeout: Duration) -> bool {
 }
 
 fn checked<K: Kind>(rx: Consumer<K::M>) -> Rx<K> {
+    K::joined(&rx);
     let c = K::M::checker(&rx).unwrap();
     Rx { rx, c }
 }
@@ -170,6 +174,10 @@ impl<const MEMORY_FENCE: bool, const VMM: bool> Kind for Cuda<MEMORY_FENCE, VMM>
         } else {
             b
         }
+    }
+
+    fn joined(rx: &Consumer<gpuring::Cuda>) {
+        assert_eq!(rx.sharing_name(), if VMM { "vmm" } else { "legacy" });
     }
 }
 

@@ -426,28 +426,34 @@ fn vmm_consumer_in_the_producers_process() {
 }
 
 /// VMM memory belongs to every process that imported it: a consumer still reads a held frame,
-/// byte for byte, after its producer has closed and freed its side, even once new allocations
-/// (which would reuse freed memory) have been written all over the device.
+/// byte for byte, after its producer's process has exited (its side of the memory gone with
+/// it), even once new allocations (which would reuse freed memory) have been written all over
+/// the device.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn vmm_memory_outlives_the_producer() {
+    const TEST: &str = "vmm_memory_outlives_the_producer";
     const LEN: u64 = 4 << 20;
+    if role().is_some() {
+        let b = Producer::builder(&env::<String>("RING")).capacity(2).slot_size(LEN as usize);
+        let mut tx = vmm(b).create_gpu(0).unwrap();
+        tx.set_linger(Duration::from_millis(50));
+        wait_for_consumers(&tx, 1);
+        produce(&mut tx, 1, LEN);
+        let t = Instant::now();
+        while tx.consumers().iter().any(|c| c.cursor < 1) {
+            assert!(t.elapsed() < Duration::from_secs(30), "the consumer did not take the frame");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return; // the process exits: everything of the producer's goes with it
+    }
     let name = unique_name("vmm-outlive");
-    let b = Producer::builder(&name).capacity(2).slot_size(LEN as usize);
-    let mut tx = vmm(b).create_gpu(0).unwrap();
-    tx.set_linger(Duration::from_millis(50));
-    let rx = Consumer::builder(&name).open_gpu().unwrap();
-    let k = PatternKernels::get(tx.context()).unwrap();
-    let slot = tx.acquire().unwrap();
-    let seq = slot.seq();
-    // SAFETY: as in `produce`.
-    unsafe { k.fill(slot.stream(), slot.ptr(), LEN, seq).unwrap() };
-    slot.publish(LEN as usize, &[]).unwrap();
+    let child = spawn(TEST, "producer", &[("RING", name.clone())]);
+    let rx = open_when_created(&name);
     let m = rx.recv().unwrap();
-    assert_eq!(m.seq(), seq);
-    let ctx = tx.context().clone();
-    drop(tx); // the consumer holds `m`: the producer frees its side after the linger anyway
-              // Freed memory would be handed out again: fill 64 new allocations of the frame's size.
+    expect_success(child, "producer");
+    // Freed memory would be handed out again: fill 64 new allocations of the frame's size.
+    let ctx = rx.context().clone();
     let scratch: Vec<_> = (0..64).map(|_| DevicePool::new(&ctx, LEN as usize).unwrap()).collect();
     let stream = gpuring::cuda::Stream::new(&ctx).unwrap();
     for pool in &scratch {
@@ -456,10 +462,11 @@ fn vmm_memory_outlives_the_producer() {
         unsafe { driver::memset_async(pool.ptr(), 0xA5, LEN as usize, stream.raw()) }.unwrap();
     }
     stream.synchronize().unwrap();
-    let (kr, bad) = (PatternKernels::get(rx.context()).unwrap(), counter(&rx));
+    let (k, bad) = (PatternKernels::get(rx.context()).unwrap(), counter(&rx));
     // SAFETY: `m` is held: its bytes stay readable on its stream until released.
-    unsafe { kr.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
-    assert_eq!(bad.read().unwrap(), 0, "the frame changed after the producer left");
+    unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
+    assert_eq!(bad.read().unwrap(), 0, "the frame changed after the producer exited");
+    eprintln!("frame {} read intact after the producer's exit", m.seq());
     drop(m);
     assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
     drop(scratch);

@@ -296,8 +296,10 @@ impl HostRegistration {
     ///
     /// # Safety
     /// 1. `ptr` must be page-aligned (as `mmap` returns it), and `ptr..ptr + len` mapped in
-    ///    this process until this is dropped (or forgotten). The driver locks whole pages, so
-    ///    the rest of the last page is registered too.
+    ///    this process until this is dropped. If it is forgotten instead, the mapping must be
+    ///    leaked with it: the driver keeps the range registered, and a later `mmap` reusing it
+    ///    could never be registered again. The driver locks whole pages, so the rest of the
+    ///    last page is registered too.
     /// 2. No other registration of this process may overlap these pages (the driver refuses
     ///    one that does, but the two would share their pinning).
     pub unsafe fn new(

@@ -167,15 +167,35 @@ pub struct ConsumerSlot {
     /// The consumer's release event for this slot, recorded on its stream at release. Written
     /// when the consumer joins. Legacy sharing only (zero with VMM).
     pub release_event: Handle64,
-    /// VMM sharing: `seq + 1` of the message this consumer's GPU last finished reading in this
-    /// buffer, written by its stream (`cuStreamWriteValue64`) after its reads; the producer
-    /// polls it on the CPU. Two banks: an occupant of generation `g` uses bank
-    /// [`release_bank`]`(g)` only, and zeroes it while JOINING. So a write that a dead former
-    /// occupant queued and its GPU runs late (after the reap: an MPS server may tear a dead
-    /// client down after the kernel reports it gone) lands in the other bank and cannot lower
-    /// the new occupant's word. (Only the occupant two generations back shares the bank; its
-    /// write would have to survive two reaps.)
+    /// VMM sharing: what this consumer's GPU writes (`cuStreamWriteValue64`) after its reads
+    /// of a message in this buffer: [`release_value`]`(generation, seq)`, its entry's
+    /// generation as a tag over `seq + 1`. The producer polls it on the CPU and counts it only
+    /// with the tag of the lease it saw ([`released_by`]). Two banks: an occupant of generation
+    /// `g` uses bank [`release_bank`]`(g)` only, and zeroes it while JOINING. A write that a dead
+    /// former occupant queued and its GPU runs late (after the reap: an MPS server may tear a
+    /// dead client down after the kernel reports it gone) carries the old tag, so it never
+    /// counts as the new occupant's release (no buffer is reused early); in the other bank it
+    /// cannot even hide one. (Only an occupant of the same parity shares the bank; its write
+    /// would have to survive two reaps, and could then delay the producer, never hurry it.)
     pub release_done: [AtomicU64; 2],
+}
+
+/// Bits of a release word that carry `seq + 1`; the tag is above them.
+const RELEASE_SEQ_BITS: u32 = 48;
+const RELEASE_SEQ_MASK: u64 = (1 << RELEASE_SEQ_BITS) - 1;
+
+/// The release word a consumer of generation `generation` writes after reading message `seq`:
+/// the generation's low 16 bits over `seq + 1` (modulo 2^48, some 9 years at a million
+/// messages a second).
+pub fn release_value(generation: u32, seq: u64) -> u64 {
+    (u64::from(generation & 0xFFFF) << RELEASE_SEQ_BITS) | ((seq + 1) & RELEASE_SEQ_MASK)
+}
+
+/// Whether release word `word` says that the consumer of generation `generation` finished
+/// reading message `seq` (or a later one in the same buffer): its tag, and `seq + 1` at least.
+pub fn released_by(word: u64, generation: u32, seq: u64) -> bool {
+    word >> RELEASE_SEQ_BITS == u64::from(generation & 0xFFFF)
+        && word & RELEASE_SEQ_MASK >= (seq + 1) & RELEASE_SEQ_MASK
 }
 
 /// The bank of [`ConsumerSlot::release_done`] an occupant of generation `generation` uses.
@@ -242,6 +262,18 @@ pub fn check_descriptor(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn release_words_count_only_for_their_occupant() {
+        let w = release_value(7, 41);
+        assert!(released_by(w, 7, 41));
+        assert!(released_by(w, 7, 40), "a later message's release covers an earlier one");
+        assert!(!released_by(w, 7, 42), "not yet read");
+        assert!(!released_by(w, 8, 41), "another occupant's word");
+        assert!(!released_by(w, 5, 41), "an earlier occupant's word");
+        assert!(!released_by(0, 7, 0), "a zeroed word");
+        assert!(released_by(release_value(0x1_0007, 3), 0x2_0007, 3), "16-bit tags");
+    }
 
     #[test]
     fn handles_round_trip() {

@@ -41,7 +41,13 @@ impl ProducerSide for HostTx {
 
     type Prepared = ();
 
-    fn prepare(_: &TxSettings) -> Result<(), CreateError> {
+    fn prepare(settings: &TxSettings) -> Result<(), CreateError> {
+        if settings.vmm.is_some() {
+            return Err(CreateError::InvalidConfig {
+                field: "sharing",
+                reason: "VMM sharing is for CUDA memory; a host ring shares its segment",
+            });
+        }
         Ok(())
     }
 

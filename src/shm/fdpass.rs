@@ -604,38 +604,46 @@ pub fn fetch(addr: &SocketAddrUnix) -> Result<(Vec<u8>, Vec<OwnedFd>), FetchErro
     fetch_checked(addr, None)
 }
 
-/// [`fetch`] from the server of process `server_pid` only: the kernel's record of who listens
-/// (`SO_PEERCRED` of a connected client socket names the process that called `listen`) must
-/// say that pid, so that a process that bound a dead producer's address cannot hand its own
-/// memory to the producer's consumers.
+/// [`fetch`] from the server of process `pid`, running as `uid`, only: the kernel's record of
+/// who listens (`SO_PEERCRED` of a connected client socket names the process that called
+/// `listen`, and its uid) must say both. A consumer passes the producer's pid and the uid that
+/// owns the segment, so that a process that bound a dead producer's address, or that rewrote
+/// the pid in a segment it can write, cannot hand its own memory to the producer's consumers
+/// unless it runs as the segment's owner.
 ///
 /// ```
 /// use gpuring::shm::fdpass::{fd_address, fetch_from, FdServer, FetchError, PeerPolicy};
 ///
 /// let addr = fd_address("doc-fetch-from", 1)?;
 /// let _server = FdServer::start(&addr, vec![], b"v1".to_vec(), PeerPolicy::SameUid)?;
-/// assert!(fetch_from(&addr, std::process::id()).is_ok());
-/// assert!(matches!(fetch_from(&addr, 1), Err(FetchError::Protocol(_))));
+/// let uid = rustix::process::getuid().as_raw();
+/// assert!(fetch_from(&addr, std::process::id(), uid).is_ok());
+/// assert!(matches!(fetch_from(&addr, 1, uid), Err(FetchError::Protocol(_))));
+/// assert!(matches!(fetch_from(&addr, std::process::id(), uid + 1), Err(FetchError::Protocol(_))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn fetch_from(
     addr: &SocketAddrUnix,
-    server_pid: u32,
+    pid: u32,
+    uid: u32,
 ) -> Result<(Vec<u8>, Vec<OwnedFd>), FetchError> {
-    fetch_checked(addr, Some(server_pid))
+    fetch_checked(addr, Some((pid, uid)))
 }
 
 fn fetch_checked(
     addr: &SocketAddrUnix,
-    server_pid: Option<u32>,
+    server: Option<(u32, u32)>,
 ) -> Result<(Vec<u8>, Vec<OwnedFd>), FetchError> {
     let socket =
         socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .map_err(|e| FetchError::Io(e.into()))?;
+    // Bounds the connect too: a stopped server's full backlog must not block an open for ever.
+    sockopt::set_socket_timeout(&socket, sockopt::Timeout::Send, Some(PEER_TIMEOUT))
+        .map_err(|e| FetchError::Io(e.into()))?;
     connect(&socket, addr).map_err(|e| FetchError::Unreachable(e.into()))?;
-    if let Some(pid) = server_pid {
+    if let Some((pid, uid)) = server {
         let cred = sockopt::socket_peercred(&socket).map_err(|e| FetchError::Io(e.into()))?;
-        if cred.pid.as_raw_nonzero().get() as u32 != pid {
+        if cred.pid.as_raw_nonzero().get() as u32 != pid || cred.uid.as_raw() != uid {
             return Err(FetchError::Protocol("the fd socket is not the producer's"));
         }
     }

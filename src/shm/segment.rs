@@ -48,6 +48,8 @@ pub struct Segment {
     name: ShmName,
     /// (st_dev, st_ino) of the file, to unlink only our own file.
     id: (u64, u64),
+    /// The file's owner.
+    owner: u32,
 }
 
 fn nofollow() -> shm::OFlags {
@@ -162,7 +164,8 @@ impl Segment {
                 // SAFETY: `map` is a shared mapping of the file, and the guard is declared
                 // before it in `Segment`, so it unregisters before the unmap.
                 let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
-                Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id })
+                let owner = st.st_uid;
+                Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id, owner })
             }
             Err(e) => {
                 let _ = shm::unlink(name.shm());
@@ -230,7 +233,20 @@ impl Segment {
         // in `Segment`, so it unregisters before the unmap.
         let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
         let id = (st.st_dev, st.st_ino);
-        Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id })
+        Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id, owner: st.st_uid })
+    }
+
+    /// The uid that owns the segment's file.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// A second shared mapping of the whole file, at another address: for a registration with
+    /// the CUDA driver that must be able to outlive this mapping (it is leaked with it). Fails
+    /// for a segment of [`from_bytes`](Self::from_bytes), which has no file.
+    pub fn map_again(&self) -> io::Result<MmapRaw> {
+        let fd = self.fd.as_ref().ok_or_else(|| io::Error::other("a segment without a file"))?;
+        map(fd, self.map.len())
     }
 
     /// A segment holding a copy of `bytes` in anonymous memory that no other process can
@@ -245,7 +261,8 @@ impl Segment {
         anon.copy_from_slice(bytes);
         let map = MmapRaw::from(anon);
         let name = ShmName::new("fuzz").expect("valid name");
-        Ok(Segment { guard: Guard::none(), map, fd: None, name, id: (u64::MAX, u64::MAX) })
+        let owner = rustix::process::geteuid().as_raw();
+        Ok(Segment { guard: Guard::none(), map, fd: None, name, id: (u64::MAX, u64::MAX), owner })
     }
 
     /// The header.

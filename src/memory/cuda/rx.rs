@@ -17,7 +17,7 @@ use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportErr
 use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::gpu::{
     check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, release_bank,
-    sharing_kind, KnownPool, MAX_POOLS,
+    release_value, released_by, sharing_kind, KnownPool, MAX_POOLS,
 };
 use crate::format::offer::decode;
 use crate::format::view::MappedRing;
@@ -25,6 +25,7 @@ use crate::format::Params;
 use crate::memory::{ConsumerSide, Fault, RxSettings};
 use crate::ring::{Leave, Pinned};
 use crate::shm::fdpass::{fd_address, fetch_from, FetchError};
+use crate::shm::process::ProcessId;
 use crate::wait::{self, Deadline};
 
 /// Why a pool could not be mapped.
@@ -45,30 +46,37 @@ impl OpenFault {
         OpenFault::Cuda(e.into())
     }
 
-    /// As an error of `open`: a closed producer's unreachable server means `Disconnected`.
+    /// As an error of `open`: the unreachable server of a producer that closed or died means
+    /// `Disconnected` (so that `open_when_ready` waits for its successor).
     fn opening(self, map: &MappedRing) -> OpenError {
         match self {
             OpenFault::Corrupt(c) => OpenError::Corrupt(c),
             OpenFault::Cuda(e) => cuda_err(e),
             OpenFault::Refused(reason) => OpenError::PeerRefused { reason },
-            // Acquire: pairs with the producer's Release store of `closed`.
-            OpenFault::Fetch(_) if map.header().closed.load(Ordering::Acquire) != 0 => {
-                OpenError::Disconnected
-            }
+            OpenFault::Fetch(_) if producer_gone(map) => OpenError::Disconnected,
             OpenFault::Fetch(reason) => OpenError::MemoryUnavailable { reason },
         }
     }
 
     /// As a fault of `recv` (a pool registered after we joined).
-    fn receiving(self) -> Fault {
+    fn receiving(self, map: &MappedRing) -> Fault {
         match self {
             OpenFault::Corrupt(c) => Fault::Corrupt(c),
             OpenFault::Cuda(e) => Fault::Cuda(e),
+            OpenFault::Fetch(_) if producer_gone(map) => Fault::Disconnected,
             OpenFault::Refused(why) | OpenFault::Fetch(why) => {
                 Fault::Cuda(CudaError::Unavailable(format!("mapping a new pool: {why}")))
             }
         }
     }
+}
+
+/// Whether the ring's producer closed it or is dead.
+fn producer_gone(map: &MappedRing) -> bool {
+    let params = map.params();
+    let producer = ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
+    // Acquire: pairs with the producer's Release store of `closed`.
+    map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive()
 }
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
@@ -230,9 +238,7 @@ impl CudaRx {
             return Err(OpenError::Disconnected);
         }
         let share = if vmm {
-            // SAFETY: the consumer drops this in `leave` before its mapping of the segment (or
-            // forgets both), and this mapping is ours alone.
-            let words = unsafe { SegmentWords::register(&ctx, map) }.map_err(cuda_err)?;
+            let words = SegmentWords::register(&ctx, map).map_err(cuda_err)?;
             for line in tables.releases_of(entry) {
                 // Relaxed (both): published by the Release store of the generation below.
                 line.release_done[release_bank(generation)].store(0, Ordering::Relaxed);
@@ -329,8 +335,8 @@ impl CudaRx {
                 let epoch = map.params().epoch;
                 let addr = fd_address(map.segment().name().ring(), epoch)
                     .map_err(|e| OpenFault::Fetch(e.to_string()))?;
-                let producer = map.params().producer_pid;
-                let (payload, fds) = fetch_from(&addr, producer).map_err(|e| match e {
+                let (pid, owner) = (map.params().producer_pid, map.segment().owner());
+                let (payload, fds) = fetch_from(&addr, pid, owner).map_err(|e| match e {
                     FetchError::Refused(why) => OpenFault::Refused(why),
                     other => OpenFault::Fetch(other.to_string()),
                 })?;
@@ -380,7 +386,7 @@ impl CudaRx {
         };
         let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
         if unmapped {
-            self.open_pools(map, Some(pool as usize)).map_err(OpenFault::receiving)?;
+            self.open_pools(map, Some(pool as usize)).map_err(|e| e.receiving(map))?;
         }
         let pools = self.pools.borrow();
         let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
@@ -463,14 +469,17 @@ impl ConsumerSide for CudaRx {
     ) -> Result<(), Fault> {
         let stream = stream.unwrap_or(&self.stream);
         let line = &ring.map().gpu().releases_of(ring.entry())[m.buffer];
+        let generation = ring.generation();
+        let word = &line.release_done[release_bank(generation)];
+        let value = release_value(generation, m.seq);
         let queued = match &self.share {
             RxShare::Legacy(legacy) => legacy.release[m.buffer].record(stream),
             RxShare::Vmm(words) => {
-                let word = words.device(&line.release_done[release_bank(ring.generation())]);
+                let device = words.device(word);
                 self.ctx.bind().and_then(|_bound| {
                     // SAFETY: the word lies in the segment, page-locked for our device until
                     // we leave (after this write is done); the stream is live.
-                    unsafe { driver::stream_write_value64(stream.raw(), word, m.seq + 1) }
+                    unsafe { driver::stream_write_value64(stream.raw(), device, value) }
                 })
             }
         };
@@ -478,9 +487,12 @@ impl ConsumerSide for CudaRx {
             // Without the fence the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
             // context is broken and nothing of ours reads any more; the slot is released all
-            // the same, or it would stay held for ever. (VMM: the producer waits for the word,
-            // which never comes, until we leave and our entry is freed.)
+            // the same, or it would stay held for ever. VMM: the reads are over, so the CPU
+            // writes the word the GPU could not (a Release store: after the wait).
             let _ = stream.synchronize();
+            if matches!(self.share, RxShare::Vmm(_)) {
+                word.store(value, Ordering::Release);
+            }
         }
         // Release: pairs with the producer's Acquire load; it waits for the fence queued
         // above only when it sees this value.
@@ -583,8 +595,10 @@ impl CudaRx {
     /// and our work still waits (on a fence of its that will never complete), or if it is not
     /// done after [`IDLE_PATIENCE`] (a producer whose context failed never writes its fences).
     fn wait_idle(&self, ring: &ConsumerRing) -> bool {
-        let lines = ring.map().gpu().releases_of(ring.entry());
-        let bank = release_bank(ring.generation());
+        let tables = ring.map().gpu();
+        let lines = tables.releases_of(ring.entry());
+        let generation = ring.generation();
+        let bank = release_bank(generation);
         let idle = || {
             self.stream.is_idle().unwrap_or(true)
                 && match &self.share {
@@ -594,12 +608,14 @@ impl CudaRx {
                     // Acquire: our GPU wrote the word after its reads; the unmapping comes
                     // after. Relaxed: `released` is our own store.
                     RxShare::Vmm(_) => lines.iter().all(|l| {
-                        l.release_done[bank].load(Ordering::Acquire)
-                            >= l.released.load(Ordering::Relaxed)
+                        let released = l.released.load(Ordering::Relaxed);
+                        let word = l.release_done[bank].load(Ordering::Acquire);
+                        released == 0 || released_by(word, generation, released - 1)
                     }),
                 }
         };
         let mut producer_dead_since = None;
+        let mut unblocked = false;
         let config = ring.wait_config();
         let deadline = Deadline::after(IDLE_PATIENCE);
         wait::wait_until(None, config, deadline, |tick| {
@@ -611,6 +627,20 @@ impl CudaRx {
             }
             // Grace for work that was about to complete when the producer died.
             let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+            if gone && !unblocked && matches!(self.share, RxShare::Vmm(_)) {
+                // VMM: our streams may wait on ready words the dead producer's GPU will never
+                // write. They are host memory we map: write them ourselves, so that the waits
+                // end (what they then read is unfinished, but nobody uses it any more; the
+                // memory stays valid, our imports hold it), and give the work a second grace.
+                // The segment is the dead instance's: a successor makes a new file.
+                for line in tables.buffers {
+                    // Relaxed: nothing is published with it; the GPU polls it over PCIe.
+                    line.ready_done.store(u64::MAX, Ordering::Relaxed);
+                }
+                tracing::info!(ring = %ring.name(), "producer dead: its ready words set, to end our waits");
+                (unblocked, producer_dead_since) = (true, Some(Instant::now()));
+                return None;
+            }
             gone.then_some(false)
         })
         .unwrap_or(false)

@@ -15,8 +15,8 @@ use crate::cuda::{
 };
 use crate::error::{AcquireError, AcquireTimeoutError, CreateError, PublishError, RegisterError};
 use crate::format::gpu::{
-    fence_bytes, fence_kind, pool_state, ready_word, release_bank, sharing_kind, store_uuid,
-    MAX_POOLS,
+    fence_bytes, fence_kind, pool_state, ready_word, release_bank, released_by, sharing_kind,
+    store_uuid, MAX_POOLS,
 };
 use crate::format::offer::{encode, OfferedPool};
 use crate::format::view::MappedRing;
@@ -156,9 +156,7 @@ impl VmmTx {
         let server = served.map_err(|e| {
             CudaError::Unavailable(format!("cannot serve the ring's memory by fd: {e}"))
         })?;
-        // SAFETY: dropped with the producer's CUDA side, which `close` (or the producer's field
-        // order) drops before the segment's mapping; no other registration of this mapping.
-        let words = unsafe { SegmentWords::register(ctx, map) }?;
+        let words = SegmentWords::register(ctx, map)?;
         let published = vec![0; map.buffer_count()];
         let (fds, offered) = (Vec::new(), Vec::new());
         Ok(VmmTx { server: Some(server), fds, offered, words, published, epoch })
@@ -345,6 +343,16 @@ impl CudaTx {
                 entry.handle.store(&driver::mem_handle_bytes(&handle));
             }
             TxShare::Vmm(vmm) => {
+                // Consumers map the pool's size from offset 0, which the driver allows only in
+                // whole granules.
+                let granule = driver::mem_granularity(self.ctx.ordinal()).map_err(cuda)?;
+                if mem.size() % granule != 0 {
+                    return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
+                        "a VMM pool's size must be a multiple of the device's allocation \
+                         granularity ({granule} bytes), not {}",
+                        mem.size()
+                    ))));
+                }
                 let fd = match &mem {
                     PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
                     // SAFETY: `mem.ptr()` is a live mapping of this context (checked above);
@@ -564,8 +572,9 @@ impl ProducerSide for CudaTx {
                 TxShare::Vmm(_) => {
                     // Acquire: the consumer's GPU wrote the word after its reads of `prev`;
                     // our rewrite of the buffer comes after.
-                    let word = &line.release_done[release_bank(lease::generation(seen))];
-                    busy |= word.load(Ordering::Acquire) < prev + 1;
+                    let generation = lease::generation(seen);
+                    let word = line.release_done[release_bank(generation)].load(Ordering::Acquire);
+                    busy |= !released_by(word, generation, prev);
                     continue;
                 }
             };
