@@ -17,11 +17,6 @@ const OTHER_UID: u32 = 65534;
 const FRAMES: u64 = 50;
 const LEN: u64 = 1 << 20;
 
-/// Open fds of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
 fn become_other_uid() {
     // SAFETY: setuid has no memory-safety preconditions; glibc applies it to every thread.
     assert_eq!(unsafe { libc::setuid(OTHER_UID) }, 0, "setuid");
@@ -34,10 +29,11 @@ fn a_vmm_consumer_of_another_uid_is_refused() {
     match role().as_deref() {
         Some("refused") => {
             become_other_uid();
-            let before = open_fds();
             let opened =
                 Consumer::builder(&env::<String>("RING")).allow_foreign_owner(true).open_gpu();
-            let after = open_fds();
+            // A refusal carries no fd: the server sends none with it, and `fetch` takes an
+            // answer with fds for a protocol error, not a refusal (tests/fd_sharing.rs checks
+            // the socket level without CUDA, whose own device fds would blur a count here).
             match opened {
                 Err(e @ OpenError::PeerRefused { .. }) => {
                     eprintln!("uid {OTHER_UID}, policy SameUid: {e}");
@@ -48,10 +44,6 @@ fn a_vmm_consumer_of_another_uid_is_refused() {
                 Err(e) => panic!("expected a refusal, got: {e}"),
                 Ok(_) => panic!("a consumer of another uid mapped a SameUid ring"),
             }
-            assert_eq!(before, after, "fds before and after the refused open");
-            eprintln!(
-                "uid {OTHER_UID}: {before} fds before the open, {after} after: none received"
-            );
         }
         Some("allowed") => {
             become_other_uid();
