@@ -58,12 +58,12 @@ impl OpenFault {
         }
     }
 
-    /// As a fault of `recv` (a pool registered after we joined).
-    fn receiving(self, map: &MappedRing) -> Fault {
+    /// As a fault of `recv` (a pool registered after we joined). Not `Disconnected` even if the
+    /// producer is gone: messages in pools we mapped may still be there to receive.
+    fn receiving(self) -> Fault {
         match self {
             OpenFault::Corrupt(c) => Fault::Corrupt(c),
             OpenFault::Cuda(e) => Fault::Cuda(e),
-            OpenFault::Fetch(_) if producer_gone(map) => Fault::Disconnected,
             OpenFault::Refused(why) | OpenFault::Fetch(why) => {
                 Fault::Cuda(CudaError::Unavailable(format!("mapping a new pool: {why}")))
             }
@@ -78,6 +78,13 @@ fn producer_gone(map: &MappedRing) -> bool {
     // Acquire: pairs with the producer's Release store of `closed`.
     map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive()
 }
+
+/// VMM: how long a consumer retries an unreachable fd server whose producer still looks alive.
+const FETCH_PATIENCE: Duration = Duration::from_secs(2);
+
+/// VMM: what a leaving consumer writes into the ready words of a producer that died, so that
+/// GPU waits on them end: never a real value (`seq + 1` stays far below it).
+const PRODUCER_DIED: u64 = u64::MAX;
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
 const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
@@ -336,7 +343,21 @@ impl CudaRx {
                 let addr = fd_address(map.segment().name().ring(), epoch)
                     .map_err(|e| OpenFault::Fetch(e.to_string()))?;
                 let (pid, owner) = (map.params().producer_pid, map.segment().owner());
-                let (payload, fds) = fetch_from(&addr, pid, owner).map_err(|e| match e {
+                // A killed producer's socket closes before the kernel reports the process gone
+                // (while its device files are torn down): look again for a while, so that the
+                // open ends as `Disconnected` rather than `MemoryUnavailable`.
+                let deadline = Instant::now() + FETCH_PATIENCE;
+                let fetched = loop {
+                    match fetch_from(&addr, pid, owner) {
+                        Err(FetchError::Unreachable(_))
+                            if Instant::now() < deadline && !producer_gone(map) =>
+                        {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        other => break other,
+                    }
+                };
+                let (payload, fds) = fetched.map_err(|e| match e {
                     FetchError::Refused(why) => OpenFault::Refused(why),
                     other => OpenFault::Fetch(other.to_string()),
                 })?;
@@ -386,7 +407,7 @@ impl CudaRx {
         };
         let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
         if unmapped {
-            self.open_pools(map, Some(pool as usize)).map_err(|e| e.receiving(map))?;
+            self.open_pools(map, Some(pool as usize)).map_err(OpenFault::receiving)?;
         }
         let pools = self.pools.borrow();
         let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
@@ -487,10 +508,11 @@ impl ConsumerSide for CudaRx {
             // Without the fence the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
             // context is broken and nothing of ours reads any more; the slot is released all
-            // the same, or it would stay held for ever. VMM: the reads are over, so the CPU
-            // writes the word the GPU could not (a Release store: after the wait).
-            let _ = stream.synchronize();
-            if matches!(self.share, RxShare::Vmm(_)) {
+            // the same, or it would stay held for ever. VMM: once the wait succeeded the reads
+            // are over, so the CPU writes the word the GPU could not (Release: after the wait).
+            // If it failed, no word: the producer waits for this buffer until we leave.
+            let synced = stream.synchronize().is_ok();
+            if synced && matches!(self.share, RxShare::Vmm(_)) {
                 word.store(value, Ordering::Release);
             }
         }
@@ -568,12 +590,15 @@ impl CudaRx {
     /// Makes work queued on `stream` from now on run after the producer's writes of `m`:
     /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
     /// the ready event, or on the buffer's ready word (`Fence::Memory`, or VMM sharing).
+    ///
+    /// VMM: a ready word at [`PRODUCER_DIED`] means the producer died before it wrote the
+    /// message (a leaving consumer set it, see `wait_idle`): `Disconnected`, not a frame.
     fn order_after_write(
         &self,
         map: &MappedRing,
         m: &Pinned,
         stream: &Stream,
-    ) -> Result<(), DriverError> {
+    ) -> Result<(), Fault> {
         let signal = match &self.share {
             RxShare::Legacy(legacy) => {
                 let word = legacy.words.map(|w| (w + ready_word(m.buffer), m.seq + 1));
@@ -581,13 +606,17 @@ impl CudaRx {
             }
             RxShare::Vmm(words) => {
                 let cpu = &map.gpu().buffers[m.buffer].ready_done;
+                // Relaxed: only compared; the set-by-a-leaver value publishes nothing.
+                if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
+                    return Err(Fault::Disconnected);
+                }
                 Signal::Word { cpu, device: words.device(cpu), value: m.seq + 1 }
             }
         };
         // SAFETY: a legacy ready word lies in the fence pool we mapped (size checked at join),
         // a VMM one in the segment we page-locked; both stay so while we live, and the
         // producer writes seq + 1 there after message `seq`.
-        unsafe { order_after(signal, self.poll, &self.ctx, stream) }
+        Ok(unsafe { order_after(signal, self.poll, &self.ctx, stream) }?)
     }
 
     /// Waits until our GPU work is done: the stream and every release fence complete. Polls,
@@ -627,19 +656,24 @@ impl CudaRx {
             }
             // Grace for work that was about to complete when the producer died.
             let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
-            if gone && !unblocked && matches!(self.share, RxShare::Vmm(_)) {
+            if gone && matches!(self.share, RxShare::Vmm(_)) {
                 // VMM: our streams may wait on ready words the dead producer's GPU will never
-                // write. They are host memory we map: write them ourselves, so that the waits
-                // end (what they then read is unfinished, but nobody uses it any more; the
-                // memory stays valid, our imports hold it), and give the work a second grace.
-                // The segment is the dead instance's: a successor makes a new file.
+                // write. They are host memory we map: set them to PRODUCER_DIED, so that the
+                // waits end (what they then read is unfinished, but we are leaving: nothing of
+                // ours uses it, and the memory stays valid, our imports hold it). Another
+                // consumer that has not yet placed such a message gets `Disconnected` for it,
+                // not the frame (`order_after_write`). Stored at every look, in case a late
+                // write of the dying context lowers a word again; a second grace follows the
+                // first store. The segment is the dead instance's: a successor makes a new file.
                 for line in tables.buffers {
-                    // Relaxed: nothing is published with it; the GPU polls it over PCIe.
-                    line.ready_done.store(u64::MAX, Ordering::Relaxed);
+                    // Relaxed: nothing is published with it; GPUs poll it over PCIe.
+                    line.ready_done.store(PRODUCER_DIED, Ordering::Relaxed);
                 }
-                tracing::info!(ring = %ring.name(), "producer dead: its ready words set, to end our waits");
-                (unblocked, producer_dead_since) = (true, Some(Instant::now()));
-                return None;
+                if !unblocked {
+                    tracing::info!(ring = %ring.name(), "producer dead: its ready words set, to end our waits");
+                    (unblocked, producer_dead_since) = (true, Some(Instant::now()));
+                    return None;
+                }
             }
             gone.then_some(false)
         })

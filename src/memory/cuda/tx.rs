@@ -316,6 +316,17 @@ impl CudaTx {
             _ => {}
         }
         let _bound = self.ctx.bind().map_err(cuda)?;
+        if let (TxShare::Vmm(_), PoolMemory::Borrowed { size, .. }) = (&self.share, &mem) {
+            // Consumers map the pool's size from offset 0, which the driver allows only in
+            // whole granules (ours: the recommended one, a multiple of the minimum).
+            let granule = driver::mem_granularity(self.ctx.ordinal()).map_err(cuda)?;
+            if size % granule != 0 {
+                return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
+                    "a VMM pool's size must be a multiple of the device's allocation \
+                     granularity ({granule} bytes), not {size}"
+                ))));
+            }
+        }
         if !matches!(mem, PoolMemory::OwnedVmm(_)) {
             // SAFETY: a context is current.
             let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
@@ -343,16 +354,6 @@ impl CudaTx {
                 entry.handle.store(&driver::mem_handle_bytes(&handle));
             }
             TxShare::Vmm(vmm) => {
-                // Consumers map the pool's size from offset 0, which the driver allows only in
-                // whole granules.
-                let granule = driver::mem_granularity(self.ctx.ordinal()).map_err(cuda)?;
-                if mem.size() % granule != 0 {
-                    return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
-                        "a VMM pool's size must be a multiple of the device's allocation \
-                         granularity ({granule} bytes), not {}",
-                        mem.size()
-                    ))));
-                }
                 let fd = match &mem {
                     PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
                     // SAFETY: `mem.ptr()` is a live mapping of this context (checked above);
