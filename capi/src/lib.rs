@@ -1,0 +1,149 @@
+//! The C API of gpuring: opaque handles over the Rust producer and consumer, both memory kinds
+//! behind one handle type each, and a status code from every call with the message of the last
+//! failure on this thread ([`gpuring_last_error`]). `include/gpuring.h` is generated from this
+//! crate by cbindgen; docs/c.md is the guide.
+//!
+//! Rules every function keeps: a null pointer where a handle or an out-pointer is required is
+//! `GPURING_INVALID_ARGUMENT`; nothing panics across the boundary (a panic inside becomes
+//! `GPURING_ERROR`); a handle is freed only by its `_free` (or `_release`) function.
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)] // every unsafe fn's contract is in the C header's docs
+
+mod consumer;
+mod producer;
+mod tensor;
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+pub use consumer::*;
+pub use producer::*;
+pub use tensor::*;
+
+/// What a call did. `GPURING_OK` is 0; every other value comes with a message from
+/// `gpuring_last_error()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum gpuring_status {
+    /// Done.
+    GPURING_OK = 0,
+    /// The timeout passed first (no free slot, no message).
+    GPURING_TIMEOUT = 1,
+    /// The producer closed the ring (or died) and every message was received.
+    GPURING_DISCONNECTED = 2,
+    /// No ring has this name.
+    GPURING_NOT_FOUND = 3,
+    /// A ring with this name exists and its producer is alive.
+    GPURING_ALREADY_EXISTS = 4,
+    /// An argument is null, out of range, or not valid UTF-8.
+    GPURING_INVALID_ARGUMENT = 5,
+    /// The OS or the producer's peer policy refused access.
+    GPURING_PERMISSION_DENIED = 6,
+    /// The shared memory is damaged (or was written by something else).
+    GPURING_CORRUPT = 7,
+    /// The memory kind cannot be used here (no CUDA driver or device, /dev/shm full...).
+    GPURING_UNAVAILABLE = 8,
+    /// A CUDA call failed.
+    GPURING_CUDA = 9,
+    /// The message carries no tensor header.
+    GPURING_NO_TENSOR = 10,
+    /// Anything else (see the message).
+    GPURING_ERROR = 11,
+}
+
+use gpuring_status::*;
+
+/// Where a ring's payload lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum gpuring_memory {
+    /// CUDA memory where a GPU is usable, else host memory (producer); whatever the ring holds
+    /// (consumer).
+    GPURING_MEMORY_AUTO = 0,
+    /// Host memory: the payload lives in the shared segment.
+    GPURING_MEMORY_HOST = 1,
+    /// CUDA device memory: pointers are device addresses, work is ordered on CUDA streams.
+    GPURING_MEMORY_CUDA = 2,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// The message of the last failed call on this thread ("" if none failed yet). Valid until
+/// the next gpuring call on this thread.
+#[no_mangle]
+pub extern "C" fn gpuring_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Records `what` as this thread's last error and returns `status`.
+fn fail(status: gpuring_status, what: impl std::fmt::Display) -> gpuring_status {
+    let text = CString::new(what.to_string().replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    status
+}
+
+/// Runs `f`, turning a panic into `GPURING_ERROR`.
+fn guard(f: impl FnOnce() -> gpuring_status) -> gpuring_status {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fail(GPURING_ERROR, "gpuring panicked"))
+}
+
+/// A C string argument as UTF-8.
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string that stays valid for `'a`.
+unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, gpuring_status> {
+    if s.is_null() {
+        return Err(fail(GPURING_INVALID_ARGUMENT, format!("{what} is null")));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| fail(GPURING_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
+}
+
+/// A timeout in milliseconds: negative waits for ever, 0 does not wait.
+fn timeout(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// Status of a failed create.
+fn create_status(e: &gpuring::CreateError) -> gpuring_status {
+    use gpuring::CreateError as E;
+    match e {
+        E::InvalidName(_) | E::InvalidConfig { .. } => GPURING_INVALID_ARGUMENT,
+        E::AlreadyExists { .. } => GPURING_ALREADY_EXISTS,
+        E::PermissionDenied => GPURING_PERMISSION_DENIED,
+        E::MemoryUnavailable { .. } | E::NoSpace { .. } => GPURING_UNAVAILABLE,
+        E::Io(_) => GPURING_ERROR,
+    }
+}
+
+/// Status of a failed open.
+fn open_status(e: &gpuring::OpenError) -> gpuring_status {
+    use gpuring::OpenError as E;
+    match e {
+        E::InvalidName(_) => GPURING_INVALID_ARGUMENT,
+        E::NotFound => GPURING_NOT_FOUND,
+        E::PermissionDenied | E::ForeignOwner { .. } | E::PeerRefused { .. } => {
+            GPURING_PERMISSION_DENIED
+        }
+        E::NotASegment | E::BadMagic { .. } | E::Truncated { .. } | E::Corrupt(_) => {
+            GPURING_CORRUPT
+        }
+        E::NotInitialized | E::Disconnected => GPURING_DISCONNECTED,
+        E::MemoryUnavailable { .. } | E::WrongMemory { .. } | E::TooManyConsumers { .. } => {
+            GPURING_UNAVAILABLE
+        }
+        E::VersionMismatch { .. } | E::Io(_) => GPURING_ERROR,
+    }
+}
+
+/// The library's version, "MAJOR.MINOR.PATCH".
+#[no_mangle]
+pub extern "C" fn gpuring_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

@@ -1,0 +1,468 @@
+//! The producer handle: create a ring, acquire a slot, fill it (host memory: through its
+//! pointer; CUDA: with kernels or copies on its stream), publish it.
+
+use std::ffi::{c_char, c_void};
+
+use gpuring::cuda::Stream;
+use gpuring::{
+    AcquireError, AcquireTimeoutError, Cuda, Host, Memory, PeerPolicy, Policy, Producer,
+    ProducerBuilder, PublishError, Sharing, WriteSlot,
+};
+
+use crate::gpuring_status::*;
+use crate::{create_status, fail, gpuring_memory, gpuring_status, guard, text, timeout};
+
+/// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
+/// that choose none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum gpuring_policy {
+    /// Consumers are lossless: the producer waits for the slowest.
+    GPURING_POLICY_BLOCK = 0,
+    /// Consumers queue: the producer never waits for a slow reader, which loses messages.
+    GPURING_POLICY_OVERWRITE = 1,
+}
+
+/// How to create a ring. Start from `gpuring_producer_options_default()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct gpuring_producer_options {
+    /// Ring positions (slots), a power of two. Default 8.
+    pub capacity: u32,
+    /// Bytes per slot. Default 4096.
+    pub slot_size: usize,
+    /// Bytes of user header per message (the tensor header takes 8 + 8 per dimension).
+    /// Default 64.
+    pub header_size: u32,
+    /// Host, CUDA, or CUDA where a GPU is usable. Default auto.
+    pub memory: gpuring_memory,
+    /// The GPU for CUDA memory. Default 0.
+    pub device: i32,
+    /// Default `GPURING_POLICY_BLOCK`.
+    pub policy: gpuring_policy,
+    /// Spare buffers (negative: the library's default).
+    pub spares: i32,
+    /// The largest number of consumers (0: the library's default).
+    pub max_consumers: u32,
+    /// CUDA memory: share it by file descriptor with processes of this uid only (VMM sharing)
+    /// instead of legacy IPC handles. Default false.
+    pub vmm: bool,
+    /// The segment's file mode (0: the default, 0600).
+    pub file_mode: u32,
+}
+
+/// The defaults: 8 slots of 4096 bytes, 64 bytes of header, auto memory on GPU 0, Block.
+#[no_mangle]
+pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options {
+    gpuring_producer_options {
+        capacity: 8,
+        slot_size: 4096,
+        header_size: 64,
+        memory: gpuring_memory::GPURING_MEMORY_AUTO,
+        device: 0,
+        policy: gpuring_policy::GPURING_POLICY_BLOCK,
+        spares: -1,
+        max_consumers: 0,
+        vmm: false,
+        file_mode: 0,
+    }
+}
+
+/// Either memory kind's producer (boxed in the handle, so the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+enum Tx {
+    Host(Producer<Host>),
+    Cuda(Producer<Cuda>),
+}
+
+/// Either kind's claimed slot, borrowing the handle's producer.
+enum Claimed {
+    Host(WriteSlot<'static, Host>),
+    Cuda(WriteSlot<'static, Cuda>),
+}
+
+/// A ring's producer. Not thread-safe: use it from one thread at a time.
+///
+/// Invariant: while `slot` is `Some` it borrows `*tx` (and `stream`, if given) mutably, and
+/// nothing else touches them; field order is drop order, so the slot goes first.
+pub struct gpuring_producer {
+    slot: Option<Claimed>,
+    stream: Option<Box<Stream>>,
+    tx: Box<Tx>,
+}
+
+/// Creates ring `name` with `options` (NULL: the defaults). On success `*out` is the producer;
+/// free it with `gpuring_producer_free`, which closes the ring.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_create(
+    name: *const c_char,
+    options: *const gpuring_producer_options,
+    out: *mut *mut gpuring_producer,
+) -> gpuring_status {
+    guard(|| {
+        // SAFETY: the caller passes a C string (or null, refused).
+        let name = match unsafe { text(name, "name") } {
+            Ok(n) => n,
+            Err(s) => return s,
+        };
+        if out.is_null() {
+            return fail(GPURING_INVALID_ARGUMENT, "out is null");
+        }
+        let o = if options.is_null() {
+            gpuring_producer_options_default()
+        } else {
+            // SAFETY: non-null, and a valid options struct by the caller's contract.
+            unsafe { *options }
+        };
+        let mut b = Producer::builder(name)
+            .capacity(o.capacity)
+            .slot_size(o.slot_size)
+            .user_header_size(o.header_size)
+            .policy(match o.policy {
+                gpuring_policy::GPURING_POLICY_BLOCK => Policy::Block,
+                gpuring_policy::GPURING_POLICY_OVERWRITE => Policy::Overwrite,
+            })
+            .device(o.device);
+        if o.spares >= 0 {
+            b = b.spare_buffers(o.spares as u32);
+        }
+        if o.max_consumers > 0 {
+            b = b.max_consumers(o.max_consumers);
+        }
+        if o.file_mode != 0 {
+            b = b.mode(o.file_mode);
+        }
+        if o.vmm {
+            b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
+        }
+        let cuda = match o.memory {
+            gpuring_memory::GPURING_MEMORY_HOST => false,
+            gpuring_memory::GPURING_MEMORY_CUDA => true,
+            gpuring_memory::GPURING_MEMORY_AUTO => gpuring::cuda::available().is_ok(),
+        };
+        let made =
+            if cuda { create::<Cuda>(b).map(Tx::Cuda) } else { create::<Host>(b).map(Tx::Host) };
+        match made {
+            Ok(tx) => {
+                let p = gpuring_producer { slot: None, stream: None, tx: Box::new(tx) };
+                // SAFETY: `out` is non-null and writable by the caller's contract.
+                unsafe { *out = Box::into_raw(Box::new(p)) };
+                GPURING_OK
+            }
+            Err(e) => fail(create_status(&e), format!("cannot create ring {name:?}: {e}")),
+        }
+    })
+}
+
+fn create<M: Memory>(b: ProducerBuilder) -> Result<Producer<M>, gpuring::CreateError> {
+    b.create_in::<M>()
+}
+
+/// Closes the ring and frees the producer (a CUDA producer first waits, up to its linger, for
+/// consumers to finish reading). A slot still acquired is dropped unpublished. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_free(p: *mut gpuring_producer) {
+    if !p.is_null() {
+        // SAFETY: made by `gpuring_producer_create` and not freed before (the contract).
+        let _ = guard(|| {
+            drop(unsafe { Box::from_raw(p) });
+            GPURING_OK
+        });
+    }
+}
+
+/// The producer behind a handle, if no slot borrows it.
+///
+/// # Safety
+/// `p` is null or a live handle, used by this thread only.
+unsafe fn idle<'a>(p: *mut gpuring_producer) -> Result<&'a mut gpuring_producer, gpuring_status> {
+    // SAFETY: by the caller's contract.
+    let Some(p) = (unsafe { p.as_mut() }) else {
+        return Err(fail(GPURING_INVALID_ARGUMENT, "producer is null"));
+    };
+    if p.slot.is_some() {
+        return Err(fail(
+            GPURING_INVALID_ARGUMENT,
+            "a slot is acquired: publish or cancel it first",
+        ));
+    }
+    Ok(p)
+}
+
+/// Acquires the next slot, waiting up to `timeout_ms` (negative: as long as it takes; 0: not
+/// at all) for consumers to free one. `*ptr` receives its address (host memory: a pointer in
+/// this process; CUDA: a device pointer) and `*capacity` its size. CUDA: `stream` (a
+/// `CUstream` of the ring's GPU's primary context, or NULL for the producer's own) is the
+/// stream to write it on, which already waits for the slot's previous readers; the publish
+/// fences the work queued on it. Host memory: `stream` must be NULL. One slot at a time.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_acquire(
+    p: *mut gpuring_producer,
+    timeout_ms: i64,
+    stream: *mut c_void,
+    ptr: *mut u64,
+    capacity: *mut usize,
+) -> gpuring_status {
+    guard(|| {
+        // SAFETY: by the caller's contract.
+        let p = match unsafe { idle(p) } {
+            Ok(p) => p,
+            Err(s) => return s,
+        };
+        // SAFETY: `tx` is boxed (its address is stable) and owned by `p`; the slot that
+        // borrows it is kept in `p.slot`, which drops first, and no other call uses `tx` while
+        // it is there (`idle`).
+        let tx: &'static mut Tx = unsafe { &mut *(p.tx.as_mut() as *mut Tx) };
+        let claimed = match tx {
+            Tx::Host(tx) if stream.is_null() => acquire(tx, timeout_ms).map(Claimed::Host),
+            Tx::Host(_) => Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream")),
+            Tx::Cuda(tx) => acquire_cuda(tx, &mut p.stream, timeout_ms, stream),
+        };
+        let slot = match claimed {
+            Ok(slot) => slot,
+            Err(s) => return s,
+        };
+        let (addr, size) = match &slot {
+            Claimed::Host(s) => (s.ptr(), s.len()),
+            Claimed::Cuda(s) => (s.ptr(), s.capacity()),
+        };
+        p.slot = Some(slot);
+        // SAFETY: out-pointers are null (skipped) or writable (the contract).
+        unsafe {
+            if let Some(o) = ptr.as_mut() {
+                *o = addr;
+            }
+            if let Some(o) = capacity.as_mut() {
+                *o = size;
+            }
+        }
+        GPURING_OK
+    })
+}
+
+fn acquire<M: Memory>(
+    tx: &'static mut Producer<M>,
+    timeout_ms: i64,
+) -> Result<WriteSlot<'static, M>, gpuring_status> {
+    match timeout(timeout_ms) {
+        None => tx.acquire().map_err(|e| fail(blocking_status(&e), e)),
+        Some(t) => tx.acquire_timeout(t).map_err(|e| fail(acquire_status(&e), e)),
+    }
+}
+
+fn blocking_status(e: &AcquireError) -> gpuring_status {
+    match e {
+        AcquireError::Corrupt(_) => GPURING_CORRUPT,
+        AcquireError::Cuda(_) => GPURING_CUDA,
+        _ => GPURING_ERROR,
+    }
+}
+
+fn acquire_cuda(
+    tx: &'static mut Producer<Cuda>,
+    kept: &mut Option<Box<Stream>>,
+    timeout_ms: i64,
+    stream: *mut c_void,
+) -> Result<Claimed, gpuring_status> {
+    if stream.is_null() {
+        return acquire(tx, timeout_ms).map(Claimed::Cuda);
+    }
+    // SAFETY: the caller passes a live stream of the ring's GPU's primary context that
+    // outlives the slot (the contract in the header).
+    let wrapped = Box::new(unsafe { Stream::from_raw(tx.context(), stream.cast()) });
+    // SAFETY: boxed, so its address is stable; kept in the handle and dropped after the slot.
+    let s: &'static Stream = unsafe { &*(wrapped.as_ref() as *const Stream) };
+    *kept = Some(wrapped);
+    let slot = match timeout(timeout_ms) {
+        None => tx.acquire_on(s).map_err(|e| fail(blocking_status(&e), e)),
+        Some(t) => tx.acquire_on_timeout(s, t).map_err(|e| fail(acquire_status(&e), e)),
+    };
+    slot.map(Claimed::Cuda)
+}
+
+fn acquire_status(e: &AcquireTimeoutError) -> gpuring_status {
+    match e {
+        AcquireTimeoutError::Timeout => GPURING_TIMEOUT,
+        AcquireTimeoutError::Corrupt(_) => GPURING_CORRUPT,
+        AcquireTimeoutError::Cuda(_) => GPURING_CUDA,
+        _ => GPURING_ERROR,
+    }
+}
+
+/// CUDA: the stream the acquired slot is written on (the one given to acquire, or the
+/// producer's own). NULL for host memory or when no slot is acquired.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_slot_stream(p: *const gpuring_producer) -> *mut c_void {
+    // SAFETY: by the caller's contract (null or live).
+    match unsafe { p.as_ref() }.and_then(|p| p.slot.as_ref()) {
+        Some(Claimed::Cuda(s)) => s.stream().raw().cast(),
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// Publishes the acquired slot: its first `len` bytes and the `header_len` bytes of user
+/// header at `header` (NULL when 0). `*seq` (may be NULL) receives its sequence number.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_publish(
+    p: *mut gpuring_producer,
+    len: usize,
+    header: *const u8,
+    header_len: usize,
+    seq: *mut u64,
+) -> gpuring_status {
+    guard(|| {
+        // SAFETY: by the caller's contract.
+        let Some(p) = (unsafe { p.as_mut() }) else {
+            return fail(GPURING_INVALID_ARGUMENT, "producer is null");
+        };
+        let header = match unsafe { bytes(header, header_len) } {
+            Ok(h) => h,
+            Err(s) => return s,
+        };
+        let published = match p.slot.take() {
+            None => return fail(GPURING_INVALID_ARGUMENT, "no slot is acquired"),
+            Some(Claimed::Host(s)) => s.publish(len, header),
+            Some(Claimed::Cuda(s)) => s.publish(len, header),
+        };
+        p.stream = None;
+        match published {
+            Ok(n) => {
+                // SAFETY: null or writable (the contract).
+                if let Some(o) = unsafe { seq.as_mut() } {
+                    *o = n;
+                }
+                GPURING_OK
+            }
+            Err(e) => fail(publish_status(&e), e),
+        }
+    })
+}
+
+fn publish_status(e: &PublishError) -> gpuring_status {
+    match e {
+        PublishError::Cuda(_) => GPURING_CUDA,
+        _ => GPURING_INVALID_ARGUMENT,
+    }
+}
+
+/// `len` bytes at `ptr` (null only when `len` is 0).
+///
+/// # Safety
+/// `ptr` points at `len` readable bytes that stay valid for `'a`.
+pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], gpuring_status> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(fail(GPURING_INVALID_ARGUMENT, "a null pointer with a nonzero length"));
+    }
+    // SAFETY: by the contract.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Gives the acquired slot back unpublished (the next acquire returns it again).
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_cancel(p: *mut gpuring_producer) -> gpuring_status {
+    guard(|| {
+        // SAFETY: by the caller's contract.
+        let Some(p) = (unsafe { p.as_mut() }) else {
+            return fail(GPURING_INVALID_ARGUMENT, "producer is null");
+        };
+        p.slot = None;
+        p.stream = None;
+        GPURING_OK
+    })
+}
+
+/// Copies `len` bytes from `data` (host memory, in this process) into the next slot and
+/// publishes them with the user header, waiting up to `timeout_ms` for a slot. For CUDA rings
+/// the copy goes host-to-device on the producer's stream.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_send(
+    p: *mut gpuring_producer,
+    data: *const u8,
+    len: usize,
+    header: *const u8,
+    header_len: usize,
+    timeout_ms: i64,
+    seq: *mut u64,
+) -> gpuring_status {
+    guard(|| {
+        // SAFETY: by the caller's contract.
+        let data = match unsafe { bytes(data, len) } {
+            Ok(d) => d,
+            Err(s) => return s,
+        };
+        let mut ptr = 0u64;
+        let mut capacity = 0usize;
+        // SAFETY: `p` by the contract; the out-pointers are locals.
+        let s = unsafe {
+            gpuring_producer_acquire(p, timeout_ms, std::ptr::null_mut(), &mut ptr, &mut capacity)
+        };
+        if s != GPURING_OK {
+            return s;
+        }
+        if len > capacity {
+            // SAFETY: `p` is live (acquire succeeded).
+            unsafe { gpuring_producer_cancel(p) };
+            return fail(
+                GPURING_INVALID_ARGUMENT,
+                format!("{len} bytes exceed the slot's {capacity}"),
+            );
+        }
+        // SAFETY: acquire succeeded, so `p` is live and holds the slot.
+        let slot = unsafe { &mut *p }.slot.as_mut().expect("acquired above");
+        let copied = match slot {
+            Claimed::Host(s) => {
+                s[..len].copy_from_slice(data);
+                Ok(())
+            }
+            Claimed::Cuda(s) => copy_to_device(s, data),
+        };
+        if let Err(e) = copied {
+            // SAFETY: as above.
+            unsafe { gpuring_producer_cancel(p) };
+            return fail(GPURING_CUDA, e);
+        }
+        // SAFETY: as above; `header` by the contract.
+        unsafe { gpuring_producer_publish(p, len, header, header_len, seq) }
+    })
+}
+
+/// Copies `data` into a CUDA slot on its stream, waiting for the copy (the host buffer is the
+/// caller's, free again when `send` returns).
+fn copy_to_device(
+    s: &WriteSlot<'static, Cuda>,
+    data: &[u8],
+) -> Result<(), gpuring::cuda::CudaError> {
+    let stream = s.stream();
+    let _bound = stream.context().bind()?;
+    // SAFETY: the slot holds at least `data.len()` bytes (checked by the caller) and is ours
+    // until publish; the stream is live; the copy is waited for below, before `data` can go.
+    unsafe { gpuring::cuda::driver::memcpy_htod_async(s.ptr(), data, stream.raw()) }?;
+    stream.synchronize()?;
+    Ok(())
+}
+
+/// Consumers joined now, or -1 if `p` is null or a slot is acquired.
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_consumer_count(p: *mut gpuring_producer) -> i64 {
+    // SAFETY: by the caller's contract.
+    match unsafe { idle(p) } {
+        Ok(p) => match p.tx.as_ref() {
+            Tx::Host(t) => t.consumer_count() as i64,
+            Tx::Cuda(t) => t.consumer_count() as i64,
+        },
+        Err(_) => -1,
+    }
+}
+
+/// The memory kind of the producer's ring (never AUTO).
+#[no_mangle]
+pub unsafe extern "C" fn gpuring_producer_memory(p: *const gpuring_producer) -> gpuring_memory {
+    // SAFETY: by the caller's contract (null or live).
+    match unsafe { p.as_ref() }.map(|p| p.tx.as_ref()) {
+        Some(Tx::Cuda(_)) => gpuring_memory::GPURING_MEMORY_CUDA,
+        _ => gpuring_memory::GPURING_MEMORY_HOST,
+    }
+}
