@@ -63,6 +63,8 @@ mod doorbells;
 pub mod inspect;
 #[cfg(not(loom))]
 pub mod memory;
+#[cfg(all(feature = "metrics", not(loom)))]
+pub mod metrics;
 #[cfg(not(loom))]
 mod producer;
 #[cfg(not(loom))]

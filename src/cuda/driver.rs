@@ -495,7 +495,11 @@ pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> DriverResult<()> 
 ///    valid until the copy has run; `stream` must be live in the current context.
 /// 2. `src` must stay valid and unchanged until the copy has run (pageable memory is staged
 ///    by the driver, but the caller waits for the stream before reusing it).
-pub unsafe fn memcpy_htod_async(dst: CUdeviceptr, src: &[u8], stream: CUstream) -> DriverResult<()> {
+pub unsafe fn memcpy_htod_async(
+    dst: CUdeviceptr,
+    src: &[u8],
+    stream: CUstream,
+) -> DriverResult<()> {
     // SAFETY: by (1) and (2).
     check("cuMemcpyHtoDAsync_v2", unsafe {
         sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream)

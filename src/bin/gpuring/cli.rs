@@ -4,6 +4,7 @@
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
+//! gpuring doctor [--json] [--quick]
 //! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
 //!               [--capacity N] [--spares N] [--policy block|overwrite]
 //!               [--mode lossless|queue|latest] [--slow-hold-ms MS] [--json]
@@ -14,6 +15,8 @@
 use std::process::ExitCode;
 
 use crate::bench;
+use crate::doctor;
+use crate::exporter;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -63,6 +66,14 @@ enum Cmd {
     /// A quick self-contained 1 -> N run (consumers are child processes): frames/s and
     /// publish -> recv latency per consumer; every byte is checked.
     Bench(bench::Options),
+    /// Why this setup is slow or broken: CUDA driver, GPUs, MPS (and a measured handoff),
+    /// /dev/shm, namespaces, memlock, peer access, stale rings; each with a verdict and a fix.
+    Doctor(doctor::Options),
+    /// Serve Prometheus metrics of every ring (or of NAMES) at http://ADDR/metrics.
+    Exporter(exporter::Options),
+    /// The echo process of `doctor`'s handoff measurement (started by it).
+    #[command(hide = true)]
+    DoctorEcho(doctor::EchoOptions),
     /// A consumer process of `bench` (started by it).
     #[command(hide = true)]
     BenchConsumer {
@@ -359,6 +370,9 @@ pub fn main() -> ExitCode {
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),
         Cmd::Rm { name, force, json } => rm(&name, force, json),
         Cmd::Bench(o) => bench::run(&o),
+        Cmd::Doctor(o) => return doctor::run(&o),
+        Cmd::Exporter(o) => return exporter::run(&o),
+        Cmd::DoctorEcho(o) => doctor::echo(&o),
         Cmd::BenchConsumer { name, memory, hold_ms, mode } => {
             bench::consumer(&name, &memory, Duration::from_millis(hold_ms), mode)
         }

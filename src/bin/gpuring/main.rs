@@ -4,6 +4,7 @@
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
+//! gpuring doctor [--json] [--quick]
 //! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
 //!               [--capacity N] [--policy block|overwrite] [--slow-hold-ms MS] [--json]
 //! ```
@@ -12,6 +13,10 @@
 mod bench;
 #[cfg(not(loom))]
 mod cli;
+#[cfg(not(loom))]
+mod doctor;
+#[cfg(not(loom))]
+mod exporter;
 #[cfg(not(loom))]
 mod size;
 

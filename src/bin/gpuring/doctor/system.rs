@@ -1,0 +1,380 @@
+//! The checks of `gpuring doctor` that look at the machine: the CUDA driver and GPUs, MPS,
+//! /dev/shm, namespaces, the memlock limit, peer access and stale rings. Everything here reads
+//! /proc, /dev/shm and the driver; nothing changes the system.
+
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use gpuring::inspect;
+use serde_json::json;
+
+use super::{Check, Verdict};
+
+/// How to turn MPS on (docs/gpu.md, "MPS").
+pub const MPS_FIX: &str = "start the MPS control daemon before the ring's processes: \
+    `export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps; nvidia-cuda-mps-control -d` (docs/gpu.md)";
+
+/// A GPU the driver lists.
+pub struct Gpu {
+    ordinal: i32,
+    uuid: String,
+    compute_capability: Option<(i32, i32)>,
+}
+
+/// The kernel module's version from /proc/driver/nvidia/version ("580.95.05"), if loaded.
+/// gpuring wraps no `cuDriverGetVersion`, and the module's version is the driver's. The line
+/// reads "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for ]x86_64  580.95.05  Release
+/// Build ...": the version is its first word of digits and dots.
+fn kernel_module_version() -> Option<String> {
+    let text = fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+    let line = text.lines().next()?;
+    line.split_whitespace()
+        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .map(str::to_owned)
+}
+
+/// Check 1: is the driver there, and which version. Also returns the GPUs it lists.
+pub fn cuda_driver() -> (Check, Vec<Gpu>) {
+    let version = kernel_module_version();
+    let shown = version.as_deref().map_or_else(String::new, |v| format!(", driver {v}"));
+    let value = json!({ "driver_version": version });
+    #[cfg(feature = "cuda")]
+    {
+        use gpuring::cuda::driver;
+        if let Err(why) = driver::available() {
+            // `available` words its error this way when dlopen finds no libcuda.so
+            // (src/cuda/driver.rs); any other error came from a loaded driver.
+            if why.contains("not installed") {
+                let finding = "no CUDA driver (libcuda.so not installed): host memory only";
+                return (Check::new("cuda-driver", Verdict::Skip, finding).value(value), vec![]);
+            }
+            let finding = format!("libcuda.so loads but CUDA is unusable ({why}){shown}");
+            let fix = "rings use host memory here; for GPUs check `nvidia-smi`, and in a \
+                       container run it with the GPUs (`--gpus all`)";
+            return (
+                Check::new("cuda-driver", Verdict::Warn, finding).fix(fix).value(value),
+                vec![],
+            );
+        }
+        let n = driver::device_count().unwrap_or(0);
+        let gpus: Vec<Gpu> = (0..n)
+            .map(|ordinal| Gpu {
+                ordinal,
+                uuid: driver::ordinal_uuid(ordinal).map_or_else(|e| e.to_string(), uuid_string),
+                compute_capability: driver::device(ordinal)
+                    .and_then(driver::compute_capability)
+                    .ok(),
+            })
+            .collect();
+        let ver = match &version {
+            Some(v) => format!("driver {v} (from /proc/driver/nvidia/version)"),
+            None => "driver version unknown (no /proc/driver/nvidia/version; gpuring does not \
+                     wrap cuDriverGetVersion)"
+                .to_owned(),
+        };
+        let finding = format!("libcuda.so loaded, {ver}, {n} GPU(s)");
+        (Check::new("cuda-driver", Verdict::Ok, finding).value(value), gpus)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let finding = format!("built without the `cuda` feature: host memory only{shown}");
+        (Check::new("cuda-driver", Verdict::Skip, finding).value(value), vec![])
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn uuid_string(b: [u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+/// The GPUs with their UUIDs (the names `CUDA_VISIBLE_DEVICES` and `nvidia-smi -L` use).
+pub fn gpu_list(gpus: &[Gpu]) -> Check {
+    if gpus.is_empty() {
+        return Check::new("gpus", Verdict::Skip, "no GPU: rings use host memory");
+    }
+    let list: Vec<String> = gpus
+        .iter()
+        .map(|g| match g.compute_capability {
+            Some((ma, mi)) => format!("{}: {} (sm_{ma}{mi})", g.ordinal, g.uuid),
+            None => format!("{}: {}", g.ordinal, g.uuid),
+        })
+        .collect();
+    let value: Vec<_> = gpus
+        .iter()
+        .map(|g| json!({ "ordinal": g.ordinal, "uuid": g.uuid, "compute_capability": g.compute_capability }))
+        .collect();
+    Check::new("gpus", Verdict::Ok, list.join("; ")).value(json!(value))
+}
+
+/// Processes whose program (argv[0], not `comm`: both MPS programs are truncated to the same
+/// 15-character `comm`) is `program`, as (pid, environment) pairs; the environment is empty
+/// where it is not readable (another user's process).
+fn processes(program: &str) -> Vec<(u32, Vec<String>)> {
+    let Ok(dir) = fs::read_dir("/proc") else { return vec![] };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let argv0 = cmdline.split(|&b| b == 0).next()?;
+            let base = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
+            (base == program).then_some(pid)
+        })
+        .map(|pid| {
+            let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let env = env
+                .split(|&b| b == 0)
+                .filter_map(|v| std::str::from_utf8(v).ok().map(str::to_owned))
+                .collect();
+            (pid, env)
+        })
+        .collect()
+}
+
+/// Whether an MPS control daemon runs on this machine (in this pid namespace).
+pub fn mps_daemon_running() -> bool {
+    !processes("nvidia-cuda-mps-control").is_empty()
+}
+
+/// Check 2: MPS. The method, each step reliable on its own:
+/// - the control daemon runs: a process whose argv[0] is `nvidia-cuda-mps-control`;
+/// - its pipe directory: `CUDA_MPS_PIPE_DIRECTORY` in its environment (if readable), else
+///   the default /tmp/nvidia-mps;
+/// - this process would use it: the directory CUDA reads for this process
+///   (`CUDA_MPS_PIPE_DIRECTORY` or /tmp/nvidia-mps) holds the daemon's `control` socket;
+/// - contexts go through it: an `nvidia-cuda-mps-server` runs. The daemon starts it when the
+///   first client context connects, so after the handoff measurement (which creates contexts
+///   in this process and its child) its presence means they went through MPS.
+///
+/// `context_made`: the handoff ran on the GPU before this check.
+pub fn mps(gpu: bool, context_made: bool) -> Check {
+    let daemons = processes("nvidia-cuda-mps-control");
+    let servers = processes("nvidia-cuda-mps-server");
+    let mine = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from);
+    let control = mine.join("control");
+    let has_control = fs::symlink_metadata(&control).is_ok_and(|m| m.file_type().is_socket());
+    let daemon_dir = daemons.first().map(|(_, env)| {
+        env.iter()
+            .find_map(|v| v.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+            .unwrap_or("/tmp/nvidia-mps")
+            .to_owned()
+    });
+    let value = json!({
+        "control_daemon_pids": daemons.iter().map(|d| d.0).collect::<Vec<_>>(),
+        "server_pids": servers.iter().map(|s| s.0).collect::<Vec<_>>(),
+        "pipe_directory": mine, "control_socket": has_control,
+    });
+    let dir = mine.display();
+    if !gpu {
+        let finding = if daemons.is_empty() {
+            "no GPU: MPS does not apply (no control daemon runs)".to_owned()
+        } else {
+            "no GPU usable here, though an MPS control daemon runs".to_owned()
+        };
+        return Check::new("mps", Verdict::Skip, finding).value(value);
+    }
+    if daemons.is_empty() {
+        let finding = "the MPS control daemon (nvidia-cuda-mps-control) is not running: kernels \
+                       of different processes are time-sliced, each cross-process hop waits \
+                       for a slice (~145 us on an H100)";
+        return Check::new("mps", Verdict::Warn, finding).fix(MPS_FIX).value(value);
+    }
+    if !has_control {
+        let theirs = daemon_dir.unwrap_or_default();
+        let finding = format!(
+            "an MPS control daemon runs (pipe directory {theirs}), but {dir} has no `control` \
+             socket: this process's contexts will not use it"
+        );
+        let fix = format!("export CUDA_MPS_PIPE_DIRECTORY={theirs} in every ring process");
+        return Check::new("mps", Verdict::Warn, finding).fix(fix).value(value);
+    }
+    let through = match (context_made, servers.is_empty()) {
+        (false, _) => "contexts not checked (--quick creates none)",
+        (true, false) => "an MPS server runs, so this process's contexts went through MPS",
+        (true, true) => "yet no MPS server started for this process's context",
+    };
+    let finding = format!("MPS control daemon runs, control socket in {dir}; {through}");
+    if context_made && servers.is_empty() {
+        let fix = "check the daemon's log (CUDA_MPS_LOG_DIRECTORY, default /var/log/nvidia-mps)";
+        return Check::new("mps", Verdict::Warn, finding).fix(fix).value(value);
+    }
+    Check::new("mps", Verdict::Ok, finding).value(value)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+/// Check 3: /dev/shm's size and free space, against the rings there and against a default
+/// host ring of 1080p RGBA frames.
+pub fn shm() -> Check {
+    let st = match rustix::fs::statvfs("/dev/shm") {
+        Ok(st) => st,
+        Err(e) => {
+            let finding = format!("/dev/shm: cannot stat it ({e}): rings cannot be created");
+            return Check::new("shm", Verdict::Fail, finding)
+                .fix("mount a tmpfs on /dev/shm (in Docker: --shm-size=1g or --ipc=host)");
+        }
+    };
+    let size = st.f_blocks * st.f_frsize;
+    let free = st.f_bavail * st.f_frsize;
+    let rings = inspect::ring_names().unwrap_or_default();
+    let used: u64 = rings
+        .iter()
+        .filter_map(|n| fs::metadata(format!("/dev/shm/{}{n}", gpuring::shm::SHM_PREFIX)).ok())
+        .map(|m| m.len())
+        .sum();
+    // A default host ring (8 slots + DEFAULT_SPARES spare buffers) of 1920x1080 RGBA frames
+    // (7.9 MiB, slots of 8 MiB). A CUDA ring keeps its frames on the GPU: its segment is
+    // descriptors and handles, well under a MiB.
+    let frame: u64 = 8 << 20;
+    let need = (8 + u64::from(gpuring::DEFAULT_SPARES)) * frame;
+    let value = json!({
+        "size_bytes": size, "free_bytes": free, "rings": rings.len(), "rings_bytes": used,
+        "host_1080p_ring_bytes": need,
+    });
+    let finding = format!(
+        "/dev/shm: {} size, {} free; {} ring(s) use {}; a default host ring of 1080p RGBA \
+         frames needs ~{}",
+        mib(size),
+        mib(free),
+        rings.len(),
+        mib(used),
+        mib(need)
+    );
+    let fix = "give /dev/shm more room: Docker `--shm-size=1g` (its default, 64 MiB, fits no \
+               default host ring of 1080p frames) or `--ipc=host`; Kubernetes: an emptyDir with \
+               medium Memory on /dev/shm; or use CUDA rings (frames on the GPU)";
+    let verdict = match free {
+        0 => Verdict::Fail,
+        f if f < need => Verdict::Warn,
+        _ => Verdict::Ok,
+    };
+    let check = Check::new("shm", verdict, finding).value(value);
+    if verdict == Verdict::Ok {
+        check
+    } else {
+        check.fix(fix)
+    }
+}
+
+/// The inode of namespace link `/proc/PID/ns/KIND` ("ipc:[4026531839]" -> 4026531839).
+fn ns(pid: &str, kind: &str) -> Option<u64> {
+    let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
+    let s = link.to_str()?;
+    s.strip_prefix(&format!("{kind}:["))?.strip_suffix(']')?.parse().ok()
+}
+
+/// The kernel's initial namespaces' inodes (PROC_IPC_INIT_INO, PROC_PID_INIT_INO in
+/// include/linux/proc_ns.h, fixed since Linux 3.8): a process outside them is in a container.
+const INIT_IPC: u64 = 0xEFFF_FFFF;
+const INIT_PID: u64 = 0xEFFF_FFFC;
+
+/// Check 4: IPC and pid namespaces. Rings are shm names (IPC namespace: /dev/shm is per mount,
+/// but a container's is private) and liveness is by pid (pid namespace).
+pub fn namespaces() -> Check {
+    let (ipc, pid) = (ns("self", "ipc"), ns("self", "pid"));
+    let (ipc1, pid1) = (ns("1", "ipc"), ns("1", "pid"));
+    let value = json!({ "ipc": ipc, "pid": pid, "init_ipc": ipc1, "init_pid": pid1 });
+    let (Some(ipc), Some(pid)) = (ipc, pid) else {
+        return Check::new("namespaces", Verdict::Skip, "/proc/self/ns is not readable")
+            .value(value);
+    };
+    let same1 = match (ipc1, pid1) {
+        (Some(a), Some(b)) if (a, b) == (ipc, pid) => " (the same as pid 1's)",
+        (Some(_), Some(_)) => " (not pid 1's)",
+        _ => " (pid 1's not readable)",
+    };
+    let host = ipc == INIT_IPC && pid == INIT_PID;
+    let finding = format!(
+        "ipc namespace {ipc}, pid namespace {pid}{same1}: {}",
+        if host { "the host's" } else { "looks like a container" }
+    );
+    if host {
+        return Check::new("namespaces", Verdict::Ok, finding).value(value);
+    }
+    let fix = "fine if every ring process runs in this container; peers in other containers \
+               need the same IPC and pid namespaces (`--ipc=host --pid=host`, or \
+               `--ipc=container:NAME --pid=container:NAME`); VMM sharing also needs a shared \
+               network namespace for its abstract socket (`--network container:NAME`)";
+    Check::new("namespaces", Verdict::Warn, finding).fix(fix).value(value)
+}
+
+/// Check 5: RLIMIT_MEMLOCK.
+pub fn memlock() -> Check {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    let show = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), mib);
+    let value = json!({ "soft_bytes": lim.current, "hard_bytes": lim.maximum });
+    let finding = format!(
+        "memlock limit {} (hard {}); it bounds page-locked host memory: gpuring pins only a VMM \
+         ring's fence words (a few pages), pinned frame buffers (cuMemHostRegister, torch \
+         pin_memory) count more",
+        show(lim.current),
+        show(lim.maximum)
+    );
+    match lim.current {
+        Some(soft) if soft < 1 << 20 => Check::new("memlock", Verdict::Warn, finding)
+            .fix(
+                "raise it if pinning host memory fails: `ulimit -l unlimited`, Docker \
+                 `--ulimit memlock=-1`, systemd LimitMEMLOCK=infinity",
+            )
+            .value(value),
+        _ => Check::new("memlock", Verdict::Ok, finding).value(value),
+    }
+}
+
+/// Check 6: peer access between GPUs.
+pub fn peer_access(gpus: usize) -> Check {
+    let finding = match gpus {
+        0 => "no GPU".to_owned(),
+        1 => "one GPU: peer access does not apply".to_owned(),
+        n => format!(
+            "{n} GPUs; not checked: gpuring has no cuDeviceCanAccessPeer wrapper (consumers \
+             on another GPU than the ring's need peer access)"
+        ),
+    };
+    let check = Check::new("peer-access", Verdict::Skip, finding);
+    if gpus >= 2 {
+        check.fix("`nvidia-smi topo -p2p r` shows which pairs can read each other's memory")
+    } else {
+        check
+    }
+}
+
+/// Check 7: rings whose producer is dead (their names stay in /dev/shm until removed), and
+/// segments too damaged to read.
+pub fn stale_rings() -> Check {
+    let names = match inspect::ring_names() {
+        Ok(n) => n,
+        Err(e) => {
+            return Check::new("stale-rings", Verdict::Skip, format!("cannot read /dev/shm: {e}"))
+        }
+    };
+    let (mut dead, mut unreadable) = (Vec::new(), Vec::new());
+    for name in &names {
+        match inspect::status(name) {
+            Ok(s) if !s.producer_alive => dead.push((name.clone(), s.producer_pid)),
+            Ok(_) => {}
+            Err(e) => unreadable.push((name.clone(), e.to_string())),
+        }
+    }
+    let value = json!({
+        "rings": names.len(),
+        "dead_producer": dead.iter().map(|d| &d.0).collect::<Vec<_>>(),
+        "unreadable": unreadable.iter().map(|u| &u.0).collect::<Vec<_>>(),
+    });
+    if dead.is_empty() && unreadable.is_empty() {
+        let finding = format!("{} ring(s), none left by a dead producer", names.len());
+        return Check::new("stale-rings", Verdict::Ok, finding).value(value);
+    }
+    let mut found: Vec<String> =
+        dead.iter().map(|(n, pid)| format!("{n} (producer pid {pid} is dead)")).collect();
+    found.extend(unreadable.iter().map(|(n, why)| format!("{n} (unreadable: {why})")));
+    let mut fixes: Vec<String> = dead.iter().map(|(n, _)| format!("gpuring rm {n}")).collect();
+    fixes.extend(unreadable.iter().map(|(n, _)| format!("gpuring rm --force {n}")));
+    let finding = format!("stale rings hold /dev/shm space: {}", found.join(", "));
+    Check::new("stale-rings", Verdict::Warn, finding)
+        .fix(format!("remove them: {}", fixes.join("; ")))
+        .value(value)
+}
