@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
     nanosleep(&ms, NULL);
   }
   int cuda = gpuring_consumer_memory(rx) == GPURING_MEMORY_CUDA;
-  uint8_t *copy = malloc(1 << 20);
+  uint8_t *copy = NULL; /* CUDA: the host copy of a message, grown as needed */
+  size_t copy_size = 0;
 #ifdef GPURING_EXAMPLE_CUDA
   if (cuda) cuda_init();
 #endif
@@ -42,6 +43,15 @@ int main(int argc, char **argv) {
     const uint8_t *bytes = (const uint8_t *)(uintptr_t)info.ptr;
     if (cuda) {
 #ifdef GPURING_EXAMPLE_CUDA
+      if (info.len > copy_size) {
+        free(copy);
+        copy_size = info.len;
+        copy = malloc(copy_size);
+        if (!copy) {
+          fprintf(stderr, "out of memory\n");
+          return 1;
+        }
+      }
       CU(cuMemcpyDtoHAsync(copy, (CUdeviceptr)info.ptr, info.len, (CUstream)info.stream));
       CU(cuStreamSynchronize((CUstream)info.stream));
       bytes = copy;
@@ -54,9 +64,13 @@ int main(int argc, char **argv) {
     uint64_t shape[GPURING_TENSOR_MAX_DIMS];
     size_t ndim = 0;
     CHECK(gpuring_tensor_header_read(info.header, info.header_len, &code, &bits, shape, &ndim));
-    uint64_t header_seq = 0;
-    memcpy(&header_seq, info.header + 8 + 8 * ndim, sizeof header_seq);
-    if (code != 1 || bits != 8 || ndim != 1 || shape[0] != info.len || header_seq != info.seq) bad++;
+    uint64_t header_seq = UINT64_MAX;
+    if (info.header_len >= 8 + 8 * ndim + sizeof header_seq)
+      memcpy(&header_seq, info.header + 8 + 8 * ndim, sizeof header_seq);
+    /* Lossless from the oldest message: sequence numbers 0, 1, 2... with no gap. */
+    if (code != 1 || bits != 8 || ndim != 1 || shape[0] != info.len || header_seq != info.seq ||
+        info.seq != received)
+      bad++;
     for (size_t i = 0; i < info.len; i++)
       if (bytes[i] != pattern(info.seq, i)) {
         bad++;
@@ -71,5 +85,6 @@ int main(int argc, char **argv) {
   gpuring_consumer_free(rx);
   free(copy);
   (void)cuda;
+  (void)copy_size;
   return bad == 0 && lost == 0 ? 0 : 1;
 }

@@ -12,6 +12,8 @@
 #include "common.h"
 
 #define SLOT 65536
+#define CAPACITY 8
+#define STAGING (2 * CAPACITY)
 
 int main(int argc, char **argv) {
   if (argc < 4) {
@@ -25,12 +27,16 @@ int main(int argc, char **argv) {
 
   gpuring_producer_options o = gpuring_producer_options_default();
   o.slot_size = SLOT;
-  o.capacity = 8;
+  o.capacity = CAPACITY;
   o.header_size = 64;
   o.memory = cuda ? GPURING_MEMORY_CUDA : GPURING_MEMORY_HOST;
   gpuring_producer *tx = NULL;
   CHECK(gpuring_producer_create(name, &o, &tx));
-  while (gpuring_producer_consumer_count(tx) < consumers) {
+  for (int waited_ms = 0; gpuring_producer_consumer_count(tx) < consumers; waited_ms++) {
+    if (waited_ms > 30000) {
+      fprintf(stderr, "producer: the consumers did not join within 30 s\n");
+      return 1;
+    }
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
   }
@@ -38,7 +44,7 @@ int main(int argc, char **argv) {
   uint8_t *staging = NULL;
   if (cuda) {
     cuda_init();
-    CU(cuMemAllocHost((void **)&staging, (size_t)SLOT * 16));
+    CU(cuMemAllocHost((void **)&staging, (size_t)SLOT * STAGING));
   }
 #endif
   for (uint64_t seq = 0; seq < messages; seq++) {
@@ -51,9 +57,10 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < len; i++) dst[i] = pattern(seq, i);
     } else {
 #ifdef GPURING_EXAMPLE_CUDA
-      /* A ring of 16 staging buffers: buffer k is reused 16 messages later, long after its
-       * copy ran (the ring has 8 slots, so the producer cannot run further ahead). */
-      uint8_t *src = staging + (seq % 16) * SLOT;
+      /* STAGING pinned buffers, used in turn: gpuring's acquire of message s waits until the
+       * write of message s - capacity is done on the GPU (its run-ahead bound), so a buffer
+       * reused 2 x capacity messages later has long been copied. */
+      uint8_t *src = staging + (seq % STAGING) * SLOT;
       for (size_t i = 0; i < len; i++) src[i] = pattern(seq, i);
       CUstream stream = (CUstream)gpuring_producer_slot_stream(tx);
       CU(cuMemcpyHtoDAsync((CUdeviceptr)ptr, src, len, stream));

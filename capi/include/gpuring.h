@@ -12,39 +12,6 @@
 // The most dimensions a tensor header holds.
 #define GPURING_TENSOR_MAX_DIMS 8
 
-// Where a ring's payload lives.
-typedef enum gpuring_memory {
-  // CUDA memory where a GPU is usable, else host memory (producer); whatever the ring holds
-  // (consumer).
-  GPURING_MEMORY_AUTO = 0,
-  // Host memory: the payload lives in the shared segment.
-  GPURING_MEMORY_HOST = 1,
-  // CUDA device memory: pointers are device addresses, work is ordered on CUDA streams.
-  GPURING_MEMORY_CUDA = 2,
-} gpuring_memory;
-
-// How a consumer receives.
-typedef enum gpuring_mode {
-  // The ring's policy's default (Block: lossless, Overwrite: queue).
-  GPURING_MODE_DEFAULT = 0,
-  // Every message; the producer waits for this consumer.
-  GPURING_MODE_LOSSLESS = 1,
-  // Every message while it keeps up; when lapped it loses the oldest (`lag` says how many).
-  GPURING_MODE_QUEUE = 2,
-  // Each receive returns the newest message, skipping older unread ones (counted in `lag`).
-  GPURING_MODE_LATEST = 3,
-} gpuring_mode;
-
-// Where a new consumer starts.
-typedef enum gpuring_start {
-  // The newest message still in the ring, then everything after.
-  GPURING_START_NEWEST = 0,
-  // Only messages published after joining.
-  GPURING_START_NEXT = 1,
-  // The oldest message still in the ring.
-  GPURING_START_OLDEST = 2,
-} gpuring_start;
-
 // What a call did. `GPURING_OK` is 0; every other value comes with a message from
 // `gpuring_last_error()`.
 typedef enum gpuring_status {
@@ -74,6 +41,17 @@ typedef enum gpuring_status {
   GPURING_ERROR = 11,
 } gpuring_status;
 
+// Where a ring's payload lives.
+typedef enum gpuring_memory {
+  // CUDA memory where a GPU is usable, else host memory (producer); whatever the ring holds
+  // (consumer).
+  GPURING_MEMORY_AUTO = 0,
+  // Host memory: the payload lives in the shared segment.
+  GPURING_MEMORY_HOST = 1,
+  // CUDA device memory: pointers are device addresses, work is ordered on CUDA streams.
+  GPURING_MEMORY_CUDA = 2,
+} gpuring_memory;
+
 // What the producer does when a consumer falls a ring behind: the delivery mode of consumers
 // that choose none.
 typedef enum gpuring_policy {
@@ -83,29 +61,59 @@ typedef enum gpuring_policy {
   GPURING_POLICY_OVERWRITE = 1,
 } gpuring_policy;
 
+// How a consumer receives.
+typedef enum gpuring_mode {
+  // The ring's policy's default (Block: lossless, Overwrite: queue).
+  GPURING_MODE_DEFAULT = 0,
+  // Every message; the producer waits for this consumer.
+  GPURING_MODE_LOSSLESS = 1,
+  // Every message while it keeps up; when lapped it loses the oldest (`lag` says how many).
+  GPURING_MODE_QUEUE = 2,
+  // Each receive returns the newest message, skipping older unread ones (counted in `lag`).
+  GPURING_MODE_LATEST = 3,
+} gpuring_mode;
+
+// Where a new consumer starts.
+typedef enum gpuring_start {
+  // The newest message still in the ring, then everything after.
+  GPURING_START_NEWEST = 0,
+  // Only messages published after joining.
+  GPURING_START_NEXT = 1,
+  // The oldest message still in the ring.
+  GPURING_START_OLDEST = 2,
+} gpuring_start;
+
 // A consumer of a ring. Not thread-safe: use it (and its messages) from one thread at a time.
+//
+// Invariants: `rx` owns a leaked `Box` (a raw pointer, because messages borrow `*rx`); `held`
+// counts the messages not yet released; once `freed`, the handle is dropped by the release of
+// the last one (a free with messages out is deferred, not a use-after-free).
 typedef struct gpuring_consumer gpuring_consumer;
 
 // A received message: valid (the producer cannot overwrite it) until
-// `gpuring_message_release`, which must come before its consumer is freed.
+// `gpuring_message_release`.
 //
-// Invariant: `slot` borrows the consumer it came from and `stream`; field order is drop order.
+// Invariant: `slot` borrows `*consumer.rx` and `*stream`, both kept alive until it is gone
+// (the consumer's `held` count, the stream's leaked box freed by the release).
 typedef struct gpuring_message gpuring_message;
 
 // A ring's producer. Not thread-safe: use it from one thread at a time.
 //
-// Invariant: while `slot` is `Some` it borrows `*tx` (and `stream`, if given) mutably, and
-// nothing else touches them; field order is drop order, so the slot goes first.
+// Invariants: `tx` (and `stream`, when `Some`) own a leaked `Box`, freed in `Drop`; they are
+// raw pointers, not boxes, because while `slot` is `Some` it borrows `*tx` (and `*stream`)
+// mutably and nothing else may touch them, not even by reborrowing a `Box`. `memory` is the
+// kind of `*tx`, kept apart so that it can be read while a slot is out.
 typedef struct gpuring_producer gpuring_producer;
 
 // How to open a ring. Start from `gpuring_consumer_options_default()`.
 typedef struct gpuring_consumer_options {
-  // AUTO (whatever the ring holds), HOST or CUDA (refused if the ring holds the other).
-  enum gpuring_memory memory;
-  // Default `GPURING_MODE_DEFAULT`.
-  enum gpuring_mode mode;
-  // Default `GPURING_START_NEWEST`.
-  enum gpuring_start start;
+  // A `gpuring_memory`: AUTO (whatever the ring holds), HOST or CUDA (refused if the ring
+  // holds the other).
+  uint32_t memory;
+  // A `gpuring_mode`. Default `GPURING_MODE_DEFAULT`.
+  uint32_t mode;
+  // A `gpuring_start`. Default `GPURING_START_NEWEST`.
+  uint32_t start;
   // CUDA: the GPU to read on (negative: the ring's).
   int32_t device;
   // Open a ring whose segment another user owns. Default false.
@@ -135,19 +143,19 @@ typedef struct gpuring_message_info {
 
 // How to create a ring. Start from `gpuring_producer_options_default()`.
 typedef struct gpuring_producer_options {
-  // Ring positions (slots), a power of two. Default 8.
+  // Ring positions (slots), 1 to 65536. Default 8.
   uint32_t capacity;
-  // Bytes per slot. Default 4096.
+  // Bytes per slot. Default 65536.
   size_t slot_size;
   // Bytes of user header per message (the tensor header takes 8 + 8 per dimension).
   // Default 64.
   uint32_t header_size;
-  // Host, CUDA, or CUDA where a GPU is usable. Default auto.
-  enum gpuring_memory memory;
+  // A `gpuring_memory`: host, CUDA, or CUDA where a GPU is usable. Default AUTO.
+  uint32_t memory;
   // The GPU for CUDA memory. Default 0.
   int32_t device;
-  // Default `GPURING_POLICY_BLOCK`.
-  enum gpuring_policy policy;
+  // A `gpuring_policy`. Default `GPURING_POLICY_BLOCK`.
+  uint32_t policy;
   // Spare buffers (negative: the library's default).
   int32_t spares;
   // The largest number of consumers (0: the library's default).
@@ -167,7 +175,7 @@ extern "C" {
 // the next gpuring call on this thread.
 const char *gpuring_last_error(void);
 
-// The library's version, "MAJOR.MINOR.PATCH".
+// The C library's version, "MAJOR.MINOR.PATCH" (it is released with gpuring's).
 const char *gpuring_version(void);
 
 // The defaults: any memory, the ring's default mode, start at the newest message.
@@ -179,8 +187,8 @@ enum gpuring_status gpuring_consumer_open(const char *name,
                                           const struct gpuring_consumer_options *options,
                                           struct gpuring_consumer **out);
 
-// Leaves the ring and frees the consumer. Every message must have been released. NULL is a
-// no-op.
+// Leaves the ring and frees the consumer. With messages not yet released it only marks the
+// consumer freed: the release of the last one leaves and frees it. NULL is a no-op.
 void gpuring_consumer_free(struct gpuring_consumer *c);
 
 // Receives the next message, waiting up to `timeout_ms` (negative: as long as it takes; 0:
@@ -198,13 +206,14 @@ enum gpuring_status gpuring_message_describe(const struct gpuring_message *m,
                                              struct gpuring_message_info *info);
 
 // Releases message `m` (CUDA: after the work queued on its stream so far), so the producer
-// may reuse its buffer, and frees the handle. NULL is a no-op.
+// may reuse its buffer, and frees the handle, even when it reports an error (do not release
+// it again). NULL is a no-op.
 enum gpuring_status gpuring_message_release(struct gpuring_message *m);
 
 // The memory kind of the consumer's ring (never AUTO).
 enum gpuring_memory gpuring_consumer_memory(const struct gpuring_consumer *c);
 
-// The defaults: 8 slots of 4096 bytes, 64 bytes of header, auto memory on GPU 0, Block.
+// The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
 struct gpuring_producer_options gpuring_producer_options_default(void);
 
 // Creates ring `name` with `options` (NULL: the defaults). On success `*out` is the producer;
@@ -234,14 +243,17 @@ enum gpuring_status gpuring_producer_acquire(struct gpuring_producer *p,
 void *gpuring_producer_slot_stream(const struct gpuring_producer *p);
 
 // Publishes the acquired slot: its first `len` bytes and the `header_len` bytes of user
-// header at `header` (NULL when 0). `*seq` (may be NULL) receives its sequence number.
+// header at `header` (NULL when 0). `*seq` (may be NULL) receives its sequence number. A
+// publish always ends the slot: if it fails, the slot is given back unpublished.
 enum gpuring_status gpuring_producer_publish(struct gpuring_producer *p,
                                              size_t len,
                                              const uint8_t *header,
                                              size_t header_len,
                                              uint64_t *seq);
 
-// Gives the acquired slot back unpublished (the next acquire returns it again).
+// Gives the acquired slot back unpublished (the next acquire returns it again). CUDA: waits
+// for the work queued on the slot's stream first, so that none of it lands after the slot is
+// handed out again.
 enum gpuring_status gpuring_producer_cancel(struct gpuring_producer *p);
 
 // Copies `len` bytes from `data` (host memory, in this process) into the next slot and

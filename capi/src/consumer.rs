@@ -1,6 +1,8 @@
 //! The consumer handle and the messages it receives.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
+use std::ptr::NonNull;
 
 use gpuring::cuda::Stream;
 use gpuring::{
@@ -41,12 +43,13 @@ pub enum gpuring_start {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct gpuring_consumer_options {
-    /// AUTO (whatever the ring holds), HOST or CUDA (refused if the ring holds the other).
-    pub memory: gpuring_memory,
-    /// Default `GPURING_MODE_DEFAULT`.
-    pub mode: gpuring_mode,
-    /// Default `GPURING_START_NEWEST`.
-    pub start: gpuring_start,
+    /// A `gpuring_memory`: AUTO (whatever the ring holds), HOST or CUDA (refused if the ring
+    /// holds the other).
+    pub memory: u32,
+    /// A `gpuring_mode`. Default `GPURING_MODE_DEFAULT`.
+    pub mode: u32,
+    /// A `gpuring_start`. Default `GPURING_START_NEWEST`.
+    pub start: u32,
     /// CUDA: the GPU to read on (negative: the ring's).
     pub device: i32,
     /// Open a ring whose segment another user owns. Default false.
@@ -57,9 +60,9 @@ pub struct gpuring_consumer_options {
 #[no_mangle]
 pub extern "C" fn gpuring_consumer_options_default() -> gpuring_consumer_options {
     gpuring_consumer_options {
-        memory: gpuring_memory::GPURING_MEMORY_AUTO,
-        mode: gpuring_mode::GPURING_MODE_DEFAULT,
-        start: gpuring_start::GPURING_START_NEWEST,
+        memory: gpuring_memory::GPURING_MEMORY_AUTO as u32,
+        mode: gpuring_mode::GPURING_MODE_DEFAULT as u32,
+        start: gpuring_start::GPURING_START_NEWEST as u32,
         device: -1,
         allow_foreign_owner: false,
     }
@@ -73,17 +76,33 @@ enum Rx {
 }
 
 /// A consumer of a ring. Not thread-safe: use it (and its messages) from one thread at a time.
+///
+/// Invariants: `rx` owns a leaked `Box` (a raw pointer, because messages borrow `*rx`); `held`
+/// counts the messages not yet released; once `freed`, the handle is dropped by the release of
+/// the last one (a free with messages out is deferred, not a use-after-free).
 pub struct gpuring_consumer {
-    rx: Box<Rx>,
+    rx: NonNull<Rx>,
+    held: Cell<usize>,
+    freed: Cell<bool>,
+    memory: gpuring_memory,
+}
+
+impl Drop for gpuring_consumer {
+    fn drop(&mut self) {
+        // SAFETY: leaked at open; no message borrows it any more (`held` is 0).
+        drop(unsafe { Box::from_raw(self.rx.as_ptr()) });
+    }
 }
 
 /// A received message: valid (the producer cannot overwrite it) until
-/// `gpuring_message_release`, which must come before its consumer is freed.
+/// `gpuring_message_release`.
 ///
-/// Invariant: `slot` borrows the consumer it came from and `stream`; field order is drop order.
+/// Invariant: `slot` borrows `*consumer.rx` and `*stream`, both kept alive until it is gone
+/// (the consumer's `held` count, the stream's leaked box freed by the release).
 pub struct gpuring_message {
     slot: Received,
-    stream: Option<Box<Stream>>,
+    stream: Option<NonNull<Stream>>,
+    consumer: NonNull<gpuring_consumer>,
 }
 
 enum Received {
@@ -137,35 +156,44 @@ pub unsafe extern "C" fn gpuring_consumer_open(
             // SAFETY: non-null, and a valid options struct by the caller's contract.
             unsafe { *options }
         };
-        let mut b = Consumer::builder(name)
-            .start_at(match o.start {
-                gpuring_start::GPURING_START_NEWEST => StartAt::Newest,
-                gpuring_start::GPURING_START_NEXT => StartAt::Next,
-                gpuring_start::GPURING_START_OLDEST => StartAt::Oldest,
-            })
-            .allow_foreign_owner(o.allow_foreign_owner);
+        let start = match o.start {
+            0 => StartAt::Newest,
+            1 => StartAt::Next,
+            2 => StartAt::Oldest,
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("start {other}")),
+        };
+        let mut b =
+            Consumer::builder(name).start_at(start).allow_foreign_owner(o.allow_foreign_owner);
         b = match o.mode {
-            gpuring_mode::GPURING_MODE_DEFAULT => b,
-            gpuring_mode::GPURING_MODE_LOSSLESS => b.mode(Mode::Lossless),
-            gpuring_mode::GPURING_MODE_QUEUE => b.mode(Mode::Queue),
-            gpuring_mode::GPURING_MODE_LATEST => b.mode(Mode::Latest),
+            0 => b,
+            1 => b.mode(Mode::Lossless),
+            2 => b.mode(Mode::Queue),
+            3 => b.mode(Mode::Latest),
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("mode {other}")),
         };
         if o.device >= 0 {
             b = b.device(o.device);
         }
         let opened = match o.memory {
-            gpuring_memory::GPURING_MEMORY_HOST => open::<Host>(b).map(Rx::Host),
-            gpuring_memory::GPURING_MEMORY_CUDA => open::<Cuda>(b).map(Rx::Cuda),
-            gpuring_memory::GPURING_MEMORY_AUTO => match open::<Host>(b.clone()) {
+            1 => open::<Host>(b).map(Rx::Host),
+            2 => open::<Cuda>(b).map(Rx::Cuda),
+            0 => match open::<Host>(b.clone()) {
                 Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
                     open::<Cuda>(b).map(Rx::Cuda)
                 }
                 other => other.map(Rx::Host),
             },
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("memory {other}")),
         };
         match opened {
             Ok(rx) => {
-                let c = gpuring_consumer { rx: Box::new(rx) };
+                let memory = match rx {
+                    Rx::Host(_) => gpuring_memory::GPURING_MEMORY_HOST,
+                    Rx::Cuda(_) => gpuring_memory::GPURING_MEMORY_CUDA,
+                };
+                let rx = NonNull::from(Box::leak(Box::new(rx)));
+                let c =
+                    gpuring_consumer { rx, held: Cell::new(0), freed: Cell::new(false), memory };
                 // SAFETY: `out` is non-null and writable by the caller's contract.
                 unsafe { *out = Box::into_raw(Box::new(c)) };
                 GPURING_OK
@@ -179,14 +207,20 @@ fn open<M: Memory>(b: ConsumerBuilder) -> Result<Consumer<M>, OpenError> {
     b.open_in::<M>()
 }
 
-/// Leaves the ring and frees the consumer. Every message must have been released. NULL is a
-/// no-op.
+/// Leaves the ring and frees the consumer. With messages not yet released it only marks the
+/// consumer freed: the release of the last one leaves and frees it. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_consumer_free(c: *mut gpuring_consumer) {
     if !c.is_null() {
         let _ = guard(|| {
             // SAFETY: made by `gpuring_consumer_open` and not freed before (the contract).
-            drop(unsafe { Box::from_raw(c) });
+            let handle = unsafe { &*c };
+            if handle.held.get() > 0 {
+                handle.freed.set(true);
+            } else {
+                // SAFETY: as above; no message borrows it.
+                drop(unsafe { Box::from_raw(c) });
+            }
             GPURING_OK
         });
     }
@@ -206,16 +240,16 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
 ) -> gpuring_status {
     guard(|| {
         // SAFETY: by the caller's contract (null or live).
-        let Some(c) = (unsafe { c.as_ref() }) else {
+        let Some(handle) = (unsafe { c.as_ref() }) else {
             return fail(GPURING_INVALID_ARGUMENT, "consumer is null");
         };
-        if out.is_null() {
-            return fail(GPURING_INVALID_ARGUMENT, "out is null");
+        if out.is_null() || handle.freed.get() {
+            return fail(GPURING_INVALID_ARGUMENT, "out is null, or the consumer was freed");
         }
-        // SAFETY: `rx` is boxed (its address is stable) and freed only by
-        // `gpuring_consumer_free`, which the contract puts after every release; receives take
-        // it shared, so several messages may borrow it at once.
-        let rx: &'static Rx = unsafe { &*(c.rx.as_ref() as *const Rx) };
+        // SAFETY: `rx` is a leaked box (stable address), freed only when the handle drops,
+        // which waits for every message (`held`); receives take it shared, so several messages
+        // may borrow it at once.
+        let rx: &'static Rx = unsafe { handle.rx.as_ref() };
         let mut kept = None;
         let got = match rx {
             Rx::Host(_) if !stream.is_null() => {
@@ -228,9 +262,11 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
             Rx::Cuda(rx) => {
                 // SAFETY: the caller passes a live stream of the ring's GPU's primary context
                 // that outlives the message (the contract in the header).
-                let wrapped = Box::new(unsafe { Stream::from_raw(rx.context(), stream.cast()) });
-                // SAFETY: boxed (stable address), kept in the message, dropped after its slot.
-                let s: &'static Stream = unsafe { &*(wrapped.as_ref() as *const Stream) };
+                let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
+                    Stream::from_raw(rx.context(), stream.cast())
+                })));
+                // SAFETY: leaked (stable address), freed by the release after the slot.
+                let s: &'static Stream = unsafe { wrapped.as_ref() };
                 kept = Some(wrapped);
                 let r = match timeout(timeout_ms) {
                     None => rx.recv_on(s).map_err(RecvTimeoutError::from_blocking),
@@ -241,9 +277,16 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
         };
         let slot = match got {
             Ok(slot) => slot,
-            Err(s) => return s,
+            Err(s) => {
+                if let Some(stream) = kept {
+                    // SAFETY: leaked above; nothing borrows it (the receive failed).
+                    drop(unsafe { Box::from_raw(stream.as_ptr()) });
+                }
+                return s;
+            }
         };
-        let m = Box::new(gpuring_message { slot, stream: kept });
+        handle.held.set(handle.held.get() + 1);
+        let m = Box::new(gpuring_message { slot, stream: kept, consumer: NonNull::from(handle) });
         // SAFETY: `info` is null or writable; `out` is writable (the contract).
         unsafe {
             if let Some(i) = info.as_mut() {
@@ -286,7 +329,9 @@ impl FromBlocking for RecvTimeoutError {
             gpuring::RecvError::Disconnected => RecvTimeoutError::Disconnected,
             gpuring::RecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
             gpuring::RecvError::Cuda(e) => RecvTimeoutError::Cuda(e),
-            _ => RecvTimeoutError::Disconnected,
+            other => {
+                RecvTimeoutError::Cuda(gpuring::cuda::CudaError::Unavailable(other.to_string()))
+            }
         }
     }
 }
@@ -343,7 +388,8 @@ pub unsafe extern "C" fn gpuring_message_describe(
 }
 
 /// Releases message `m` (CUDA: after the work queued on its stream so far), so the producer
-/// may reuse its buffer, and frees the handle. NULL is a no-op.
+/// may reuse its buffer, and frees the handle, even when it reports an error (do not release
+/// it again). NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpuring_status {
     if m.is_null() {
@@ -352,7 +398,7 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
     guard(|| {
         // SAFETY: made by `gpuring_consumer_recv` and not released before (the contract).
         let m = unsafe { Box::from_raw(m) };
-        let gpuring_message { slot, stream } = *m;
+        let gpuring_message { slot, stream, consumer } = *m;
         let released = match slot {
             Received::Host(s) => {
                 drop(s);
@@ -360,7 +406,17 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
             }
             Received::Cuda(s) => s.release(),
         };
-        drop(stream);
+        if let Some(stream) = stream {
+            // SAFETY: leaked by the receive; its slot is gone.
+            drop(unsafe { Box::from_raw(stream.as_ptr()) });
+        }
+        // SAFETY: the consumer outlives its messages (`held`).
+        let handle = unsafe { consumer.as_ref() };
+        handle.held.set(handle.held.get() - 1);
+        if handle.freed.get() && handle.held.get() == 0 {
+            // SAFETY: freed by the user, and this was its last message.
+            drop(unsafe { Box::from_raw(consumer.as_ptr()) });
+        }
         match released {
             Ok(()) => GPURING_OK,
             Err(e) => fail(GPURING_CUDA, e),
@@ -372,8 +428,5 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_consumer_memory(c: *const gpuring_consumer) -> gpuring_memory {
     // SAFETY: by the caller's contract (null or live).
-    match unsafe { c.as_ref() }.map(|c| c.rx.as_ref()) {
-        Some(Rx::Cuda(_)) => gpuring_memory::GPURING_MEMORY_CUDA,
-        _ => gpuring_memory::GPURING_MEMORY_HOST,
-    }
+    unsafe { c.as_ref() }.map_or(gpuring_memory::GPURING_MEMORY_HOST, |c| c.memory)
 }

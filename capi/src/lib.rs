@@ -134,7 +134,9 @@ fn open_status(e: &gpuring::OpenError) -> gpuring_status {
         E::NotASegment | E::BadMagic { .. } | E::Truncated { .. } | E::Corrupt(_) => {
             GPURING_CORRUPT
         }
-        E::NotInitialized | E::Disconnected => GPURING_DISCONNECTED,
+        // Still being built: like a ring that is not there yet, worth opening again.
+        E::NotInitialized => GPURING_NOT_FOUND,
+        E::Disconnected => GPURING_DISCONNECTED,
         E::MemoryUnavailable { .. } | E::WrongMemory { .. } | E::TooManyConsumers { .. } => {
             GPURING_UNAVAILABLE
         }
@@ -142,7 +144,7 @@ fn open_status(e: &gpuring::OpenError) -> gpuring_status {
     }
 }
 
-/// The library's version, "MAJOR.MINOR.PATCH".
+/// The C library's version, "MAJOR.MINOR.PATCH" (it is released with gpuring's).
 #[no_mangle]
 pub extern "C" fn gpuring_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()

@@ -2,6 +2,7 @@
 //! pointer; CUDA: with kernels or copies on its stream), publish it.
 
 use std::ffi::{c_char, c_void};
+use std::ptr::NonNull;
 
 use gpuring::cuda::Stream;
 use gpuring::{
@@ -27,19 +28,19 @@ pub enum gpuring_policy {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct gpuring_producer_options {
-    /// Ring positions (slots), a power of two. Default 8.
+    /// Ring positions (slots), 1 to 65536. Default 8.
     pub capacity: u32,
-    /// Bytes per slot. Default 4096.
+    /// Bytes per slot. Default 65536.
     pub slot_size: usize,
     /// Bytes of user header per message (the tensor header takes 8 + 8 per dimension).
     /// Default 64.
     pub header_size: u32,
-    /// Host, CUDA, or CUDA where a GPU is usable. Default auto.
-    pub memory: gpuring_memory,
+    /// A `gpuring_memory`: host, CUDA, or CUDA where a GPU is usable. Default AUTO.
+    pub memory: u32,
     /// The GPU for CUDA memory. Default 0.
     pub device: i32,
-    /// Default `GPURING_POLICY_BLOCK`.
-    pub policy: gpuring_policy,
+    /// A `gpuring_policy`. Default `GPURING_POLICY_BLOCK`.
+    pub policy: u32,
     /// Spare buffers (negative: the library's default).
     pub spares: i32,
     /// The largest number of consumers (0: the library's default).
@@ -51,16 +52,16 @@ pub struct gpuring_producer_options {
     pub file_mode: u32,
 }
 
-/// The defaults: 8 slots of 4096 bytes, 64 bytes of header, auto memory on GPU 0, Block.
+/// The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
 #[no_mangle]
 pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options {
     gpuring_producer_options {
         capacity: 8,
-        slot_size: 4096,
+        slot_size: 64 * 1024,
         header_size: 64,
-        memory: gpuring_memory::GPURING_MEMORY_AUTO,
+        memory: gpuring_memory::GPURING_MEMORY_AUTO as u32,
         device: 0,
-        policy: gpuring_policy::GPURING_POLICY_BLOCK,
+        policy: gpuring_policy::GPURING_POLICY_BLOCK as u32,
         spares: -1,
         max_consumers: 0,
         vmm: false,
@@ -83,12 +84,38 @@ enum Claimed {
 
 /// A ring's producer. Not thread-safe: use it from one thread at a time.
 ///
-/// Invariant: while `slot` is `Some` it borrows `*tx` (and `stream`, if given) mutably, and
-/// nothing else touches them; field order is drop order, so the slot goes first.
+/// Invariants: `tx` (and `stream`, when `Some`) own a leaked `Box`, freed in `Drop`; they are
+/// raw pointers, not boxes, because while `slot` is `Some` it borrows `*tx` (and `*stream`)
+/// mutably and nothing else may touch them, not even by reborrowing a `Box`. `memory` is the
+/// kind of `*tx`, kept apart so that it can be read while a slot is out.
 pub struct gpuring_producer {
     slot: Option<Claimed>,
-    stream: Option<Box<Stream>>,
-    tx: Box<Tx>,
+    stream: Option<NonNull<Stream>>,
+    tx: NonNull<Tx>,
+    memory: gpuring_memory,
+}
+
+impl gpuring_producer {
+    /// Ends the slot, if any: CUDA, after the work queued on its stream (a cancelled slot is
+    /// handed out again and may be written on another stream), then drops the stream wrapper.
+    fn end_slot(&mut self) {
+        if let Some(Claimed::Cuda(s)) = &self.slot {
+            let _ = s.stream().synchronize();
+        }
+        self.slot = None;
+        if let Some(stream) = self.stream.take() {
+            // SAFETY: leaked by `acquire_cuda`; the slot that borrowed it is gone.
+            drop(unsafe { Box::from_raw(stream.as_ptr()) });
+        }
+    }
+}
+
+impl Drop for gpuring_producer {
+    fn drop(&mut self) {
+        self.end_slot();
+        // SAFETY: leaked at create; nothing borrows it any more (the slot is gone).
+        drop(unsafe { Box::from_raw(self.tx.as_ptr()) });
+    }
 }
 
 /// Creates ring `name` with `options` (NULL: the defaults). On success `*out` is the producer;
@@ -114,14 +141,16 @@ pub unsafe extern "C" fn gpuring_producer_create(
             // SAFETY: non-null, and a valid options struct by the caller's contract.
             unsafe { *options }
         };
+        let policy = match o.policy {
+            0 => Policy::Block,
+            1 => Policy::Overwrite,
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("policy {other}")),
+        };
         let mut b = Producer::builder(name)
             .capacity(o.capacity)
             .slot_size(o.slot_size)
             .user_header_size(o.header_size)
-            .policy(match o.policy {
-                gpuring_policy::GPURING_POLICY_BLOCK => Policy::Block,
-                gpuring_policy::GPURING_POLICY_OVERWRITE => Policy::Overwrite,
-            })
+            .policy(policy)
             .device(o.device);
         if o.spares >= 0 {
             b = b.spare_buffers(o.spares as u32);
@@ -136,15 +165,22 @@ pub unsafe extern "C" fn gpuring_producer_create(
             b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
         }
         let cuda = match o.memory {
-            gpuring_memory::GPURING_MEMORY_HOST => false,
-            gpuring_memory::GPURING_MEMORY_CUDA => true,
-            gpuring_memory::GPURING_MEMORY_AUTO => gpuring::cuda::available().is_ok(),
+            1 => false,
+            2 => true,
+            0 => gpuring::cuda::available().is_ok(),
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("memory {other}")),
         };
         let made =
             if cuda { create::<Cuda>(b).map(Tx::Cuda) } else { create::<Host>(b).map(Tx::Host) };
         match made {
             Ok(tx) => {
-                let p = gpuring_producer { slot: None, stream: None, tx: Box::new(tx) };
+                let memory = if cuda {
+                    gpuring_memory::GPURING_MEMORY_CUDA
+                } else {
+                    gpuring_memory::GPURING_MEMORY_HOST
+                };
+                let tx = NonNull::from(Box::leak(Box::new(tx)));
+                let p = gpuring_producer { slot: None, stream: None, tx, memory };
                 // SAFETY: `out` is non-null and writable by the caller's contract.
                 unsafe { *out = Box::into_raw(Box::new(p)) };
                 GPURING_OK
@@ -209,10 +245,10 @@ pub unsafe extern "C" fn gpuring_producer_acquire(
             Ok(p) => p,
             Err(s) => return s,
         };
-        // SAFETY: `tx` is boxed (its address is stable) and owned by `p`; the slot that
-        // borrows it is kept in `p.slot`, which drops first, and no other call uses `tx` while
-        // it is there (`idle`).
-        let tx: &'static mut Tx = unsafe { &mut *(p.tx.as_mut() as *mut Tx) };
+        // SAFETY: `tx` is a leaked box owned by `p` (its address is stable); the slot that
+        // borrows it is kept in `p.slot`, which `Drop` ends first, and no other call uses `tx`
+        // while it is there (`idle`).
+        let tx: &'static mut Tx = unsafe { &mut *p.tx.as_ptr() };
         let claimed = match tx {
             Tx::Host(tx) if stream.is_null() => acquire(tx, timeout_ms).map(Claimed::Host),
             Tx::Host(_) => Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream")),
@@ -220,7 +256,10 @@ pub unsafe extern "C" fn gpuring_producer_acquire(
         };
         let slot = match claimed {
             Ok(slot) => slot,
-            Err(s) => return s,
+            Err(s) => {
+                p.end_slot(); // frees a stream wrapper made for the failed acquire
+                return s;
+            }
         };
         let (addr, size) = match &slot {
             Claimed::Host(s) => (s.ptr(), s.len()),
@@ -260,7 +299,7 @@ fn blocking_status(e: &AcquireError) -> gpuring_status {
 
 fn acquire_cuda(
     tx: &'static mut Producer<Cuda>,
-    kept: &mut Option<Box<Stream>>,
+    kept: &mut Option<NonNull<Stream>>,
     timeout_ms: i64,
     stream: *mut c_void,
 ) -> Result<Claimed, gpuring_status> {
@@ -269,9 +308,11 @@ fn acquire_cuda(
     }
     // SAFETY: the caller passes a live stream of the ring's GPU's primary context that
     // outlives the slot (the contract in the header).
-    let wrapped = Box::new(unsafe { Stream::from_raw(tx.context(), stream.cast()) });
-    // SAFETY: boxed, so its address is stable; kept in the handle and dropped after the slot.
-    let s: &'static Stream = unsafe { &*(wrapped.as_ref() as *const Stream) };
+    let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
+        Stream::from_raw(tx.context(), stream.cast())
+    })));
+    // SAFETY: leaked, so its address is stable; freed by `end_slot` after the slot.
+    let s: &'static Stream = unsafe { wrapped.as_ref() };
     *kept = Some(wrapped);
     let slot = match timeout(timeout_ms) {
         None => tx.acquire_on(s).map_err(|e| fail(blocking_status(&e), e)),
@@ -301,7 +342,8 @@ pub unsafe extern "C" fn gpuring_producer_slot_stream(p: *const gpuring_producer
 }
 
 /// Publishes the acquired slot: its first `len` bytes and the `header_len` bytes of user
-/// header at `header` (NULL when 0). `*seq` (may be NULL) receives its sequence number.
+/// header at `header` (NULL when 0). `*seq` (may be NULL) receives its sequence number. A
+/// publish always ends the slot: if it fails, the slot is given back unpublished.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_publish(
     p: *mut gpuring_producer,
@@ -315,16 +357,23 @@ pub unsafe extern "C" fn gpuring_producer_publish(
         let Some(p) = (unsafe { p.as_mut() }) else {
             return fail(GPURING_INVALID_ARGUMENT, "producer is null");
         };
+        if p.slot.is_none() {
+            return fail(GPURING_INVALID_ARGUMENT, "no slot is acquired");
+        }
+        // SAFETY: `header` holds `header_len` bytes (the contract).
         let header = match unsafe { bytes(header, header_len) } {
             Ok(h) => h,
-            Err(s) => return s,
+            Err(s) => {
+                p.end_slot(); // a publish always ends the slot: here, unpublished
+                return s;
+            }
         };
         let published = match p.slot.take() {
-            None => return fail(GPURING_INVALID_ARGUMENT, "no slot is acquired"),
             Some(Claimed::Host(s)) => s.publish(len, header),
             Some(Claimed::Cuda(s)) => s.publish(len, header),
+            None => unreachable!("checked above"),
         };
-        p.stream = None;
+        p.end_slot();
         match published {
             Ok(n) => {
                 // SAFETY: null or writable (the contract).
@@ -360,7 +409,9 @@ pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], g
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// Gives the acquired slot back unpublished (the next acquire returns it again).
+/// Gives the acquired slot back unpublished (the next acquire returns it again). CUDA: waits
+/// for the work queued on the slot's stream first, so that none of it lands after the slot is
+/// handed out again.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_cancel(p: *mut gpuring_producer) -> gpuring_status {
     guard(|| {
@@ -368,8 +419,7 @@ pub unsafe extern "C" fn gpuring_producer_cancel(p: *mut gpuring_producer) -> gp
         let Some(p) = (unsafe { p.as_mut() }) else {
             return fail(GPURING_INVALID_ARGUMENT, "producer is null");
         };
-        p.slot = None;
-        p.stream = None;
+        p.end_slot();
         GPURING_OK
     })
 }
@@ -393,6 +443,10 @@ pub unsafe extern "C" fn gpuring_producer_send(
             Ok(d) => d,
             Err(s) => return s,
         };
+        // SAFETY: by the caller's contract (checked here, before a slot is taken).
+        if let Err(s) = unsafe { bytes(header, header_len) } {
+            return s;
+        }
         let mut ptr = 0u64;
         let mut capacity = 0usize;
         // SAFETY: `p` by the contract; the out-pointers are locals.
@@ -410,7 +464,8 @@ pub unsafe extern "C" fn gpuring_producer_send(
                 format!("{len} bytes exceed the slot's {capacity}"),
             );
         }
-        // SAFETY: acquire succeeded, so `p` is live and holds the slot.
+        // SAFETY: acquire succeeded, so `p` is live and holds the slot; no other reference to
+        // the handle is alive here.
         let slot = unsafe { &mut *p }.slot.as_mut().expect("acquired above");
         let copied = match slot {
             Claimed::Host(s) => {
@@ -449,7 +504,8 @@ fn copy_to_device(
 pub unsafe extern "C" fn gpuring_producer_consumer_count(p: *mut gpuring_producer) -> i64 {
     // SAFETY: by the caller's contract.
     match unsafe { idle(p) } {
-        Ok(p) => match p.tx.as_ref() {
+        // SAFETY: no slot borrows `tx` (`idle`); it lives as long as the handle.
+        Ok(p) => match unsafe { p.tx.as_ref() } {
             Tx::Host(t) => t.consumer_count() as i64,
             Tx::Cuda(t) => t.consumer_count() as i64,
         },
@@ -460,9 +516,6 @@ pub unsafe extern "C" fn gpuring_producer_consumer_count(p: *mut gpuring_produce
 /// The memory kind of the producer's ring (never AUTO).
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_memory(p: *const gpuring_producer) -> gpuring_memory {
-    // SAFETY: by the caller's contract (null or live).
-    match unsafe { p.as_ref() }.map(|p| p.tx.as_ref()) {
-        Some(Tx::Cuda(_)) => gpuring_memory::GPURING_MEMORY_CUDA,
-        _ => gpuring_memory::GPURING_MEMORY_HOST,
-    }
+    // SAFETY: by the caller's contract (null or live). Reads only `memory`, never `tx`.
+    unsafe { p.as_ref() }.map_or(gpuring_memory::GPURING_MEMORY_HOST, |p| p.memory)
 }

@@ -1,0 +1,153 @@
+//! The C API's error paths, called as C would (through the `extern "C"` functions), in host
+//! memory: null arguments, bad enum values, one slot at a time, a failed publish ending its
+//! slot, a consumer freed with a message out, and the tensor header.
+
+use std::ffi::CStr;
+use std::ptr::{null, null_mut};
+
+use gpuring_c::gpuring_status::*;
+use gpuring_c::*;
+
+fn name(tag: &str) -> std::ffi::CString {
+    std::ffi::CString::new(format!("capi-{tag}-{}", std::process::id())).unwrap()
+}
+
+fn last_error() -> String {
+    // SAFETY: a NUL-terminated string valid until the next call on this thread.
+    unsafe { CStr::from_ptr(gpuring_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn host_producer(tag: &str) -> (*mut gpuring_producer, std::ffi::CString) {
+    let n = name(tag);
+    let mut o = gpuring_producer_options_default();
+    o.memory = gpuring_memory::GPURING_MEMORY_HOST as u32;
+    o.capacity = 4;
+    o.slot_size = 256;
+    let mut p = null_mut();
+    // SAFETY: valid name, options and out-pointer.
+    assert_eq!(unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) }, GPURING_OK);
+    (p, n)
+}
+
+#[test]
+fn nulls_and_bad_values_are_invalid_arguments() {
+    let mut p = null_mut();
+    // SAFETY: the calls take nulls and report them.
+    unsafe {
+        assert_eq!(gpuring_producer_create(null(), null(), &mut p), GPURING_INVALID_ARGUMENT);
+        let n = name("nulls");
+        assert_eq!(
+            gpuring_producer_create(n.as_ptr(), null(), null_mut()),
+            GPURING_INVALID_ARGUMENT
+        );
+        let mut o = gpuring_producer_options_default();
+        o.memory = 7;
+        assert_eq!(gpuring_producer_create(n.as_ptr(), &o, &mut p), GPURING_INVALID_ARGUMENT);
+        assert!(last_error().contains("memory 7"), "{}", last_error());
+        assert_eq!(
+            gpuring_producer_acquire(null_mut(), 0, null_mut(), null_mut(), null_mut()),
+            GPURING_INVALID_ARGUMENT
+        );
+        let mut c = null_mut();
+        let missing = name("missing");
+        assert_eq!(gpuring_consumer_open(missing.as_ptr(), null(), &mut c), GPURING_NOT_FOUND);
+        assert!(last_error().contains("capi-missing"), "{}", last_error());
+        gpuring_producer_free(null_mut());
+        gpuring_consumer_free(null_mut());
+        assert_eq!(gpuring_message_release(null_mut()), GPURING_OK);
+    }
+}
+
+#[test]
+fn one_slot_at_a_time_and_a_failed_publish_ends_it() {
+    let (p, _n) = host_producer("slot");
+    // SAFETY: `p` is live; out-pointers are locals or null.
+    unsafe {
+        let (mut ptr, mut cap) = (0u64, 0usize);
+        assert_eq!(gpuring_producer_acquire(p, 0, null_mut(), &mut ptr, &mut cap), GPURING_OK);
+        assert_eq!(cap, 256);
+        assert_eq!(
+            gpuring_producer_acquire(p, 0, null_mut(), &mut ptr, &mut cap),
+            GPURING_INVALID_ARGUMENT,
+            "a second slot while one is out"
+        );
+        assert_eq!(gpuring_producer_consumer_count(p), -1, "refused while a slot is out");
+        assert_eq!(gpuring_producer_memory(p), gpuring_memory::GPURING_MEMORY_HOST);
+        // A null header with a length: refused, and the slot is given back.
+        assert_eq!(gpuring_producer_publish(p, 8, null(), 4, null_mut()), GPURING_INVALID_ARGUMENT);
+        assert_eq!(gpuring_producer_consumer_count(p), 0, "the slot was ended");
+        // `send` checks its header before it takes a slot.
+        let data = [1u8; 8];
+        let s = gpuring_producer_send(p, data.as_ptr(), 8, null(), 4, 0, null_mut());
+        assert_eq!(s, GPURING_INVALID_ARGUMENT);
+        let mut seq = u64::MAX;
+        assert_eq!(gpuring_producer_send(p, data.as_ptr(), 8, null(), 0, 0, &mut seq), GPURING_OK);
+        assert_eq!(seq, 0);
+        let big = [0u8; 300];
+        assert_eq!(
+            gpuring_producer_send(p, big.as_ptr(), big.len(), null(), 0, 0, null_mut()),
+            GPURING_INVALID_ARGUMENT,
+            "longer than the slot"
+        );
+        assert_eq!(gpuring_producer_consumer_count(p), 0, "the too-long send gave its slot back");
+        gpuring_producer_free(p);
+    }
+}
+
+#[test]
+fn a_consumer_freed_with_a_message_out_goes_at_its_release() {
+    let (p, n) = host_producer("deferred");
+    // SAFETY: live handles; out-pointers are locals.
+    unsafe {
+        let mut c = null_mut();
+        assert_eq!(gpuring_consumer_open(n.as_ptr(), null(), &mut c), GPURING_OK);
+        assert_eq!(gpuring_consumer_memory(c), gpuring_memory::GPURING_MEMORY_HOST);
+        let data = *b"hello";
+        let mut hdr = [0u8; 64];
+        let mut used = 0;
+        let shape = [5u64];
+        assert_eq!(
+            gpuring_tensor_header_write(1, 8, shape.as_ptr(), 1, hdr.as_mut_ptr(), 64, &mut used),
+            GPURING_OK
+        );
+        assert_eq!(
+            gpuring_producer_send(p, data.as_ptr(), 5, hdr.as_ptr(), used, -1, null_mut()),
+            GPURING_OK
+        );
+        let mut m = null_mut();
+        let mut info = std::mem::zeroed::<gpuring_message_info>();
+        assert_eq!(gpuring_consumer_recv(c, 1000, null_mut(), &mut m, &mut info), GPURING_OK);
+        assert_eq!(std::slice::from_raw_parts(info.ptr as *const u8, info.len), b"hello");
+        let (mut code, mut bits, mut ndim) = (0u8, 0u8, 0usize);
+        let mut dims = [0u64; GPURING_TENSOR_MAX_DIMS];
+        let s = gpuring_tensor_header_read(
+            info.header,
+            info.header_len,
+            &mut code,
+            &mut bits,
+            dims.as_mut_ptr(),
+            &mut ndim,
+        );
+        assert_eq!((s, code, bits, ndim, dims[0]), (GPURING_OK, 1, 8, 1, 5));
+        gpuring_consumer_free(c); // deferred: `m` still borrows it
+        let mut m2 = null_mut();
+        assert_eq!(
+            gpuring_consumer_recv(c, 0, null_mut(), &mut m2, null_mut()),
+            GPURING_INVALID_ARGUMENT,
+            "a freed consumer takes no new receive"
+        );
+        assert_eq!(std::slice::from_raw_parts(info.ptr as *const u8, info.len), b"hello");
+        assert_eq!(gpuring_message_release(m), GPURING_OK); // frees the consumer too
+        let empty = [0u8; 16];
+        let s = gpuring_tensor_header_read(
+            empty.as_ptr(),
+            16,
+            &mut code,
+            &mut bits,
+            dims.as_mut_ptr(),
+            &mut ndim,
+        );
+        assert_eq!(s, GPURING_NO_TENSOR);
+        gpuring_producer_free(p);
+    }
+}
