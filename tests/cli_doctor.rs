@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{role, spawn, unique_name};
+use common::{role, run_cli, spawn, unique_name};
 use gpuring::{inspect, Producer};
 
 const CHECKS: [&str; 9] = [
@@ -23,23 +21,6 @@ const CHECKS: [&str; 9] = [
     "peer-access",
     "stale-rings",
 ];
-
-/// The `gpuring` binary next to this test: `target/<profile>/gpuring` for cargo, `bin/gpuring`
-/// beside `tests/` in the GPU bundle (as in tests/inspect.rs).
-fn gpuring_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    [dir.join("../gpuring"), dir.join("../bin/gpuring")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the gpuring binary is built beside the tests")
-}
-
-fn run_cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(gpuring_bin()).args(args).output().unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
-}
 
 /// `gpuring doctor --json --quick`, parsed; its exit status is 1 exactly if a check failed.
 fn doctor_json() -> Vec<serde_json::Value> {

@@ -1,8 +1,12 @@
 //! `gpuring exporter` against a live host ring: fetched over HTTP with a real client (ureq) on
 //! 127.0.0.1 and parsed with a Prometheus text-format parser (prometheus-parse).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+
+use common::gpuring_bin;
 
 use gpuring::{Consumer, Producer};
 use prometheus_parse::{Scrape, Value};
@@ -20,7 +24,7 @@ impl Drop for Exporter {
 /// Starts `gpuring exporter` on a free port for `names`; returns it and its base URL, read from
 /// the address it prints on stderr.
 fn start(names: &[&str]) -> (Exporter, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuring"))
+    let mut child = Command::new(gpuring_bin())
         .args(["exporter", "--listen", "127.0.0.1:0"])
         .args(names)
         .stderr(Stdio::piped())

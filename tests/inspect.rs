@@ -4,10 +4,7 @@
 mod common;
 
 #[cfg(feature = "cli")]
-use std::path::PathBuf;
-#[cfg(feature = "cli")]
-use std::process::Command;
-
+use common::run_cli;
 use common::unique_name;
 use gpuring::inspect::{self, RemoveError};
 use gpuring::{Consumer, MemoryKind, OpenError, Policy, Producer, StartAt};
@@ -56,25 +53,6 @@ fn remove_refuses_a_live_producer_unless_forced() {
     assert!(matches!(inspect::status(&name), Err(OpenError::NotFound)));
     assert!(matches!(inspect::remove(&name, false), Err(RemoveError::NotFound)));
     drop(tx);
-}
-
-/// The `gpuring` binary next to this test: `target/<profile>/gpuring` for cargo, `bin/gpuring`
-/// beside `tests/` in the GPU bundle.
-#[cfg(feature = "cli")]
-fn gpuring_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    [dir.join("../gpuring"), dir.join("../bin/gpuring")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the gpuring binary is built beside the tests")
-}
-
-#[cfg(feature = "cli")]
-fn run_cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(gpuring_bin()).args(args).output().unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
 }
 
 #[cfg(feature = "cli")]

@@ -2,6 +2,7 @@
 //! binary as a child process with a role.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -47,4 +48,22 @@ pub fn env<T: std::str::FromStr>(key: &str) -> T {
         .unwrap_or_else(|_| panic!("{key} not set"))
         .parse()
         .unwrap_or_else(|_| panic!("{key} not parseable"))
+}
+
+/// The `gpuring` binary next to this test: `target/<profile>/gpuring` for cargo, `bin/gpuring`
+/// beside `tests/` in the GPU bundle (where cargo's `CARGO_BIN_EXE_*` paths do not exist).
+pub fn gpuring_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    [dir.join("../gpuring"), dir.join("../bin/gpuring")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the gpuring binary is built beside the tests")
+}
+
+/// Runs `gpuring ARGS`: (exit code, stdout, stderr).
+pub fn run_cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(gpuring_bin()).args(args).output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
 }
