@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 (operating gpuring), GPU call: the C examples in CUDA memory, then MPS off and on:
-# `gpuring doctor`, the video example; a curl of /metrics next to a running pipeline.
+# `gpuring doctor`, the video example; a curl of /metrics next to a running pipeline; then the
+# whole GPU suite (MPS off).
 set -uo pipefail
 B=target/gpu-bundle
 R=/tmp/r; mkdir -p $R
@@ -33,4 +34,8 @@ cat $R/doctor-mps-on.txt; save
 timeout 100 python3 examples/python/video_inference.py --consumers 2 --seconds 10 > $R/video-mps-on.log 2>&1
 echo "video (MPS on) exit $?"; grep -E "^(consumer|producer|video)" $R/video-mps-on.log
 mps_stop
+save
+timeout 330 $B/run-tests > $R/gpu-tests.log 2>&1; echo "run-tests (MPS off) exit $?"
+tail -1 $R/gpu-tests.log
+grep -E "FAILED|panicked" $R/gpu-tests.log | head -10
 save
