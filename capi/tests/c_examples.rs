@@ -15,6 +15,12 @@ fn lib_dir() -> PathBuf {
 fn compile(example: &str, out: &Path) {
     let dir = env!("CARGO_MANIFEST_DIR");
     let lib = lib_dir();
+    assert!(
+        lib.join("libgpuring_c.so").exists(),
+        "no {}/libgpuring_c.so: `cargo test` does not build the shared library; run \
+         `cargo build -p gpuring-c` first (.ci/run does)",
+        lib.display()
+    );
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1"])
         .arg(format!("-I{dir}/include"))

@@ -314,6 +314,40 @@ impl Slot {
         }
     }
 
+    /// `numpy.asarray(slot)` and `numpy.array(slot)`: numpy takes a host slot through the
+    /// buffer protocol first; this is where it falls back when that refuses. A released slot
+    /// raises `ReleasedError` here (without this method numpy would quietly make an object
+    /// array of it), and a CUDA slot says to use DLPack. A live host slot gives the same
+    /// zero-copy view as the buffer protocol (`copy=True`: a copy; `dtype`: converted).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: Bound<'py, Self>,
+        dtype: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        {
+            let this = slf.borrow();
+            this.live()?;
+            if this.is_cuda() {
+                return Err(PyBufferError::new_err(
+                    "device memory cannot become a numpy array: use torch.from_dlpack(slot) or \
+                     cupy.from_dlpack(slot)",
+                ));
+            }
+        }
+        let py = slf.py();
+        let view = pyo3::types::PyMemoryView::from(slf.as_any())?;
+        let array = py.import("numpy")?.call_method1("asarray", (view,))?;
+        let array = match dtype {
+            Some(d) => array.call_method1("astype", (d,))?,
+            None => array,
+        };
+        match copy {
+            Some(true) => array.call_method0("copy"),
+            _ => Ok(array),
+        }
+    }
+
     /// The CUDA array interface (version 3) of the message: CUDA rings only. Once read, the
     /// message stays held until this slot object is freed (its readers keep a reference).
     ///

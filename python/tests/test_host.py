@@ -27,6 +27,8 @@ def test_round_trip_takes_type_and_shape_from_the_tensor_header(ring_name):
         assert slot.header.startswith(gpuring.tensor_header("float32", (2, 3, 4)))
         assert np.array_equal(np.from_dlpack(slot), a)     # DLPack
         assert np.array_equal(np.asarray(slot), a)         # buffer protocol
+        assert np.array_equal(slot.__array__(), a)        # numpy's fallback gives the same
+        assert slot.__array__(dtype="int16", copy=True).dtype == np.int16
         assert memoryview(slot).readonly
     assert slot.released
 
@@ -60,7 +62,9 @@ def test_a_released_slot_refuses_new_exports(ring_name):
     slot = rx.recv(timeout=5)
     slot.release()
     slot.release()  # twice is harmless
-    for make in (np.from_dlpack, memoryview, lambda s: s.view("uint8")):
+    # np.asarray and np.array too: numpy swallows the buffer protocol's error and falls back on
+    # __array__, which raises rather than let numpy make an object array of the slot.
+    for make in (np.from_dlpack, memoryview, lambda s: s.view("uint8"), np.asarray, np.array):
         with pytest.raises(gpuring.ReleasedError):
             make(slot)
     assert isinstance(gpuring.ReleasedError("x"), BufferError)
