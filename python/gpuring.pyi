@@ -257,6 +257,10 @@ class Slot:
     def __dlpack_device__(self) -> tuple[int, int]:
         """(device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host."""
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """numpy's fallback when the buffer protocol refuses: `ReleasedError` for a released
+        slot, `BufferError` for device memory; a live host slot's zero-copy view otherwise."""
+
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA array interface (version 3) of the message: CUDA rings only.
