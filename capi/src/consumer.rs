@@ -11,7 +11,7 @@ use gpuring::{
 };
 
 use crate::gpuring_status::*;
-use crate::{fail, gpuring_memory, gpuring_status, guard, open_status, text, timeout};
+use crate::{fail, gpuring_memory, gpuring_status, guard, open_args, open_status, timeout};
 
 /// How a consumer receives.
 #[repr(C)]
@@ -142,20 +142,12 @@ pub unsafe extern "C" fn gpuring_consumer_open(
     out: *mut *mut gpuring_consumer,
 ) -> gpuring_status {
     guard(|| {
-        // SAFETY: the caller passes a C string (or null, refused).
-        let name = match unsafe { text(name, "name") } {
-            Ok(n) => n,
-            Err(s) => return s,
-        };
-        if out.is_null() {
-            return fail(GPURING_INVALID_ARGUMENT, "out is null");
-        }
-        let o = if options.is_null() {
-            gpuring_consumer_options_default()
-        } else {
-            // SAFETY: non-null, and a valid options struct by the caller's contract.
-            unsafe { *options }
-        };
+        // SAFETY: a C string and an options struct (or nulls) by the caller's contract.
+        let (name, o) =
+            match unsafe { open_args(name, options, out, gpuring_consumer_options_default) } {
+                Ok(args) => args,
+                Err(s) => return s,
+            };
         let start = match o.start {
             0 => StartAt::Newest,
             1 => StartAt::Next,

@@ -105,6 +105,28 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, gpuring_stat
         .map_err(|_| fail(GPURING_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
 }
 
+/// The arguments every create and open takes: the name as UTF-8, the options (`None` for
+/// NULL: the caller's defaults), and a non-null out-pointer.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string, `options` null or a valid `T`, both valid for
+/// `'a`.
+unsafe fn open_args<'a, T: Copy>(
+    name: *const c_char,
+    options: *const T,
+    out: *mut *mut impl Sized,
+    defaults: extern "C" fn() -> T,
+) -> Result<(&'a str, T), gpuring_status> {
+    // SAFETY: by the contract.
+    let name = unsafe { text(name, "name") }?;
+    if out.is_null() {
+        return Err(fail(GPURING_INVALID_ARGUMENT, "out is null"));
+    }
+    // SAFETY: non-null, and a valid `T` by the contract.
+    let options = if options.is_null() { defaults() } else { unsafe { *options } };
+    Ok((name, options))
+}
+
 /// A timeout in milliseconds: negative waits for ever, 0 does not wait.
 fn timeout(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)

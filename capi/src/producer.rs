@@ -11,7 +11,7 @@ use gpuring::{
 };
 
 use crate::gpuring_status::*;
-use crate::{create_status, fail, gpuring_memory, gpuring_status, guard, text, timeout};
+use crate::{create_status, fail, gpuring_memory, gpuring_status, guard, open_args, timeout};
 
 /// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
 /// that choose none.
@@ -127,20 +127,12 @@ pub unsafe extern "C" fn gpuring_producer_create(
     out: *mut *mut gpuring_producer,
 ) -> gpuring_status {
     guard(|| {
-        // SAFETY: the caller passes a C string (or null, refused).
-        let name = match unsafe { text(name, "name") } {
-            Ok(n) => n,
-            Err(s) => return s,
-        };
-        if out.is_null() {
-            return fail(GPURING_INVALID_ARGUMENT, "out is null");
-        }
-        let o = if options.is_null() {
-            gpuring_producer_options_default()
-        } else {
-            // SAFETY: non-null, and a valid options struct by the caller's contract.
-            unsafe { *options }
-        };
+        // SAFETY: a C string and an options struct (or nulls) by the caller's contract.
+        let (name, o) =
+            match unsafe { open_args(name, options, out, gpuring_producer_options_default) } {
+                Ok(args) => args,
+                Err(s) => return s,
+            };
         let policy = match o.policy {
             0 => Policy::Block,
             1 => Policy::Overwrite,

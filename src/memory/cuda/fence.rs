@@ -61,7 +61,10 @@ pub(crate) unsafe fn order_after(
     ctx: &Context,
     stream: &Stream,
 ) -> Result<(), DriverError> {
-    if poll_until_done(|| signal.is_done(), poll)? {
+    // An event with no poll window goes straight to `wait_if_pending`, which queries it once
+    // itself; a word is one load, always worth a look first.
+    let look = !poll.is_zero() || matches!(signal, Signal::Word { .. });
+    if look && poll_until_done(|| signal.is_done(), poll)? {
         return Ok(());
     }
     let word = match signal {
