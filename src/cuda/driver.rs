@@ -522,6 +522,74 @@ pub unsafe fn memcpy_dtod_async(
     check("cuMemcpyDtoDAsync_v2", unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream) })
 }
 
+/// One side of a [`memcpy_2d_peer_async`]: where the first row starts, the bytes from one row's
+/// start to the next's, and whose memory it is.
+#[derive(Clone, Copy, Debug)]
+pub enum Rows {
+    /// Device memory of context `ctx` (any context of this process: gpuring's primary one, or
+    /// another library's own, such as GStreamer's).
+    Device {
+        /// The first row.
+        ptr: CUdeviceptr,
+        /// Bytes between row starts.
+        pitch: usize,
+        /// The context the memory belongs to.
+        ctx: CUcontext,
+    },
+    /// Host memory (pageable or page-locked).
+    Host {
+        /// The first row.
+        ptr: *mut u8,
+        /// Bytes between row starts.
+        pitch: usize,
+    },
+}
+
+/// `cuMemCpy3DPeerAsync` of `height` rows of `width` bytes from `src` to `dst` on `stream`:
+/// a plane of an image between two pitches, across contexts (GStreamer's CUDA memory lives in
+/// a context of its own) or between device and host memory.
+///
+/// # Safety
+/// 1. Each side must hold `height` rows of at least `width` bytes at its pitch (readable for
+///    `src`, writable for `dst`), not overlapping, valid until the copy has run; each device
+///    side's context must be live.
+/// 2. `stream` must be live in the current context.
+pub unsafe fn memcpy_2d_peer_async(
+    dst: Rows,
+    src: Rows,
+    width: usize,
+    height: usize,
+    stream: CUstream,
+) -> DriverResult<()> {
+    // SAFETY: a plain C struct of integers and pointers, for which all-zero is valid (and
+    // is what the driver expects of the fields a copy does not use).
+    let mut p: sys::CUDA_MEMCPY3D_PEER = unsafe { std::mem::zeroed() };
+    match src {
+        Rows::Device { ptr, pitch, ctx } => {
+            p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+            (p.srcDevice, p.srcPitch, p.srcContext) = (ptr, pitch, ctx);
+        }
+        Rows::Host { ptr, pitch } => {
+            p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+            (p.srcHost, p.srcPitch) = (ptr.cast_const().cast(), pitch);
+        }
+    }
+    match dst {
+        Rows::Device { ptr, pitch, ctx } => {
+            p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+            (p.dstDevice, p.dstPitch, p.dstContext) = (ptr, pitch, ctx);
+        }
+        Rows::Host { ptr, pitch } => {
+            p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+            (p.dstHost, p.dstPitch) = (ptr.cast(), pitch);
+        }
+    }
+    (p.srcHeight, p.dstHeight) = (height, height);
+    (p.WidthInBytes, p.Height, p.Depth) = (width, height, 1);
+    // SAFETY: by (1) and (2); `p` describes exactly those two regions.
+    check("cuMemcpy3DPeerAsync", unsafe { sys::cuMemcpy3DPeerAsync(&p, stream) })
+}
+
 /// `cuStreamWriteValue64_v2`: when `stream` reaches it (after its earlier work, with a memory
 /// barrier), writes `value` to the device word at `addr`. The bench's alternative fence.
 ///

@@ -170,6 +170,18 @@ impl Context {
         Ok(Bound { previous: Some(previous) })
     }
 
+    /// The raw `CUcontext`, for driver calls of your own that name a context (a peer copy
+    /// with [`driver::memcpy_2d_peer_async`], say). It stays valid while this value lives.
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// assert!(!ctx.raw().is_null());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn raw(&self) -> driver::CUcontext {
+        self.ctx
+    }
+
     /// The device ordinal.
     ///
     /// ```no_run

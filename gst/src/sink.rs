@@ -1,0 +1,546 @@
+//! `gpuringsink`: the producer of a ring. Each buffer becomes one message: the frame copied
+//! once into a slot (on the CPU for system memory into a host ring, on the GPU otherwise),
+//! with the tensor and frame headers (`header`) in its user header.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use gpuring::cuda::driver;
+use gpuring::tensor::{DType, TensorHeader};
+use gpuring::{AcquireTimeoutError, Cuda, Host, Policy, Producer};
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::subclass::prelude::*;
+use gst_video::VideoInfo;
+
+use crate::cudamem;
+use crate::header::{FrameHeader, USER_HEADER_SIZE};
+use crate::planes::{Base, Layout};
+use crate::Memory;
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new("gpuringsink", gst::DebugColorFlags::empty(), Some("gpuring sink"))
+});
+
+/// How often a blocked wait looks at whether the element is stopping.
+const TICK: Duration = Duration::from_millis(20);
+/// Upstream CUDA buffers kept alive until the GPU copies out of them have run.
+const MAX_IN_FLIGHT: usize = 4;
+
+glib::wrapper! {
+    /// The `gpuringsink` element.
+    pub struct RingSink(ObjectSubclass<imp::RingSink>) @extends gst_base::BaseSink, gst::Element, gst::Object;
+}
+
+/// Registers `gpuringsink` with `plugin`.
+pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    gst::Element::register(Some(plugin), "gpuringsink", gst::Rank::NONE, RingSink::static_type())
+}
+
+/// The properties.
+#[derive(Clone, Debug)]
+struct Settings {
+    ring: Option<String>,
+    capacity: u32,
+    spare_buffers: u32,
+    policy: Policy,
+    memory: Memory,
+    device: i32,
+    slot_size: u64,
+    wait_for_consumers: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            ring: None,
+            capacity: 8,
+            spare_buffers: gpuring::DEFAULT_SPARES,
+            policy: Policy::Block,
+            memory: Memory::Auto,
+            device: 0,
+            slot_size: 0,
+            wait_for_consumers: 0,
+        }
+    }
+}
+
+/// The ring, in the memory kind it was created in.
+enum Tx {
+    Host(Box<Producer<Host>>),
+    Cuda(Box<Producer<Cuda>>),
+}
+
+/// What a running sink holds.
+struct State {
+    tx: Tx,
+    /// The negotiated format (system-memory input's default layout comes from it).
+    info: VideoInfo,
+    /// Upstream CUDA buffers whose GPU copy into a slot may not have run yet: kept alive (so
+    /// upstream's pool cannot reuse them) until the producer's stream has passed the copy.
+    in_flight: VecDeque<gst::Buffer>,
+}
+
+/// Where a frame's bytes are.
+enum Frame<'a> {
+    /// Mapped for CPU reads.
+    Cpu(&'a [u8]),
+    /// CUDA memory, mapped for device reads.
+    Device(&'a cudamem::DeviceMap<'a>),
+}
+
+mod imp {
+    use super::*;
+
+    #[derive(Default)]
+    pub struct RingSink {
+        settings: Mutex<Settings>,
+        caps_info: Mutex<Option<VideoInfo>>,
+        state: Mutex<Option<State>>,
+        /// Set by `unlock` (flushing, stopping): waits give up. Relaxed: only a hint that is
+        /// polled every `TICK`; the state it guards is under `state`'s mutex.
+        flushing: AtomicBool,
+    }
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for RingSink {
+        const NAME: &'static str = "GpuringSink";
+        type Type = super::RingSink;
+        type ParentType = gst_base::BaseSink;
+    }
+
+    impl ObjectImpl for RingSink {
+        fn properties() -> &'static [glib::ParamSpec] {
+            static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+                let d = Settings::default();
+                vec![
+                    glib::ParamSpecString::builder("ring")
+                        .nick("Ring")
+                        .blurb("Name of the ring to create (/dev/shm/gpuring.NAME)")
+                        .build(),
+                    glib::ParamSpecUInt::builder("capacity")
+                        .blurb("Slots in the ring (messages in flight)")
+                        .minimum(1)
+                        .default_value(d.capacity)
+                        .build(),
+                    glib::ParamSpecUInt::builder("spare-buffers")
+                        .blurb("Extra buffers that let consumers hold frames without stalling the ring")
+                        .default_value(d.spare_buffers)
+                        .build(),
+                    glib::ParamSpecString::builder("policy")
+                        .blurb("block: consumers are lossless unless they choose; overwrite: they queue and lose the oldest")
+                        .default_value(Some(d.policy.name()))
+                        .build(),
+                    glib::ParamSpecString::builder("memory")
+                        .blurb("auto (CUDA for CUDA-memory input, else host), cuda or host")
+                        .default_value(Some(d.memory.name()))
+                        .build(),
+                    glib::ParamSpecInt::builder("device")
+                        .blurb("CUDA device ordinal of the ring (CUDA memory)")
+                        .minimum(0)
+                        .default_value(d.device)
+                        .build(),
+                    glib::ParamSpecUInt64::builder("slot-size")
+                        .blurb("Bytes per slot; 0: the first frame's size")
+                        .default_value(d.slot_size)
+                        .build(),
+                    glib::ParamSpecUInt::builder("wait-for-consumers")
+                        .blurb("Hold the first frame until this many consumers have joined")
+                        .default_value(d.wait_for_consumers)
+                        .build(),
+                ]
+            });
+            PROPS.as_ref()
+        }
+
+        fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+            let mut s = self.settings.lock().unwrap();
+            match pspec.name() {
+                "ring" => s.ring = value.get().expect("type checked"),
+                "capacity" => s.capacity = value.get().expect("type checked"),
+                "spare-buffers" => s.spare_buffers = value.get().expect("type checked"),
+                "policy" => {
+                    let name: Option<String> = value.get().expect("type checked");
+                    match name.as_deref().and_then(Policy::from_name) {
+                        Some(p) => s.policy = p,
+                        None => gst::error!(
+                            CAT,
+                            imp = self,
+                            "policy must be block or overwrite, not {name:?}"
+                        ),
+                    }
+                }
+                "memory" => {
+                    let name: Option<String> = value.get().expect("type checked");
+                    match name.as_deref().and_then(Memory::from_name) {
+                        Some(m) => s.memory = m,
+                        None => gst::error!(
+                            CAT,
+                            imp = self,
+                            "memory must be auto, cuda or host, not {name:?}"
+                        ),
+                    }
+                }
+                "device" => s.device = value.get().expect("type checked"),
+                "slot-size" => s.slot_size = value.get().expect("type checked"),
+                "wait-for-consumers" => s.wait_for_consumers = value.get().expect("type checked"),
+                _ => unreachable!("no property {}", pspec.name()),
+            }
+        }
+
+        fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+            let s = self.settings.lock().unwrap();
+            match pspec.name() {
+                "ring" => s.ring.to_value(),
+                "capacity" => s.capacity.to_value(),
+                "spare-buffers" => s.spare_buffers.to_value(),
+                "policy" => s.policy.name().to_value(),
+                "memory" => s.memory.name().to_value(),
+                "device" => s.device.to_value(),
+                "slot-size" => s.slot_size.to_value(),
+                "wait-for-consumers" => s.wait_for_consumers.to_value(),
+                _ => unreachable!("no property {}", pspec.name()),
+            }
+        }
+    }
+
+    impl GstObjectImpl for RingSink {}
+
+    impl ElementImpl for RingSink {
+        fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+            static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+                gst::subclass::ElementMetadata::new(
+                    "gpuring sink",
+                    "Sink/Video",
+                    "Publishes video frames into a gpuring ring, in host or CUDA memory, for consumers in other processes",
+                    "gpuring",
+                )
+            });
+            Some(&*META)
+        }
+
+        fn pad_templates() -> &'static [gst::PadTemplate] {
+            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+                let caps = crate::video_caps();
+                vec![gst::PadTemplate::new(
+                    "sink",
+                    gst::PadDirection::Sink,
+                    gst::PadPresence::Always,
+                    &caps,
+                )
+                .expect("valid template")]
+            });
+            TEMPLATES.as_ref()
+        }
+    }
+
+    impl BaseSinkImpl for RingSink {
+        fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+            let info = VideoInfo::from_caps(caps)
+                .map_err(|_| gst::loggable_error!(CAT, "not video caps: {caps}"))?;
+            *self.caps_info.lock().unwrap() = Some(info);
+            Ok(())
+        }
+
+        fn stop(&self) -> Result<(), gst::ErrorMessage> {
+            // Dropping the producer closes the ring: consumers drain it, then see it closed.
+            if let Some(mut state) = self.state.lock().unwrap().take() {
+                if let Tx::Cuda(tx) = &state.tx {
+                    let _ = tx.stream().synchronize();
+                }
+                state.in_flight.clear();
+            }
+            Ok(())
+        }
+
+        fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+            self.flushing.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+
+        fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+            self.flushing.store(false, Ordering::Relaxed);
+            Ok(())
+        }
+
+        fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+            let info =
+                self.caps_info.lock().unwrap().clone().ok_or(gst::FlowError::NotNegotiated)?;
+            let mem = buffer.peek_memory(0);
+            let cuda_lib =
+                cudamem::get().filter(|lib| buffer.n_memory() == 1 && lib.is_cuda_memory(mem));
+            let mut guard = self.state.lock().unwrap();
+            if guard.is_none() {
+                // A CUDA buffer's pitched size can exceed the caps' frame size.
+                let size = match cuda_lib.and_then(|lib| lib.map_read(mem)) {
+                    Some(map) => map.video.size().max(buffer.size()),
+                    None => buffer.size(),
+                };
+                *guard = Some(self.create(&info, cuda_lib.is_some(), size)?);
+            }
+            let state = guard.as_mut().expect("created above");
+            state.info = info;
+            // A CUDA-memory buffer into a CUDA ring is copied on the GPU; everything else is
+            // read on the CPU (GStreamer downloads CUDA memory for a host ring).
+            let device_map = match (cuda_lib, &state.tx) {
+                (Some(lib), Tx::Cuda(_)) => Some(lib.map_read(mem).ok_or(gst::FlowError::Error)?),
+                _ => None,
+            };
+            let cpu_map;
+            let frame = match &device_map {
+                Some(map) => Frame::Device(map),
+                None => {
+                    cpu_map = buffer.map_readable().map_err(|_| gst::FlowError::Error)?;
+                    Frame::Cpu(cpu_map.as_slice())
+                }
+            };
+            let header = self.header(buffer, &state.info, &frame);
+            self.publish(state, frame, &header)?;
+            if device_map.is_some() {
+                self.keep_until_copied(state, buffer.clone())?;
+            }
+            Ok(gst::FlowSuccess::Ok)
+        }
+    }
+
+    impl RingSink {
+        /// Creates the ring for frames of `size` bytes, and waits for the consumers asked for.
+        fn create(
+            &self,
+            info: &VideoInfo,
+            cuda_input: bool,
+            size: usize,
+        ) -> Result<State, gst::FlowError> {
+            let s = self.settings.lock().unwrap().clone();
+            let Some(name) = s.ring.clone() else {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Settings,
+                    ["the ring property is not set"]
+                );
+                return Err(gst::FlowError::Error);
+            };
+            let slot = if s.slot_size > 0 { s.slot_size as usize } else { size };
+            let builder = Producer::builder(&name)
+                .capacity(s.capacity)
+                .spare_buffers(s.spare_buffers)
+                .policy(s.policy)
+                .slot_size(slot)
+                .user_header_size(USER_HEADER_SIZE as u32);
+            let cuda = match s.memory {
+                Memory::Cuda => true,
+                Memory::Host => false,
+                Memory::Auto => cuda_input,
+            };
+            let tx = if cuda {
+                builder.create_gpu(s.device).map(|tx| Tx::Cuda(Box::new(tx)))
+            } else {
+                builder.create().map(|tx| Tx::Host(Box::new(tx)))
+            };
+            let tx = tx.map_err(|e| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::OpenWrite,
+                    ["cannot create ring {name}: {e}"]
+                );
+                gst::FlowError::Error
+            })?;
+            gst::info!(
+                CAT,
+                imp = self,
+                "created ring {name}: {} memory, {} slots of {slot} bytes",
+                if cuda { "CUDA" } else { "host" },
+                s.capacity
+            );
+            let state = State { tx, info: info.clone(), in_flight: VecDeque::new() };
+            while state.consumer_count() < s.wait_for_consumers as usize {
+                if self.flushing.load(Ordering::Relaxed) {
+                    return Err(gst::FlowError::Flushing);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(state)
+        }
+
+        /// The message's user header: the tensor header (packed single-plane formats get
+        /// `[height, width, channels]`, others their bytes) and the frame header.
+        fn header(
+            &self,
+            buffer: &gst::Buffer,
+            info: &VideoInfo,
+            frame: &Frame,
+        ) -> [u8; USER_HEADER_SIZE] {
+            let (offsets, strides): (Vec<usize>, Vec<i32>) =
+                match (buffer.meta::<gst_video::VideoMeta>(), frame) {
+                    (Some(meta), _) => (meta.offset().to_vec(), meta.stride().to_vec()),
+                    (None, Frame::Device(map)) => {
+                        (map.video.offset().to_vec(), map.video.stride().to_vec())
+                    }
+                    (None, Frame::Cpu(_)) => (info.offset().to_vec(), info.stride().to_vec()),
+                };
+            let mut h = FrameHeader::new(info.format().to_str(), info.width(), info.height());
+            h.fps = (info.fps().numer(), info.fps().denom());
+            h.par = (info.par().numer(), info.par().denom());
+            h.colorimetry = info.colorimetry().to_string();
+            h.planes = info.n_planes();
+            for p in 0..h.planes as usize {
+                h.offsets[p] = offsets[p] as u64;
+                h.strides[p] = strides[p].unsigned_abs();
+            }
+            h.pts = buffer.pts().map(|t| t.nseconds());
+            h.dts = buffer.dts().map(|t| t.nseconds());
+            h.duration = buffer.duration().map(|t| t.nseconds());
+            h.offset = Some(buffer.offset()).filter(|&o| o != gst::ffi::GST_BUFFER_OFFSET_NONE);
+            h.flags = buffer.flags().bits();
+            let mut out = [0u8; USER_HEADER_SIZE];
+            let finfo = info.format_info();
+            let packed = h.planes == 1 && !finfo.is_yuv() && finfo.bits() == 8;
+            let width_bytes = info.width() as usize * finfo.pixel_stride()[0] as usize;
+            let tensor = if packed && strides[0].unsigned_abs() as usize == width_bytes {
+                TensorHeader::new(
+                    DType::U8,
+                    &[info.height() as u64, info.width() as u64, finfo.pixel_stride()[0] as u64],
+                )
+            } else {
+                TensorHeader::new(
+                    DType::U8,
+                    &[Layout::new(info, &offsets, &strides).extent() as u64],
+                )
+            };
+            // The tensor header of at most 3 dimensions fits the 64 bytes before the frame header.
+            let _ = tensor.write(&mut out);
+            h.write(&mut out);
+            out
+        }
+
+        /// Copies `frame` into a slot and publishes it, waiting (a tick at a time, so a flush
+        /// can end it) while the ring is full.
+        fn publish(
+            &self,
+            state: &mut State,
+            frame: Frame,
+            header: &[u8],
+        ) -> Result<(), gst::FlowError> {
+            let len = match &frame {
+                Frame::Cpu(b) => b.len(),
+                Frame::Device(m) => m.video.size(),
+            };
+            let refuse = |e: &dyn std::fmt::Display| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Write,
+                    ["cannot publish a frame: {e}"]
+                );
+                gst::FlowError::Error
+            };
+            let too_long = |slot: usize| {
+                gst::element_imp_error!(self, gst::StreamError::Format,
+                    ["a frame of {len} bytes does not fit the ring's {slot}-byte slots (set slot-size)"]);
+                gst::FlowError::Error
+            };
+            match (&mut state.tx, frame) {
+                (Tx::Host(tx), Frame::Cpu(bytes)) => {
+                    if len > tx.slot_size() {
+                        return Err(too_long(tx.slot_size()));
+                    }
+                    let mut slot = loop {
+                        match tx.acquire_timeout(TICK) {
+                            Ok(slot) => break slot,
+                            Err(AcquireTimeoutError::Timeout)
+                                if !self.flushing.load(Ordering::Relaxed) => {}
+                            Err(AcquireTimeoutError::Timeout) => {
+                                return Err(gst::FlowError::Flushing)
+                            }
+                            Err(e) => return Err(refuse(&e)),
+                        }
+                    };
+                    slot[..len].copy_from_slice(bytes);
+                    slot.publish(len, header).map_err(|e| refuse(&e))?;
+                }
+                (Tx::Cuda(tx), frame) => {
+                    if len > tx.slot_size() {
+                        return Err(too_long(tx.slot_size()));
+                    }
+                    let ctx = tx.context().clone();
+                    let slot = loop {
+                        match tx.acquire_timeout(TICK) {
+                            Ok(slot) => break slot,
+                            Err(AcquireTimeoutError::Timeout)
+                                if !self.flushing.load(Ordering::Relaxed) => {}
+                            Err(AcquireTimeoutError::Timeout) => {
+                                return Err(gst::FlowError::Flushing)
+                            }
+                            Err(e) => return Err(refuse(&e)),
+                        }
+                    };
+                    let _bound = ctx.bind().map_err(|e| refuse(&e))?;
+                    let stream = slot.stream().raw();
+                    let copied = match frame {
+                        // SAFETY: the slot holds `len` bytes and is ours until publish; `bytes`
+                        // stays mapped until the call returns, and a copy from pageable memory
+                        // has staged it by then; our context is current.
+                        Frame::Cpu(bytes) => unsafe {
+                            driver::memcpy_htod_async(slot.ptr(), bytes, stream)
+                        },
+                        // SAFETY: the map covers `len` bytes of device memory in its own
+                        // context, kept alive after this call by `keep_until_copied`; upstream
+                        // wrote it before pushing (1.22) or `map_read` waited for its stream.
+                        Frame::Device(map) => unsafe {
+                            let whole = Layout {
+                                planes: vec![crate::planes::Plane {
+                                    offset: 0,
+                                    stride: len,
+                                    rows: 1,
+                                }],
+                            };
+                            whole.copy_cuda(
+                                Base::Device(map.ptr, map.ctx.cast()),
+                                &whole,
+                                Base::Device(slot.ptr(), ctx.raw()),
+                                stream,
+                            )
+                        },
+                    };
+                    copied.map_err(|e| refuse(&e))?;
+                    slot.publish(len, header).map_err(|e| refuse(&e))?;
+                }
+                (Tx::Host(_), Frame::Device(_)) => {
+                    unreachable!("a host ring reads frames on the CPU")
+                }
+            }
+            Ok(())
+        }
+
+        /// Keeps an upstream CUDA buffer until the producer's stream has copied out of it;
+        /// releases those already copied, and waits for the oldest when too many are kept.
+        fn keep_until_copied(
+            &self,
+            state: &mut State,
+            buffer: gst::Buffer,
+        ) -> Result<(), gst::FlowError> {
+            let Tx::Cuda(tx) = &state.tx else { return Ok(()) };
+            state.in_flight.push_back(buffer);
+            let stream = tx.stream();
+            let idle = stream.is_idle().map_err(|_| gst::FlowError::Error)?;
+            if idle {
+                state.in_flight.clear();
+            } else if state.in_flight.len() > MAX_IN_FLIGHT {
+                stream.synchronize().map_err(|_| gst::FlowError::Error)?;
+                state.in_flight.clear();
+            }
+            Ok(())
+        }
+    }
+}
+
+impl State {
+    fn consumer_count(&self) -> usize {
+        match &self.tx {
+            Tx::Host(tx) => tx.consumer_count(),
+            Tx::Cuda(tx) => tx.consumer_count(),
+        }
+    }
+}

@@ -1,0 +1,691 @@
+//! `gpuringsrc`: a consumer of a ring, as a live GStreamer source. Host-memory messages become
+//! buffers over the slot itself (no copy), released when GStreamer frees them; CUDA messages
+//! are copied on the GPU into GStreamer's CUDA memory (or to system memory if downstream wants
+//! that), because GStreamer 1.22's CUDA library cannot wrap memory it did not allocate.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use gpuring::{
+    Consumer, ConsumerBuilder, Cuda, Host, MemoryKind, Mode, OpenError, RecvTimeoutError,
+};
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::base_src::CreateSuccess;
+use gst_base::subclass::prelude::*;
+use gst_video::VideoInfo;
+
+use crate::cudamem;
+use crate::header::FrameHeader;
+use crate::held::{Shared, SlotBytes};
+use crate::planes::{Base, Layout};
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new("gpuringsrc", gst::DebugColorFlags::empty(), Some("gpuring source"))
+});
+
+/// How long one wait lasts before the element looks at whether it is stopping.
+const TICK: Duration = Duration::from_millis(20);
+
+glib::wrapper! {
+    /// The `gpuringsrc` element.
+    pub struct RingSrc(ObjectSubclass<imp::RingSrc>) @extends gst_base::PushSrc, gst_base::BaseSrc, gst::Element, gst::Object;
+}
+
+/// Registers `gpuringsrc` with `plugin`.
+pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    gst::Element::register(Some(plugin), "gpuringsrc", gst::Rank::NONE, RingSrc::static_type())
+}
+
+/// The properties.
+#[derive(Clone, Debug)]
+struct Settings {
+    ring: Option<String>,
+    /// None: the ring's policy decides (lossless on a block ring, queue on an overwrite ring).
+    mode: Option<Mode>,
+    /// -1: the ring's own GPU.
+    device: i32,
+    wait: bool,
+    reconnect: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { ring: None, mode: None, device: -1, wait: true, reconnect: false }
+    }
+}
+
+/// The ring's consumer, in the memory kind the ring has.
+enum Reader {
+    /// Slots stay held while GStreamer buffers wrap them.
+    Host(Arc<Shared>),
+    /// Each message is copied out and released at once.
+    Cuda(Box<Consumer<Cuda>>),
+}
+
+impl Reader {
+    fn epoch(&self) -> u64 {
+        match self {
+            Reader::Host(shared) => shared.epoch(),
+            Reader::Cuda(rx) => rx.epoch(),
+        }
+    }
+}
+
+/// What the source pushes, for the current caps.
+struct Output {
+    header: FrameHeader,
+    info: VideoInfo,
+    /// CUDA memory (a CUDA ring, and downstream takes it).
+    cuda: Option<gst::BufferPool>,
+    /// Downstream reads `GstVideoMeta`, so frames keep the producer's strides.
+    video_meta: bool,
+}
+
+struct State {
+    reader: Reader,
+    out: Option<Output>,
+    /// Messages lost so far (sum of each message's lag).
+    lost: u64,
+}
+
+mod imp {
+    use super::*;
+
+    #[derive(Default)]
+    pub struct RingSrc {
+        settings: Mutex<Settings>,
+        state: Mutex<Option<State>>,
+        /// The CUDA context shared with neighbours (CUDA output only).
+        cuda_ctx: Mutex<cudamem::Context>,
+        /// Set by `unlock`: waits give up. Relaxed: a hint polled every `TICK`.
+        flushing: AtomicBool,
+    }
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for RingSrc {
+        const NAME: &'static str = "GpuringSrc";
+        type Type = super::RingSrc;
+        type ParentType = gst_base::PushSrc;
+    }
+
+    impl ObjectImpl for RingSrc {
+        fn constructed(&self) {
+            self.parent_constructed();
+            let obj = self.obj();
+            obj.set_live(true);
+            obj.set_format(gst::Format::Time);
+        }
+
+        fn properties() -> &'static [glib::ParamSpec] {
+            static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+                vec![
+                    glib::ParamSpecString::builder("ring").blurb("Name of the ring to read").build(),
+                    glib::ParamSpecString::builder("mode")
+                        .blurb("lossless, queue or latest; default: the ring's policy decides")
+                        .default_value(Some("default"))
+                        .build(),
+                    glib::ParamSpecInt::builder("device")
+                        .blurb("CUDA device to read on (CUDA rings); -1: the ring's own")
+                        .minimum(-1)
+                        .default_value(-1)
+                        .build(),
+                    glib::ParamSpecBoolean::builder("wait")
+                        .blurb("Wait for the ring to be created, rather than fail")
+                        .default_value(true)
+                        .build(),
+                    glib::ParamSpecBoolean::builder("reconnect")
+                        .blurb("When the producer goes away, wait for a new one instead of ending the stream")
+                        .default_value(false)
+                        .build(),
+                ]
+            });
+            PROPS.as_ref()
+        }
+
+        fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+            let mut s = self.settings.lock().unwrap();
+            match pspec.name() {
+                "ring" => s.ring = value.get().expect("type checked"),
+                "mode" => {
+                    let name: Option<String> = value.get().expect("type checked");
+                    match name.as_deref() {
+                        None | Some("default") => s.mode = None,
+                        Some(n) => match Mode::from_name(n) {
+                            Some(m) => s.mode = Some(m),
+                            None => gst::error!(
+                                CAT,
+                                imp = self,
+                                "mode must be lossless, queue, latest or default, not {n}"
+                            ),
+                        },
+                    }
+                }
+                "device" => s.device = value.get().expect("type checked"),
+                "wait" => s.wait = value.get().expect("type checked"),
+                "reconnect" => s.reconnect = value.get().expect("type checked"),
+                _ => unreachable!("no property {}", pspec.name()),
+            }
+        }
+
+        fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+            let s = self.settings.lock().unwrap();
+            match pspec.name() {
+                "ring" => s.ring.to_value(),
+                "mode" => s.mode.map_or("default", |m| m.name()).to_value(),
+                "device" => s.device.to_value(),
+                "wait" => s.wait.to_value(),
+                "reconnect" => s.reconnect.to_value(),
+                _ => unreachable!("no property {}", pspec.name()),
+            }
+        }
+    }
+
+    impl GstObjectImpl for RingSrc {}
+
+    impl ElementImpl for RingSrc {
+        fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+            static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+                gst::subclass::ElementMetadata::new(
+                    "gpuring source",
+                    "Source/Video",
+                    "Receives video frames from a gpuring ring written by another process, in host or CUDA memory",
+                    "gpuring",
+                )
+            });
+            Some(&*META)
+        }
+
+        fn pad_templates() -> &'static [gst::PadTemplate] {
+            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+                let caps = crate::video_caps();
+                vec![gst::PadTemplate::new(
+                    "src",
+                    gst::PadDirection::Src,
+                    gst::PadPresence::Always,
+                    &caps,
+                )
+                .expect("valid template")]
+            });
+            TEMPLATES.as_ref()
+        }
+
+        fn set_context(&self, context: &gst::Context) {
+            if let Some(lib) = cudamem::get() {
+                let device = self.settings.lock().unwrap().device;
+                lib.handle_set_context(
+                    self.obj().upcast_ref(),
+                    context,
+                    device,
+                    &mut self.cuda_ctx.lock().unwrap(),
+                );
+            }
+            self.parent_set_context(context)
+        }
+    }
+
+    impl BaseSrcImpl for RingSrc {
+        fn start(&self) -> Result<(), gst::ErrorMessage> {
+            if self.settings.lock().unwrap().ring.is_none() {
+                return Err(gst::error_msg!(
+                    gst::ResourceError::Settings,
+                    ["the ring property is not set"]
+                ));
+            }
+            Ok(())
+        }
+
+        fn stop(&self) -> Result<(), gst::ErrorMessage> {
+            // Buffers still downstream keep their slots (and the consumer) alive until freed.
+            *self.state.lock().unwrap() = None;
+            Ok(())
+        }
+
+        fn negotiate(&self) -> Result<(), gst::LoggableError> {
+            // The caps come with the first message (its frame header): `create` sets them.
+            Ok(())
+        }
+
+        fn query(&self, query: &mut gst::QueryRef) -> bool {
+            if let gst::QueryViewMut::Context(_) = query.view_mut() {
+                if let Some(lib) = cudamem::get() {
+                    if lib.handle_query(
+                        self.obj().upcast_ref(),
+                        query,
+                        &self.cuda_ctx.lock().unwrap(),
+                    ) {
+                        return true;
+                    }
+                }
+            }
+            BaseSrcImplExt::parent_query(self, query)
+        }
+
+        fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+            self.flushing.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+
+        fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+            self.flushing.store(false, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    impl PushSrcImpl for RingSrc {
+        fn create(
+            &self,
+            _buffer: Option<&mut gst::BufferRef>,
+        ) -> Result<CreateSuccess, gst::FlowError> {
+            let mut guard = self.state.lock().unwrap();
+            loop {
+                if guard.is_none() {
+                    let reader = self.open(None)?;
+                    *guard = Some(State { reader, out: None, lost: 0 });
+                }
+                let state = guard.as_mut().expect("opened above");
+                match self.receive(state) {
+                    Ok(buffer) => return Ok(CreateSuccess::NewBuffer(buffer)),
+                    Err(Ended::Flow(e)) => return Err(e),
+                    Err(Ended::Disconnected) => {
+                        let s = self.settings.lock().unwrap().clone();
+                        if !s.reconnect {
+                            gst::info!(
+                                CAT,
+                                imp = self,
+                                "the producer is gone and the ring is drained: end of stream"
+                            );
+                            return Err(gst::FlowError::Eos);
+                        }
+                        gst::info!(CAT, imp = self, "the producer is gone: waiting for a new one");
+                        let epoch = state.reader.epoch();
+                        let reader = self.open(Some(epoch))?;
+                        *guard = Some(State { reader, out: None, lost: 0 });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why `receive` returned no buffer.
+    enum Ended {
+        Flow(gst::FlowError),
+        /// The producer is gone and everything it published has been read.
+        Disconnected,
+    }
+
+    impl From<gst::FlowError> for Ended {
+        fn from(e: gst::FlowError) -> Ended {
+            Ended::Flow(e)
+        }
+    }
+
+    impl RingSrc {
+        fn builder(&self, s: &Settings) -> ConsumerBuilder {
+            let b = Consumer::builder(s.ring.as_deref().unwrap_or_default());
+            match s.mode {
+                Some(m) => b.mode(m),
+                None => b,
+            }
+        }
+
+        /// Opens the ring (one of epoch other than `not_epoch`), in whichever memory it has,
+        /// waiting for it while `wait` is set.
+        fn open(&self, not_epoch: Option<u64>) -> Result<Reader, gst::FlowError> {
+            let s = self.settings.lock().unwrap().clone();
+            let name = s.ring.clone().unwrap_or_default();
+            loop {
+                if self.flushing.load(Ordering::Relaxed) {
+                    return Err(gst::FlowError::Flushing);
+                }
+                let host = self.builder(&s).open_in_when_ready::<Host>(not_epoch, TICK);
+                let opened = match host {
+                    Ok(rx) => Ok(Reader::Host(Shared::new(rx))),
+                    Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+                        let b = self.builder(&s);
+                        let b = if s.device >= 0 { b.device(s.device) } else { b };
+                        b.open_gpu_when_ready(not_epoch, TICK).map(|rx| Reader::Cuda(Box::new(rx)))
+                    }
+                    Err(e) => Err(e),
+                };
+                match opened {
+                    Ok(reader) => {
+                        gst::info!(
+                            CAT,
+                            imp = self,
+                            "joined ring {name} (epoch {})",
+                            reader.epoch()
+                        );
+                        return Ok(reader);
+                    }
+                    // Not there (yet), or a new producer is still setting it up.
+                    Err(OpenError::Disconnected | OpenError::NotFound)
+                        if s.wait || not_epoch.is_some() => {}
+                    Err(e) => {
+                        gst::element_imp_error!(
+                            self,
+                            gst::ResourceError::OpenRead,
+                            ["cannot open ring {name}: {e}"]
+                        );
+                        return Err(gst::FlowError::Error);
+                    }
+                }
+            }
+        }
+
+        /// Receives the next message and turns it into a buffer.
+        fn receive(&self, state: &mut State) -> Result<gst::Buffer, Ended> {
+            let State { reader, out, lost } = state;
+            match reader {
+                Reader::Host(shared) => {
+                    let shared = shared.clone();
+                    let got = loop {
+                        if self.flushing.load(Ordering::Relaxed) {
+                            return Err(gst::FlowError::Flushing.into());
+                        }
+                        match shared.recv(TICK) {
+                            Ok(got) => break got,
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
+                            Err(e) => return Err(self.fail(&e).into()),
+                        }
+                    };
+                    let header = self.frame_header(got.header())?;
+                    self.lost(lost, got.seq(), got.lag());
+                    let out = self.output(out, &header, false)?;
+                    let mut buffer = if out.video_meta
+                        || Layout::of_header(&out.info, &header) == Layout::of_info(&out.info)
+                    {
+                        self.wrap(got, &out.info, &header)?
+                    } else {
+                        // Downstream cannot read the producer's strides: repack on the CPU.
+                        let mut buffer = gst::Buffer::with_size(out.info.size())
+                            .map_err(|_| gst::FlowError::Error)?;
+                        {
+                            let b = buffer.get_mut().expect("new buffer");
+                            let mut map = b.map_writable().map_err(|_| gst::FlowError::Error)?;
+                            Layout::of_header(&out.info, &header)
+                                .copy_cpu(got.as_ref(), &Layout::of_info(&out.info), &mut map)
+                                .ok_or_else(|| {
+                                    self.fail(&"a message is shorter than its frame header says")
+                                })?;
+                        }
+                        buffer
+                    };
+                    stamp(buffer.get_mut().expect("ours"), &header);
+                    Ok(buffer)
+                }
+                Reader::Cuda(rx) => {
+                    let slot = loop {
+                        if self.flushing.load(Ordering::Relaxed) {
+                            return Err(gst::FlowError::Flushing.into());
+                        }
+                        match rx.recv_timeout(TICK) {
+                            Ok(slot) => break slot,
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
+                            Err(e) => return Err(self.fail(&e).into()),
+                        }
+                    };
+                    let header = self.frame_header(slot.header())?;
+                    let (seq, lag) = (slot.seq(), slot.lag());
+                    let ctx = rx.context().clone();
+                    let src = Layout::of_header(&self.peek_info(&header)?, &header);
+                    if src.extent() > slot.len() {
+                        return Err(self
+                            .fail(&"a message is shorter than its frame header says")
+                            .into());
+                    }
+                    let stream = slot.stream().raw();
+                    let bound = ctx.bind().map_err(|e| self.fail(&e))?;
+                    let buffer = {
+                        let state_out = self.output(out, &header, true)?;
+                        let mut buffer;
+                        match &state_out.cuda {
+                            Some(pool) => {
+                                buffer = pool.acquire_buffer(None)?;
+                                let b = buffer.get_mut().expect("a pool buffer is ours");
+                                let meta = b
+                                    .meta::<gst_video::VideoMeta>()
+                                    .ok_or(gst::FlowError::Error)?;
+                                let dst =
+                                    Layout::new(&state_out.info, meta.offset(), meta.stride());
+                                let lib = cudamem::get().expect("CUDA output needs the library");
+                                let dst_ctx = lib.handle(&self.cuda_ctx.lock().unwrap());
+                                let mem = b.peek_memory(0);
+                                let (ptr, info) =
+                                    cudamem::map_write(mem).ok_or(gst::FlowError::Error)?;
+                                // SAFETY: the slot holds `src.extent()` bytes (checked) until
+                                // released below, after the stream has run the copy; the pool
+                                // memory holds `dst`'s extent, mapped until `unmap_write`; the
+                                // stream is the slot's, in our current context.
+                                let copied = unsafe {
+                                    src.copy_cuda(
+                                        Base::Device(slot.ptr(), ctx.raw()),
+                                        &dst,
+                                        Base::Device(ptr, dst_ctx.cast()),
+                                        stream,
+                                    )
+                                };
+                                let synced = copied.and_then(|()| slot.stream().synchronize());
+                                cudamem::unmap_write(mem, info);
+                                synced.map_err(|e| self.fail(&e))?;
+                            }
+                            None => {
+                                let dst = Layout::of_info(&state_out.info);
+                                buffer = gst::Buffer::with_size(state_out.info.size())
+                                    .map_err(|_| gst::FlowError::Error)?;
+                                let b = buffer.get_mut().expect("new buffer");
+                                let mut map =
+                                    b.map_writable().map_err(|_| gst::FlowError::Error)?;
+                                // SAFETY: as above, with a host buffer of `info.size()` bytes
+                                // mapped until the stream has run the copy.
+                                let copied = unsafe {
+                                    src.copy_cuda(
+                                        Base::Device(slot.ptr(), ctx.raw()),
+                                        &dst,
+                                        Base::Host(map.as_mut_ptr()),
+                                        stream,
+                                    )
+                                };
+                                copied
+                                    .and_then(|()| slot.stream().synchronize())
+                                    .map_err(|e| self.fail(&e))?;
+                            }
+                        }
+                        buffer
+                    };
+                    drop(bound);
+                    slot.release().map_err(|e| self.fail(&e))?;
+                    self.lost(lost, seq, lag);
+                    let mut buffer = buffer;
+                    stamp(buffer.get_mut().expect("ours"), &header);
+                    Ok(buffer)
+                }
+            }
+        }
+
+        fn fail(&self, e: &dyn std::fmt::Display) -> gst::FlowError {
+            gst::element_imp_error!(self, gst::ResourceError::Read, ["{e}"]);
+            gst::FlowError::Error
+        }
+
+        fn frame_header(&self, user_header: &[u8]) -> Result<FrameHeader, gst::FlowError> {
+            FrameHeader::read(user_header).map_err(|e| {
+                gst::element_imp_error!(self, gst::StreamError::Format, ["{e}"]);
+                gst::FlowError::Error
+            })
+        }
+
+        fn peek_info(&self, h: &FrameHeader) -> Result<VideoInfo, gst::FlowError> {
+            video_info(h).ok_or_else(|| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ["unknown video format in the frame header: {h:?}"]
+                );
+                gst::FlowError::NotNegotiated
+            })
+        }
+
+        /// Counts and reports messages lost before this one.
+        fn lost(&self, total: &mut u64, seq: u64, lag: u64) {
+            if lag == 0 {
+                return;
+            }
+            *total += lag;
+            gst::debug!(CAT, imp = self, "lost {lag} messages before {seq}");
+            let s = gst::Structure::builder("gpuring-lag")
+                .field("seq", seq)
+                .field("lost", lag)
+                .field("lost-total", *total)
+                .build();
+            let _ = self
+                .obj()
+                .post_message(gst::message::Element::builder(s).src(&*self.obj()).build());
+        }
+
+        /// The output for `header`'s format: unchanged, or new caps set downstream.
+        fn output<'s>(
+            &self,
+            out: &'s mut Option<Output>,
+            header: &FrameHeader,
+            cuda_ring: bool,
+        ) -> Result<&'s Output, gst::FlowError> {
+            let same = out.as_ref().is_some_and(|o| same_format(&o.header, header));
+            if !same {
+                *out = Some(self.negotiate_for(header, cuda_ring)?);
+            }
+            Ok(out.as_ref().expect("set above"))
+        }
+
+        fn negotiate_for(
+            &self,
+            header: &FrameHeader,
+            cuda_ring: bool,
+        ) -> Result<Output, gst::FlowError> {
+            let info = self.peek_info(header)?;
+            let system = info.to_caps().map_err(|_| gst::FlowError::NotNegotiated)?;
+            let pad = self.obj().static_pad("src").expect("always");
+            let lib = cudamem::get().filter(|_| cuda_ring);
+            let cuda_caps = lib.map(|_| {
+                let mut c = system.clone();
+                c.get_mut()
+                    .expect("ours")
+                    .set_features_simple(Some(gst::CapsFeatures::new([cudamem::CAPS_FEATURE])));
+                c
+            });
+            let wants = |caps: &gst::Caps| pad.peer_query_accept_caps(caps);
+            let (caps, cuda) = match cuda_caps {
+                Some(c) if wants(&c) => (c, true),
+                _ if wants(&system) => (system, false),
+                _ => {
+                    gst::element_imp_error!(
+                        self,
+                        gst::CoreError::Negotiation,
+                        ["downstream accepts neither {system} nor its CUDA memory form"]
+                    );
+                    return Err(gst::FlowError::NotNegotiated);
+                }
+            };
+            self.obj().set_caps(&caps).map_err(|_| gst::FlowError::NotNegotiated)?;
+            gst::info!(CAT, imp = self, "caps {caps}");
+            let pool = if cuda { Some(self.cuda_pool(&caps, &info)?) } else { None };
+            // Does downstream read video metas (frames at the producer's strides)?
+            let mut q = gst::query::Allocation::new(Some(&caps), false);
+            let video_meta = pad.peer_query(&mut q)
+                && q.find_allocation_meta::<gst_video::VideoMeta>().is_some();
+            Ok(Output { header: header.clone(), info, cuda: pool, video_meta })
+        }
+
+        /// A pool of GStreamer CUDA buffers for `caps`, in the context shared with neighbours.
+        fn cuda_pool(
+            &self,
+            caps: &gst::Caps,
+            info: &VideoInfo,
+        ) -> Result<gst::BufferPool, gst::FlowError> {
+            let lib = cudamem::get().expect("CUDA caps come only with the library");
+            let device = self.settings.lock().unwrap().device;
+            let mut ctx = self.cuda_ctx.lock().unwrap();
+            if !ctx.is_set() && !lib.ensure_context(self.obj().upcast_ref(), device, &mut ctx) {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Failed,
+                    ["no GStreamer CUDA context for device {device}"]
+                );
+                return Err(gst::FlowError::Error);
+            }
+            let pool = lib.pool(&ctx).ok_or(gst::FlowError::Error)?;
+            let mut config = pool.config();
+            config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+            config.set_params(Some(caps), info.size() as u32, 0, 0);
+            pool.set_config(config).map_err(|_| gst::FlowError::NotNegotiated)?;
+            pool.set_active(true).map_err(|_| gst::FlowError::Error)?;
+            Ok(pool)
+        }
+
+        /// A buffer over the held slot, with the producer's plane layout as its video meta.
+        fn wrap(
+            &self,
+            got: SlotBytes,
+            info: &VideoInfo,
+            h: &FrameHeader,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            let layout = Layout::of_header(info, h);
+            if layout.extent() > got.as_ref().len() {
+                return Err(self.fail(&"a message is shorter than its frame header says"));
+            }
+            let mut buffer = gst::Buffer::from_slice(got);
+            let n = h.planes as usize;
+            let offsets: Vec<usize> = h.offsets[..n].iter().map(|&o| o as usize).collect();
+            let strides: Vec<i32> = h.strides[..n].iter().map(|&s| s as i32).collect();
+            gst_video::VideoMeta::add_full(
+                buffer.get_mut().expect("new buffer"),
+                gst_video::VideoFrameFlags::empty(),
+                info.format(),
+                info.width(),
+                info.height(),
+                &offsets,
+                &strides,
+            )
+            .map_err(|_| gst::FlowError::Error)?;
+            Ok(buffer)
+        }
+    }
+}
+
+/// Whether two headers describe the same caps (format, size, rate, aspect, colorimetry).
+fn same_format(a: &FrameHeader, b: &FrameHeader) -> bool {
+    (&a.format, a.width, a.height, a.fps, a.par, &a.colorimetry)
+        == (&b.format, b.width, b.height, b.fps, b.par, &b.colorimetry)
+}
+
+/// The video info a frame header describes.
+fn video_info(h: &FrameHeader) -> Option<VideoInfo> {
+    let format = gst_video::VideoFormat::from_string(&h.format);
+    if format == gst_video::VideoFormat::Unknown {
+        return None;
+    }
+    let mut b = VideoInfo::builder(format, h.width, h.height)
+        .fps(gst::Fraction::new(h.fps.0, h.fps.1.max(1)))
+        .par(gst::Fraction::new(h.par.0.max(1), h.par.1.max(1)));
+    let colorimetry = h.colorimetry.parse::<gst_video::VideoColorimetry>().ok();
+    if let Some(c) = &colorimetry {
+        b = b.colorimetry(c);
+    }
+    b.build().ok()
+}
+
+/// The producer's timestamps, offset and flags, on the buffer.
+fn stamp(b: &mut gst::BufferRef, h: &FrameHeader) {
+    b.set_pts(h.pts.map(gst::ClockTime::from_nseconds));
+    b.set_dts(h.dts.map(gst::ClockTime::from_nseconds));
+    b.set_duration(h.duration.map(gst::ClockTime::from_nseconds));
+    if let Some(o) = h.offset {
+        b.set_offset(o);
+    }
+    b.set_flags(gst::BufferFlags::from_bits_truncate(h.flags) - gst::BufferFlags::TAG_MEMORY);
+}

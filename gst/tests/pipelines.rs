@@ -1,0 +1,266 @@
+//! Real GStreamer pipelines in separate processes, in host memory: `videotestsrc ! gpuringsink`
+//! feeding `gpuringsrc ! appsink` consumers and a plain Rust consumer, each frame checked
+//! byte for byte against what `videotestsrc` makes for that frame number.
+//!
+//! The tests re-execute this binary as the producer and the consumers (`common::spawn`).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{env, expect_success, role, spawn, unique_name};
+use gpuring::{Consumer, Mode, RecvError};
+use gst::prelude::*;
+use gstgpuring::header::FrameHeader;
+
+const WIDTH: u32 = 160;
+const HEIGHT: u32 = 120;
+
+/// Caps of the test frames: `pattern=ball` moves with the frame number, so every frame differs.
+fn caps() -> String {
+    format!("video/x-raw,format=RGBA,width={WIDTH},height={HEIGHT},framerate=1000/1")
+}
+
+fn init() {
+    gst::init().expect("gst init");
+    gstgpuring::plugin_register_static().expect("register the plugin");
+}
+
+/// What `videotestsrc` makes for frames 0..n: bytes and PTS by frame number.
+fn reference(n: u64) -> HashMap<u64, (Vec<u8>, Option<gst::ClockTime>)> {
+    let desc = format!(
+        "videotestsrc num-buffers={n} pattern=ball ! {} ! appsink name=s sync=false",
+        caps()
+    );
+    let mut frames = HashMap::new();
+    pull_all(&desc, |b| {
+        frames.insert(b.offset(), (b.map_readable().unwrap().to_vec(), b.pts()));
+        true
+    });
+    assert_eq!(frames.len() as u64, n, "reference frames");
+    frames
+}
+
+/// Runs `desc` (ending in `appsink name=s`) and hands each buffer to `each` until EOS or until
+/// `each` returns false. Panics on a pipeline error, or after a minute.
+fn pull_all(desc: &str, mut each: impl FnMut(&gst::BufferRef) -> bool) {
+    let pipeline = gst::parse::launch(desc).expect("parse").downcast::<gst::Pipeline>().unwrap();
+    let sink = pipeline.by_name("s").unwrap().downcast::<gst_app::AppSink>().unwrap();
+    pipeline.set_state(gst::State::Playing).expect("playing");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "{desc}: no EOS within a minute");
+        if let Some(msg) = pipeline.bus().unwrap().pop_filtered(&[gst::MessageType::Error]) {
+            panic!("{desc}: {msg:?}");
+        }
+        match sink.try_pull_sample(gst::ClockTime::from_mseconds(100)) {
+            Some(sample) if !each(sample.buffer().unwrap()) => break,
+            Some(_) => {}
+            None if sink.is_eos() => break,
+            None => {}
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
+/// Runs a producer pipeline to its end.
+fn run_producer(desc: &str) {
+    let pipeline = gst::parse::launch(desc).expect("parse");
+    pipeline.set_state(gst::State::Playing).expect("playing");
+    let bus = pipeline.bus().unwrap();
+    let msg = bus
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(60),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        )
+        .expect("the producer ends within a minute");
+    assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "producer: {msg:?}");
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
+/// A `gpuringsrc ! appsink` consumer: every frame in order from 0, each equal to the reference.
+fn gst_consumer(ring: &str, n: u64, extra: &str) -> u64 {
+    let refs = reference(n);
+    let desc = format!("gpuringsrc ring={ring} {extra} ! appsink name=s sync=false");
+    let mut next = 0;
+    pull_all(&desc, |b| {
+        assert_eq!(b.offset(), next, "frames in order, none lost");
+        let (bytes, pts) = &refs[&next];
+        let map = b.map_readable().unwrap();
+        let bad = map.iter().zip(bytes).filter(|(a, b)| a != b).count();
+        assert_eq!((map.len(), bad), (bytes.len(), 0), "frame {next}: length and bad bytes");
+        assert_eq!(b.pts(), *pts, "frame {next}: PTS preserved");
+        next += 1;
+        next < n
+    });
+    next
+}
+
+/// The producer, two GStreamer consumers and a Rust consumer, each in its own process.
+#[test]
+fn host_ring_feeds_gst_and_rust_consumers() {
+    const N: u64 = 300;
+    match role().as_deref() {
+        Some("producer") => {
+            init();
+            let ring: String = env("RING");
+            run_producer(&format!(
+                "videotestsrc num-buffers={N} pattern=ball ! {} ! gpuringsink ring={ring} capacity=4 wait-for-consumers=3",
+                caps()
+            ));
+            return;
+        }
+        Some("gst") => {
+            init();
+            assert_eq!(gst_consumer(&env::<String>("RING"), N, "mode=lossless"), N);
+            eprintln!("gst consumer: {N} frames, 0 bad bytes");
+            return;
+        }
+        Some("rust") => {
+            init();
+            let refs = reference(N);
+            let ring: String = env("RING");
+            let rx = Consumer::builder(&ring)
+                .mode(Mode::Lossless)
+                .open_when_ready(None, Duration::from_secs(30))
+                .unwrap();
+            let mut n = 0;
+            loop {
+                let msg = match rx.recv() {
+                    Ok(msg) => msg,
+                    Err(RecvError::Disconnected) => break,
+                    Err(e) => panic!("recv: {e}"),
+                };
+                let h = FrameHeader::read(msg.header()).expect("a frame header");
+                assert_eq!(
+                    (h.format.as_str(), h.width, h.height, h.planes),
+                    ("RGBA", WIDTH, HEIGHT, 1)
+                );
+                assert_eq!((h.offset, h.strides[0], h.fps), (Some(n), WIDTH * 4, (1000, 1)));
+                assert_eq!(msg.seq(), n, "seq follows the frame number");
+                let (bytes, pts) = &refs[&n];
+                assert_eq!(h.pts, pts.map(|t| t.nseconds()));
+                assert!(*msg == bytes[..], "frame {n}: bytes");
+                n += 1;
+            }
+            assert_eq!(n, N);
+            eprintln!("rust consumer: {N} frames, 0 bad bytes");
+            return;
+        }
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    let ring = unique_name("gst");
+    let env = [("RING", ring.clone())];
+    let test = "host_ring_feeds_gst_and_rust_consumers";
+    let consumers = [spawn(test, "gst", &env), spawn(test, "gst", &env), spawn(test, "rust", &env)];
+    let producer = spawn(test, "producer", &env);
+    expect_success(producer, "producer");
+    for (c, what) in
+        consumers.into_iter().zip(["gst consumer 1", "gst consumer 2", "rust consumer"])
+    {
+        expect_success(c, what);
+    }
+}
+
+/// A source ends the stream once a closed ring is drained; with `reconnect=true` it goes on
+/// with the next producer of the same name.
+#[test]
+fn source_ends_or_reconnects_when_the_producer_goes() {
+    const N: u64 = 20;
+    match role().as_deref() {
+        Some("producer") => {
+            init();
+            let ring: String = env("RING");
+            let wait: u32 = env("WAIT");
+            run_producer(&format!(
+                "videotestsrc num-buffers={N} pattern=ball ! {} ! gpuringsink ring={ring} wait-for-consumers={wait}",
+                caps()
+            ));
+            return;
+        }
+        Some("ends") => {
+            init();
+            assert_eq!(gst_consumer(&env::<String>("RING"), N, ""), N, "EOS after the last frame");
+            return;
+        }
+        Some("reconnects") => {
+            init();
+            let refs = reference(N);
+            let desc = format!(
+                "gpuringsrc ring={} reconnect=true ! appsink name=s sync=false",
+                env::<String>("RING")
+            );
+            let mut got = Vec::new();
+            pull_all(&desc, |b| {
+                let map = b.map_readable().unwrap();
+                assert!(map[..] == refs[&b.offset()].0[..], "frame {}", b.offset());
+                got.push(b.offset());
+                got.len() < 2 * N as usize
+            });
+            let want: Vec<u64> = (0..N).chain(0..N).collect();
+            assert_eq!(got, want, "both producers' frames, in order");
+            return;
+        }
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    let ring = unique_name("gst-re");
+    let test = "source_ends_or_reconnects_when_the_producer_goes";
+    let env1 = [("RING", ring.clone()), ("WAIT", "2".to_owned())];
+    let ends = spawn(test, "ends", &env1);
+    let reconnects = spawn(test, "reconnects", &env1);
+    expect_success(spawn(test, "producer", &env1), "first producer");
+    expect_success(ends, "the consumer that ends");
+    let env2 = [("RING", ring.clone()), ("WAIT", "1".to_owned())];
+    expect_success(spawn(test, "producer", &env2), "second producer");
+    expect_success(reconnects, "the consumer that reconnects");
+}
+
+/// A producer killed mid-stream: the source delivers what was published, then ends the stream.
+#[test]
+fn source_ends_the_stream_when_the_producer_is_killed() {
+    match role().as_deref() {
+        Some("producer") => {
+            init();
+            let ring: String = env("RING");
+            run_producer(&format!(
+                "videotestsrc is-live=true pattern=ball ! {} ! gpuringsink ring={ring} wait-for-consumers=1",
+                caps().replace("1000/1", "100/1")
+            ));
+            return;
+        }
+        Some("consumer") => {
+            init();
+            let refs = reference(1000);
+            let desc =
+                format!("gpuringsrc ring={} ! appsink name=s sync=false", env::<String>("RING"));
+            let mut n = 0u64;
+            pull_all(&desc, |b| {
+                let map = b.map_readable().unwrap();
+                assert!(map[..] == refs[&b.offset()].0[..], "frame {}", b.offset());
+                n += 1;
+                true
+            });
+            assert!(n >= 10, "frames before the kill: {n}");
+            eprintln!("killed producer: {n} frames, then EOS");
+            return;
+        }
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    let ring = unique_name("gst-kill");
+    let test = "source_ends_the_stream_when_the_producer_is_killed";
+    let env = [("RING", ring.clone())];
+    let consumer = spawn(test, "consumer", &env);
+    let mut producer = spawn(test, "producer", &env);
+    // Let it publish for a while (100 frames/s), then kill it without warning.
+    std::thread::sleep(Duration::from_millis(1500));
+    producer.kill().unwrap();
+    producer.wait().unwrap();
+    expect_success(consumer, "consumer");
+    // The killed producer could not remove its segment.
+    let _ = std::fs::remove_file(format!("/dev/shm/gpuring.{ring}"));
+}
