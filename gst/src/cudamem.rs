@@ -6,6 +6,7 @@
 //! memory caps are simply not offered.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use gst::glib;
@@ -152,23 +153,25 @@ impl GstCuda {
     }
 
     /// The element's CUDA context for device `device`: shared with its neighbours through
-    /// GStreamer's context queries, or a new one. Stored in `*ctx` (a `GstCudaContext`, one
-    /// reference owned by the caller, who keeps it in [`Context`]).
-    pub fn ensure_context(&self, element: &gst::Element, device: i32, ctx: &mut Context) -> bool {
-        // SAFETY: a live element and a context slot that holds null or one owned reference.
+    /// GStreamer's context queries, or a new one, stored in `ctx`. The library may call the
+    /// element's `set_context` meanwhile, which stores into the same `ctx`: hold no lock
+    /// across this call.
+    pub fn ensure_context(&self, element: &gst::Element, device: i32, ctx: &Context) -> bool {
+        // SAFETY: a live element and a context slot that holds null or one owned reference,
+        // which the library fills (as C elements' own fields are filled).
         unsafe {
-            (self.ensure_context)(element.to_glib_none().0, device, &mut ctx.0) != glib::ffi::GFALSE
+            (self.ensure_context)(element.to_glib_none().0, device, ctx.slot()) != glib::ffi::GFALSE
         }
     }
 
     /// Takes a CUDA context a neighbour or the application set on the element (its
-    /// `set_context`), for device `device` (-1: any).
+    /// `set_context`), for device `device` (-1: any), unless it has one.
     pub fn handle_set_context(
         &self,
         element: &gst::Element,
         context: &gst::Context,
         device: i32,
-        ctx: &mut Context,
+        ctx: &Context,
     ) {
         // SAFETY: live element and context; the slot holds null or one owned reference.
         unsafe {
@@ -176,7 +179,7 @@ impl GstCuda {
                 element.to_glib_none().0,
                 context.to_glib_none().0,
                 device,
-                &mut ctx.0,
+                ctx.slot(),
             );
         }
     }
@@ -188,64 +191,77 @@ impl GstCuda {
         query: &mut gst::QueryRef,
         ctx: &Context,
     ) -> bool {
-        if ctx.0.is_null() {
+        let raw = ctx.get();
+        if raw.is_null() {
             return false;
         }
         // SAFETY: live element, query and context.
         unsafe {
-            (self.handle_query)(element.to_glib_none().0, query.as_mut_ptr(), ctx.0)
+            (self.handle_query)(element.to_glib_none().0, query.as_mut_ptr(), raw)
                 != glib::ffi::GFALSE
         }
     }
 
     /// A CUDA buffer pool in context `ctx` (not yet configured).
     pub fn pool(&self, ctx: &Context) -> Option<gst::BufferPool> {
-        if ctx.0.is_null() {
+        let raw = ctx.get();
+        if raw.is_null() {
             return None;
         }
         // SAFETY: a live context; the pool comes back with one reference, ours.
         unsafe {
-            let pool = (self.pool_new)(ctx.0);
+            let pool = (self.pool_new)(raw);
             (!pool.is_null()).then(|| glib::translate::from_glib_full(pool))
         }
     }
 
     /// The `CUcontext` of the element's CUDA context.
     pub fn handle(&self, ctx: &Context) -> *mut c_void {
-        // SAFETY: a live context, or null (checked).
-        if ctx.0.is_null() {
-            std::ptr::null_mut()
-        } else {
-            unsafe { (self.get_handle)(ctx.0) }
+        let raw = ctx.get();
+        if raw.is_null() {
+            return std::ptr::null_mut();
         }
+        // SAFETY: a live context (checked non-null, owned by `ctx`).
+        unsafe { (self.get_handle)(raw) }
     }
 }
 
-/// An element's `GstCudaContext`, or null; one reference, released on drop.
-pub struct Context(*mut c_void);
+/// An element's `GstCudaContext`, or null; one reference, released on drop. GStreamer's CUDA
+/// library fills it in place (`ensure_context`, `handle_set_context`), the way a C element's
+/// field is filled; it only ever goes from null to set, once.
+#[derive(Default)]
+pub struct Context(AtomicPtr<c_void>);
 
 // SAFETY: a GstCudaContext is a GObject, reference-counted atomically and usable from any
 // thread (GStreamer's CUDA elements share one across their streaming threads).
 unsafe impl Send for Context {}
-
-impl Default for Context {
-    fn default() -> Self {
-        Context(std::ptr::null_mut())
-    }
-}
+// SAFETY: as above; the pointer itself is an atomic.
+unsafe impl Sync for Context {}
 
 impl Context {
     /// Whether the element has one yet.
     pub fn is_set(&self) -> bool {
-        !self.0.is_null()
+        !self.get().is_null()
+    }
+
+    /// The context. Acquire: pairs with the library's write of the slot on another thread
+    /// (through `slot`, then the GstContext handoff, which itself synchronises).
+    fn get(&self) -> *mut c_void {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Where the library stores the context.
+    fn slot(&self) -> *mut *mut c_void {
+        self.0.as_ptr()
     }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
-        if !self.0.is_null() {
+        let raw = *self.0.get_mut();
+        if !raw.is_null() {
             // SAFETY: the one reference this value owns.
-            unsafe { gst::glib::gobject_ffi::g_object_unref(self.0.cast()) };
+            unsafe { gst::glib::gobject_ffi::g_object_unref(raw.cast()) };
         }
     }
 }

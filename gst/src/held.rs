@@ -73,6 +73,13 @@ impl Shared {
         self.epoch
     }
 
+    /// Slots lent now (held for buffers GStreamer has not freed yet).
+    pub fn lent(&self) -> usize {
+        let mut reader = self.reader.lock().unwrap();
+        self.release_freed(&mut reader);
+        reader.held.len()
+    }
+
     /// Receives the next message, waiting at most `wait`, and lends it.
     pub fn recv(self: &Arc<Self>, wait: Duration) -> Result<SlotBytes, RecvTimeoutError> {
         let mut reader = self.reader.lock().unwrap();

@@ -18,7 +18,7 @@ use gst::glib;
 mod cudamem;
 pub mod header;
 mod held;
-mod planes;
+pub mod planes;
 pub mod sink;
 pub mod source;
 

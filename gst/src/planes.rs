@@ -5,13 +5,16 @@ use gpuring::cuda::driver::{self, Rows};
 
 use crate::header::{FrameHeader, MAX_PLANES};
 
-/// One plane: its offset from the buffer's start, bytes between rows, and rows.
+/// One plane: its offset from the buffer's start, bytes between rows, its pixels' bytes per
+/// row (the rest of a stride is padding) and rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plane {
     /// From the buffer's start.
     pub offset: usize,
     /// Bytes from one row's start to the next.
     pub stride: usize,
+    /// Bytes of pixels in a row, at most `stride`.
+    pub row_bytes: usize,
     /// Rows.
     pub rows: usize,
 }
@@ -34,9 +37,15 @@ impl Layout {
                 let comp = (0..finfo.n_components())
                     .find(|&c| finfo.plane()[c as usize] as usize == p)
                     .unwrap_or(0);
+                let stride = strides[p].unsigned_abs() as usize;
+                let pixels = finfo.scale_width(comp as u8, info.width()) as usize
+                    * finfo.pixel_stride()[comp as usize] as usize;
+                // Formats packed below a byte per pixel (pixel stride 0): the whole stride.
+                let row_bytes = if pixels == 0 { stride } else { pixels };
                 Plane {
                     offset: offsets[p],
-                    stride: strides[p].unsigned_abs() as usize,
+                    stride,
+                    row_bytes,
                     rows: finfo.scale_height(comp as u8, info.height()) as usize,
                 }
             })
@@ -49,20 +58,66 @@ impl Layout {
         Layout::new(info, info.offset(), info.stride())
     }
 
-    /// The layout a frame header describes, for a frame of `info`.
-    pub fn of_header(info: &gst_video::VideoInfo, h: &FrameHeader) -> Layout {
-        let offsets: Vec<usize> = h.offsets.iter().map(|&o| o as usize).collect();
-        let strides: Vec<i32> = h.strides.iter().map(|&s| s as i32).collect();
-        Layout::new(info, &offsets, &strides)
+    /// The layout a frame header (read from shared memory: untrusted) describes for a frame of
+    /// `info`, checked against a message of `len` bytes: the format's number of planes, each
+    /// stride at least a row of pixels and at most `i32::MAX` (GStreamer's strides are signed),
+    /// and every row inside the message, with no arithmetic that can overflow.
+    pub fn of_header(
+        info: &gst_video::VideoInfo,
+        h: &FrameHeader,
+        len: usize,
+    ) -> Result<Layout, String> {
+        let n = info.n_planes() as usize;
+        if h.planes as usize != n {
+            return Err(format!(
+                "the frame header has {} planes; {} has {n}",
+                h.planes,
+                info.format()
+            ));
+        }
+        let mut offsets = [0usize; MAX_PLANES];
+        let mut strides = [0i32; MAX_PLANES];
+        for p in 0..n {
+            offsets[p] = usize::try_from(h.offsets[p])
+                .map_err(|_| format!("plane {p}: offset out of range"))?;
+            strides[p] = i32::try_from(h.strides[p])
+                .map_err(|_| format!("plane {p}: stride out of range"))?;
+        }
+        let layout = Layout::new(info, &offsets[..n], &strides[..n]);
+        for (p, plane) in layout.planes.iter().enumerate() {
+            if plane.stride < plane.row_bytes || plane.rows == 0 {
+                return Err(format!(
+                    "plane {p}: stride {} is shorter than a row ({} bytes)",
+                    plane.stride, plane.row_bytes
+                ));
+            }
+            let end = plane
+                .stride
+                .checked_mul(plane.rows - 1)
+                .and_then(|b| b.checked_add(plane.row_bytes))
+                .and_then(|b| b.checked_add(plane.offset));
+            if end.is_none_or(|end| end > len) {
+                return Err(format!("plane {p} runs past the message's {len} bytes"));
+            }
+        }
+        Ok(layout)
     }
 
-    /// Bytes from the start to the end of the last row of the last plane.
+    /// Bytes from the start to the end of the last row of the last plane (its pixels).
     pub fn extent(&self) -> usize {
-        self.planes.iter().map(|p| p.offset + p.stride * p.rows).max().unwrap_or(0)
+        self.planes
+            .iter()
+            .map(|p| {
+                p.offset
+                    .saturating_add(p.stride.saturating_mul(p.rows.saturating_sub(1)))
+                    .saturating_add(p.row_bytes)
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Copies every plane of `src` (laid out as `self`) into `dst` (laid out as `to`), on the
-    /// CPU: `min(stride)` bytes per row, which covers each row's pixels. `None` if either
+    /// CPU: each row's pixels, not its padding. `None` if either
     /// buffer is too short for its layout, or the layouts have different planes.
     pub fn copy_cpu(&self, src: &[u8], to: &Layout, dst: &mut [u8]) -> Option<()> {
         if self.planes.len() != to.planes.len()
@@ -72,7 +127,7 @@ impl Layout {
             return None;
         }
         for (s, d) in self.planes.iter().zip(&to.planes) {
-            let width = s.stride.min(d.stride);
+            let width = s.row_bytes.min(d.row_bytes);
             for row in 0..s.rows.min(d.rows) {
                 let (so, dof) = (s.offset + row * s.stride, d.offset + row * d.stride);
                 dst[dof..dof + width].copy_from_slice(&src[so..so + width]);
@@ -96,7 +151,7 @@ impl Layout {
         stream: driver::CUstream,
     ) -> Result<(), driver::DriverError> {
         for (s, d) in self.planes.iter().zip(&to.planes) {
-            let width = s.stride.min(d.stride);
+            let width = s.row_bytes.min(d.row_bytes);
             let rows = s.rows.min(d.rows);
             // SAFETY: each plane lies within its buffer's extent, by (1); stream by (2).
             unsafe {

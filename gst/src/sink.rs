@@ -13,6 +13,7 @@ use gpuring::{AcquireTimeoutError, Cuda, Host, Policy, Producer};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
+use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
 use gst_video::VideoInfo;
 
@@ -269,6 +270,14 @@ mod imp {
         fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
             let info =
                 self.caps_info.lock().unwrap().clone().ok_or(gst::FlowError::NotNegotiated)?;
+            if buffer.n_memory() == 0 {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ["a buffer with no memory"]
+                );
+                return Err(gst::FlowError::Error);
+            }
             let mem = buffer.peek_memory(0);
             let cuda_lib =
                 cudamem::get().filter(|lib| buffer.n_memory() == 1 && lib.is_cuda_memory(mem));
@@ -297,11 +306,11 @@ mod imp {
                     Frame::Cpu(cpu_map.as_slice())
                 }
             };
-            let header = self.header(buffer, &state.info, &frame);
+            let header = self.header(buffer, &state.info, &frame)?;
             self.publish(state, frame, &header)?;
-            if device_map.is_some() {
-                self.keep_until_copied(state, buffer.clone())?;
-            }
+            // A copy to the GPU reads the buffer after this returns (from page-locked memory,
+            // or GStreamer's CUDA memory): keep it until then.
+            self.keep_until_copied(state, buffer.clone())?;
             Ok(gst::FlowSuccess::Ok)
         }
     }
@@ -357,9 +366,7 @@ mod imp {
             );
             let state = State { tx, info: info.clone(), in_flight: VecDeque::new() };
             while state.consumer_count() < s.wait_for_consumers as usize {
-                if self.flushing.load(Ordering::Relaxed) {
-                    return Err(gst::FlowError::Flushing);
-                }
+                self.wait_if_unlocked()?;
                 std::thread::sleep(Duration::from_millis(5));
             }
             Ok(state)
@@ -372,7 +379,7 @@ mod imp {
             buffer: &gst::Buffer,
             info: &VideoInfo,
             frame: &Frame,
-        ) -> [u8; USER_HEADER_SIZE] {
+        ) -> Result<[u8; USER_HEADER_SIZE], gst::FlowError> {
             let (offsets, strides): (Vec<usize>, Vec<i32>) =
                 match (buffer.meta::<gst_video::VideoMeta>(), frame) {
                     (Some(meta), _) => (meta.offset().to_vec(), meta.stride().to_vec()),
@@ -386,6 +393,14 @@ mod imp {
             h.par = (info.par().numer(), info.par().denom());
             h.colorimetry = info.colorimetry().to_string();
             h.planes = info.n_planes();
+            if offsets.len() < h.planes as usize || strides.iter().any(|&s| s < 0) {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ["unsupported frame layout (offsets {offsets:?}, strides {strides:?})"]
+                );
+                return Err(gst::FlowError::Error);
+            }
             for p in 0..h.planes as usize {
                 h.offsets[p] = offsets[p] as u64;
                 h.strides[p] = strides[p].unsigned_abs();
@@ -413,7 +428,7 @@ mod imp {
             // The tensor header of at most 3 dimensions fits the 64 bytes before the frame header.
             let _ = tensor.write(&mut out);
             h.write(&mut out);
-            out
+            Ok(out)
         }
 
         /// Copies `frame` into a slot and publishes it, waiting (a tick at a time, so a flush
@@ -449,11 +464,7 @@ mod imp {
                     let mut slot = loop {
                         match tx.acquire_timeout(TICK) {
                             Ok(slot) => break slot,
-                            Err(AcquireTimeoutError::Timeout)
-                                if !self.flushing.load(Ordering::Relaxed) => {}
-                            Err(AcquireTimeoutError::Timeout) => {
-                                return Err(gst::FlowError::Flushing)
-                            }
+                            Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
                             Err(e) => return Err(refuse(&e)),
                         }
                     };
@@ -468,11 +479,7 @@ mod imp {
                     let slot = loop {
                         match tx.acquire_timeout(TICK) {
                             Ok(slot) => break slot,
-                            Err(AcquireTimeoutError::Timeout)
-                                if !self.flushing.load(Ordering::Relaxed) => {}
-                            Err(AcquireTimeoutError::Timeout) => {
-                                return Err(gst::FlowError::Flushing)
-                            }
+                            Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
                             Err(e) => return Err(refuse(&e)),
                         }
                     };
@@ -493,6 +500,7 @@ mod imp {
                                 planes: vec![crate::planes::Plane {
                                     offset: 0,
                                     stride: len,
+                                    row_bytes: len,
                                     rows: 1,
                                 }],
                             };
@@ -514,20 +522,30 @@ mod imp {
             Ok(())
         }
 
-        /// Keeps an upstream CUDA buffer until the producer's stream has copied out of it;
-        /// releases those already copied, and waits for the oldest when too many are kept.
+        /// After `unlock` (a pause or a flush), waits as a base sink must: until playing again
+        /// (then the wait goes on), or the flush (then `Flushing` ends the render).
+        fn wait_if_unlocked(&self) -> Result<(), gst::FlowError> {
+            if self.flushing.load(Ordering::Relaxed) {
+                self.obj().wait_preroll()?;
+            }
+            Ok(())
+        }
+
+        /// Keeps an upstream buffer until the producer's stream has copied out of it: first
+        /// lets go of those whose copies have run (the stream was idle when this frame came),
+        /// then waits for the stream when too many are kept.
         fn keep_until_copied(
             &self,
             state: &mut State,
             buffer: gst::Buffer,
         ) -> Result<(), gst::FlowError> {
             let Tx::Cuda(tx) = &state.tx else { return Ok(()) };
-            state.in_flight.push_back(buffer);
             let stream = tx.stream();
-            let idle = stream.is_idle().map_err(|_| gst::FlowError::Error)?;
-            if idle {
+            if stream.is_idle().map_err(|_| gst::FlowError::Error)? {
                 state.in_flight.clear();
-            } else if state.in_flight.len() > MAX_IN_FLIGHT {
+            }
+            state.in_flight.push_back(buffer);
+            if state.in_flight.len() > MAX_IN_FLIGHT {
                 stream.synchronize().map_err(|_| gst::FlowError::Error)?;
                 state.in_flight.clear();
             }

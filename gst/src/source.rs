@@ -20,7 +20,7 @@ use gst_video::VideoInfo;
 
 use crate::cudamem;
 use crate::header::FrameHeader;
-use crate::held::{Shared, SlotBytes};
+use crate::held::Shared;
 use crate::planes::{Base, Layout};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -29,6 +29,12 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 
 /// How long one wait lasts before the element looks at whether it is stopping.
 const TICK: Duration = Duration::from_millis(20);
+/// The wait while buffers are lent (see `held`): how late a release can be.
+const LENT_TICK: Duration = Duration::from_millis(1);
+/// Host slots lent to GStreamer at once; beyond this, frames are copied out of the ring, so
+/// that a downstream queue holding frames cannot hold the ring's buffers (and stall the
+/// producer and every other consumer).
+const MAX_LENT: usize = 2;
 
 glib::wrapper! {
     /// The `gpuringsrc` element.
@@ -100,7 +106,7 @@ mod imp {
         settings: Mutex<Settings>,
         state: Mutex<Option<State>>,
         /// The CUDA context shared with neighbours (CUDA output only).
-        cuda_ctx: Mutex<cudamem::Context>,
+        cuda_ctx: cudamem::Context,
         /// Set by `unlock`: waits give up. Relaxed: a hint polled every `TICK`.
         flushing: AtomicBool,
     }
@@ -216,12 +222,7 @@ mod imp {
         fn set_context(&self, context: &gst::Context) {
             if let Some(lib) = cudamem::get() {
                 let device = self.settings.lock().unwrap().device;
-                lib.handle_set_context(
-                    self.obj().upcast_ref(),
-                    context,
-                    device,
-                    &mut self.cuda_ctx.lock().unwrap(),
-                );
+                lib.handle_set_context(self.obj().upcast_ref(), context, device, &self.cuda_ctx);
             }
             self.parent_set_context(context)
         }
@@ -252,11 +253,7 @@ mod imp {
         fn query(&self, query: &mut gst::QueryRef) -> bool {
             if let gst::QueryViewMut::Context(_) = query.view_mut() {
                 if let Some(lib) = cudamem::get() {
-                    if lib.handle_query(
-                        self.obj().upcast_ref(),
-                        query,
-                        &self.cuda_ctx.lock().unwrap(),
-                    ) {
+                    if lib.handle_query(self.obj().upcast_ref(), query, &self.cuda_ctx) {
                         return true;
                     }
                 }
@@ -291,6 +288,10 @@ mod imp {
                     Ok(buffer) => return Ok(CreateSuccess::NewBuffer(buffer)),
                     Err(Ended::Flow(e)) => return Err(e),
                     Err(Ended::Disconnected) => {
+                        // Leave the ring now (buffers still downstream keep their slots), so
+                        // a closing producer is not kept waiting for us.
+                        let epoch = state.reader.epoch();
+                        *guard = None;
                         let s = self.settings.lock().unwrap().clone();
                         if !s.reconnect {
                             gst::info!(
@@ -301,7 +302,6 @@ mod imp {
                             return Err(gst::FlowError::Eos);
                         }
                         gst::info!(CAT, imp = self, "the producer is gone: waiting for a new one");
-                        let epoch = state.reader.epoch();
                         let reader = self.open(Some(epoch))?;
                         *guard = Some(State { reader, out: None, lost: 0 });
                     }
@@ -386,7 +386,10 @@ mod imp {
                         if self.flushing.load(Ordering::Relaxed) {
                             return Err(gst::FlowError::Flushing.into());
                         }
-                        match shared.recv(TICK) {
+                        // While buffers are lent, wait in short steps: a buffer freed on
+                        // another thread during a wait is released only after it.
+                        let wait = if shared.lent() > 0 { LENT_TICK } else { TICK };
+                        match shared.recv(wait) {
                             Ok(got) => break got,
                             Err(RecvTimeoutError::Timeout) => {}
                             Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
@@ -395,25 +398,25 @@ mod imp {
                     };
                     let header = self.frame_header(got.header())?;
                     self.lost(lost, got.seq(), got.lag());
-                    let out = self.output(out, &header, false)?;
-                    let mut buffer = if out.video_meta
-                        || Layout::of_header(&out.info, &header) == Layout::of_info(&out.info)
-                    {
-                        self.wrap(got, &out.info, &header)?
-                    } else {
+                    let out = self.output(out, &header, None)?;
+                    let layout = Layout::of_header(&out.info, &header, got.as_ref().len())
+                        .map_err(|e| self.fail(&format!("message {}: {e}", got.seq())))?;
+                    let packed = Layout::of_info(&out.info);
+                    let mut buffer = if !out.video_meta && layout != packed {
                         // Downstream cannot read the producer's strides: repack on the CPU.
-                        let mut buffer = gst::Buffer::with_size(out.info.size())
-                            .map_err(|_| gst::FlowError::Error)?;
-                        {
-                            let b = buffer.get_mut().expect("new buffer");
-                            let mut map = b.map_writable().map_err(|_| gst::FlowError::Error)?;
-                            Layout::of_header(&out.info, &header)
-                                .copy_cpu(got.as_ref(), &Layout::of_info(&out.info), &mut map)
-                                .ok_or_else(|| {
-                                    self.fail(&"a message is shorter than its frame header says")
-                                })?;
-                        }
-                        buffer
+                        let mut frame = vec![0u8; out.info.size()];
+                        layout
+                            .copy_cpu(got.as_ref(), &packed, &mut frame)
+                            .ok_or(gst::FlowError::Error)?;
+                        gst::Buffer::from_mut_slice(frame)
+                    } else if shared.lent() > MAX_LENT {
+                        // Downstream holds many frames (a queue, an unpulled appsink): copy,
+                        // so the ring's buffers stay free for the producer.
+                        let copy = got.as_ref().to_vec();
+                        drop(got);
+                        self.wrap(copy, &out.info, &layout)?
+                    } else {
+                        self.wrap(got, &out.info, &layout)?
                     };
                     stamp(buffer.get_mut().expect("ours"), &header);
                     Ok(buffer)
@@ -433,77 +436,81 @@ mod imp {
                     let header = self.frame_header(slot.header())?;
                     let (seq, lag) = (slot.seq(), slot.lag());
                     let ctx = rx.context().clone();
-                    let src = Layout::of_header(&self.peek_info(&header)?, &header);
-                    if src.extent() > slot.len() {
-                        return Err(self
-                            .fail(&"a message is shorter than its frame header says")
-                            .into());
-                    }
-                    let stream = slot.stream().raw();
-                    let bound = ctx.bind().map_err(|e| self.fail(&e))?;
-                    let buffer = {
-                        let state_out = self.output(out, &header, true)?;
-                        let mut buffer;
-                        match &state_out.cuda {
-                            Some(pool) => {
-                                buffer = pool.acquire_buffer(None)?;
-                                let b = buffer.get_mut().expect("a pool buffer is ours");
-                                let meta = b
-                                    .meta::<gst_video::VideoMeta>()
-                                    .ok_or(gst::FlowError::Error)?;
-                                let dst =
-                                    Layout::new(&state_out.info, meta.offset(), meta.stride());
-                                let lib = cudamem::get().expect("CUDA output needs the library");
-                                let dst_ctx = lib.handle(&self.cuda_ctx.lock().unwrap());
-                                let mem = b.peek_memory(0);
-                                let (ptr, info) =
-                                    cudamem::map_write(mem).ok_or(gst::FlowError::Error)?;
-                                // SAFETY: the slot holds `src.extent()` bytes (checked) until
-                                // released below, after the stream has run the copy; the pool
-                                // memory holds `dst`'s extent, mapped until `unmap_write`; the
-                                // stream is the slot's, in our current context.
-                                let copied = unsafe {
-                                    src.copy_cuda(
-                                        Base::Device(slot.ptr(), ctx.raw()),
-                                        &dst,
-                                        Base::Device(ptr, dst_ctx.cast()),
-                                        stream,
-                                    )
-                                };
-                                let synced = copied.and_then(|()| slot.stream().synchronize());
-                                cudamem::unmap_write(mem, info);
-                                synced.map_err(|e| self.fail(&e))?;
-                            }
-                            None => {
-                                let dst = Layout::of_info(&state_out.info);
-                                buffer = gst::Buffer::with_size(state_out.info.size())
-                                    .map_err(|_| gst::FlowError::Error)?;
-                                let b = buffer.get_mut().expect("new buffer");
-                                let mut map =
-                                    b.map_writable().map_err(|_| gst::FlowError::Error)?;
-                                // SAFETY: as above, with a host buffer of `info.size()` bytes
-                                // mapped until the stream has run the copy.
-                                let copied = unsafe {
-                                    src.copy_cuda(
-                                        Base::Device(slot.ptr(), ctx.raw()),
-                                        &dst,
-                                        Base::Host(map.as_mut_ptr()),
-                                        stream,
-                                    )
-                                };
-                                copied
-                                    .and_then(|()| slot.stream().synchronize())
-                                    .map_err(|e| self.fail(&e))?;
-                            }
+                    let info = self.peek_info(&header)?;
+                    let src = Layout::of_header(&info, &header, slot.len())
+                        .map_err(|e| self.fail(&format!("message {seq}: {e}")))?;
+                    let out = self.output(out, &header, Some(ctx.ordinal()))?;
+                    let stream = slot.stream();
+                    let _bound = ctx.bind().map_err(|e| self.fail(&e))?;
+                    let mut buffer = match &out.cuda {
+                        Some(pool) => {
+                            let mut buffer = pool.acquire_buffer(None)?;
+                            let b = buffer.get_mut().expect("a pool buffer is ours");
+                            let meta =
+                                b.meta::<gst_video::VideoMeta>().ok_or(gst::FlowError::Error)?;
+                            let dst = Layout::new(&out.info, meta.offset(), meta.stride());
+                            let lib = cudamem::get().expect("CUDA output needs the library");
+                            let dst_ctx = lib.handle(&self.cuda_ctx);
+                            let mem = b.peek_memory(0);
+                            let (ptr, info) =
+                                cudamem::map_write(mem).ok_or(gst::FlowError::Error)?;
+                            // SAFETY: `src` was checked against the slot's length, which stays
+                            // held until released below, after the stream has run the copy;
+                            // the pool memory holds `dst`'s layout (its own video meta) and is
+                            // mapped until `unmap_write`; the stream is the slot's, in our
+                            // current context.
+                            let copied = unsafe {
+                                src.copy_cuda(
+                                    Base::Device(slot.ptr(), ctx.raw()),
+                                    &dst,
+                                    Base::Device(ptr, dst_ctx.cast()),
+                                    stream.raw(),
+                                )
+                            };
+                            let done = copied
+                                .map_err(|e| self.fail(&e))
+                                .and_then(|()| self.wait_idle(stream));
+                            cudamem::unmap_write(mem, info);
+                            done?;
+                            buffer
                         }
-                        buffer
+                        None => {
+                            let dst = Layout::of_info(&out.info);
+                            let mut frame = vec![0u8; out.info.size()];
+                            // SAFETY: as above, into a host buffer of the format's own layout,
+                            // alive until the stream has run the copy (`wait_idle`).
+                            let copied = unsafe {
+                                src.copy_cuda(
+                                    Base::Device(slot.ptr(), ctx.raw()),
+                                    &dst,
+                                    Base::Host(frame.as_mut_ptr()),
+                                    stream.raw(),
+                                )
+                            };
+                            copied.map_err(|e| self.fail(&e))?;
+                            self.wait_idle(stream)?;
+                            gst::Buffer::from_mut_slice(frame)
+                        }
                     };
-                    drop(bound);
                     slot.release().map_err(|e| self.fail(&e))?;
                     self.lost(lost, seq, lag);
-                    let mut buffer = buffer;
                     stamp(buffer.get_mut().expect("ours"), &header);
                     Ok(buffer)
+                }
+            }
+        }
+
+        /// Waits for `stream`'s copies on the CPU, a little at a time, so that a flush (or a
+        /// producer killed before its GPU signalled the frame ready) cannot hang the element.
+        fn wait_idle(&self, stream: &gpuring::cuda::Stream) -> Result<(), gst::FlowError> {
+            loop {
+                match stream.is_idle() {
+                    Ok(true) => return Ok(()),
+                    Ok(false) if self.flushing.load(Ordering::Relaxed) => {
+                        return Err(gst::FlowError::Flushing)
+                    }
+                    Ok(false) => std::thread::sleep(Duration::from_micros(50)),
+                    Err(e) => return Err(self.fail(&e)),
                 }
             }
         }
@@ -553,28 +560,31 @@ mod imp {
             &self,
             out: &'s mut Option<Output>,
             header: &FrameHeader,
-            cuda_ring: bool,
+            cuda_device: Option<i32>,
         ) -> Result<&'s Output, gst::FlowError> {
             let same = out.as_ref().is_some_and(|o| same_format(&o.header, header));
             if !same {
-                *out = Some(self.negotiate_for(header, cuda_ring)?);
+                *out = Some(self.negotiate_for(header, cuda_device)?);
             }
             Ok(out.as_ref().expect("set above"))
         }
 
+        /// Sets caps for `header`'s format: CUDA memory where the ring is on GPU `cuda_device`
+        /// and downstream takes it, else system memory.
         fn negotiate_for(
             &self,
             header: &FrameHeader,
-            cuda_ring: bool,
+            cuda_device: Option<i32>,
         ) -> Result<Output, gst::FlowError> {
             let info = self.peek_info(header)?;
             let system = info.to_caps().map_err(|_| gst::FlowError::NotNegotiated)?;
             let pad = self.obj().static_pad("src").expect("always");
-            let lib = cudamem::get().filter(|_| cuda_ring);
+            let lib = cudamem::get().filter(|_| cuda_device.is_some());
             let cuda_caps = lib.map(|_| {
-                let mut c = system.clone();
+                // A copy, not a clone: a clone shares (and so cannot change) the caps.
+                let mut c = system.copy();
                 c.get_mut()
-                    .expect("ours")
+                    .expect("a copy is ours")
                     .set_features_simple(Some(gst::CapsFeatures::new([cudamem::CAPS_FEATURE])));
                 c
             });
@@ -593,7 +603,11 @@ mod imp {
             };
             self.obj().set_caps(&caps).map_err(|_| gst::FlowError::NotNegotiated)?;
             gst::info!(CAT, imp = self, "caps {caps}");
-            let pool = if cuda { Some(self.cuda_pool(&caps, &info)?) } else { None };
+            let pool = match cuda_device {
+                // The consumer's own GPU, so the copy into GStreamer's memory stays on it.
+                Some(device) if cuda => Some(self.cuda_pool(&caps, &info, device)?),
+                _ => None,
+            };
             // Does downstream read video metas (frames at the producer's strides)?
             let mut q = gst::query::Allocation::new(Some(&caps), false);
             let video_meta = pad.peer_query(&mut q)
@@ -606,11 +620,12 @@ mod imp {
             &self,
             caps: &gst::Caps,
             info: &VideoInfo,
+            device: i32,
         ) -> Result<gst::BufferPool, gst::FlowError> {
             let lib = cudamem::get().expect("CUDA caps come only with the library");
-            let device = self.settings.lock().unwrap().device;
-            let mut ctx = self.cuda_ctx.lock().unwrap();
-            if !ctx.is_set() && !lib.ensure_context(self.obj().upcast_ref(), device, &mut ctx) {
+            // No lock is held here: finding the context calls back into `set_context`.
+            let ctx = &self.cuda_ctx;
+            if !ctx.is_set() && !lib.ensure_context(self.obj().upcast_ref(), device, ctx) {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Failed,
@@ -618,7 +633,7 @@ mod imp {
                 );
                 return Err(gst::FlowError::Error);
             }
-            let pool = lib.pool(&ctx).ok_or(gst::FlowError::Error)?;
+            let pool = lib.pool(ctx).ok_or(gst::FlowError::Error)?;
             let mut config = pool.config();
             config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
             config.set_params(Some(caps), info.size() as u32, 0, 0);
@@ -627,21 +642,18 @@ mod imp {
             Ok(pool)
         }
 
-        /// A buffer over the held slot, with the producer's plane layout as its video meta.
-        fn wrap(
+        /// A buffer over `bytes` (a held slot, or a copy of one), with the producer's plane
+        /// layout (checked by `Layout::of_header`) as its video meta.
+        fn wrap<T: AsRef<[u8]> + Send + 'static>(
             &self,
-            got: SlotBytes,
+            bytes: T,
             info: &VideoInfo,
-            h: &FrameHeader,
+            layout: &Layout,
         ) -> Result<gst::Buffer, gst::FlowError> {
-            let layout = Layout::of_header(info, h);
-            if layout.extent() > got.as_ref().len() {
-                return Err(self.fail(&"a message is shorter than its frame header says"));
-            }
-            let mut buffer = gst::Buffer::from_slice(got);
-            let n = h.planes as usize;
-            let offsets: Vec<usize> = h.offsets[..n].iter().map(|&o| o as usize).collect();
-            let strides: Vec<i32> = h.strides[..n].iter().map(|&s| s as i32).collect();
+            let mut buffer = gst::Buffer::from_slice(bytes);
+            let offsets: Vec<usize> = layout.planes.iter().map(|p| p.offset).collect();
+            // Checked to fit an i32 by `Layout::of_header`.
+            let strides: Vec<i32> = layout.planes.iter().map(|p| p.stride as i32).collect();
             gst_video::VideoMeta::add_full(
                 buffer.get_mut().expect("new buffer"),
                 gst_video::VideoFrameFlags::empty(),

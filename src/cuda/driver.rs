@@ -561,31 +561,43 @@ pub unsafe fn memcpy_2d_peer_async(
     height: usize,
     stream: CUstream,
 ) -> DriverResult<()> {
-    // SAFETY: a plain C struct of integers and pointers, for which all-zero is valid (and
-    // is what the driver expects of the fields a copy does not use).
-    let mut p: sys::CUDA_MEMCPY3D_PEER = unsafe { std::mem::zeroed() };
-    match src {
-        Rows::Device { ptr, pitch, ctx } => {
-            p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-            (p.srcDevice, p.srcPitch, p.srcContext) = (ptr, pitch, ctx);
-        }
-        Rows::Host { ptr, pitch } => {
-            p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-            (p.srcHost, p.srcPitch) = (ptr.cast_const().cast(), pitch);
-        }
-    }
-    match dst {
-        Rows::Device { ptr, pitch, ctx } => {
-            p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-            (p.dstDevice, p.dstPitch, p.dstContext) = (ptr, pitch, ctx);
-        }
-        Rows::Host { ptr, pitch } => {
-            p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-            (p.dstHost, p.dstPitch) = (ptr.cast(), pitch);
-        }
-    }
-    (p.srcHeight, p.dstHeight) = (height, height);
-    (p.WidthInBytes, p.Height, p.Depth) = (width, height, 1);
+    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST};
+    let null: *mut c_void = std::ptr::null_mut();
+    // (memory type, host pointer, device pointer, context, pitch) of each side; the fields a
+    // side does not use stay zero or null, as the driver expects.
+    let side = |r: Rows| match r {
+        Rows::Device { ptr, pitch, ctx } => (DEVICE, null, ptr, ctx, pitch),
+        Rows::Host { ptr, pitch } => (HOST, ptr.cast::<c_void>(), 0, null.cast(), pitch),
+    };
+    let (src_type, src_host, src_dev, src_ctx, src_pitch) = side(src);
+    let (dst_type, dst_host, dst_dev, dst_ctx, dst_pitch) = side(dst);
+    let p = sys::CUDA_MEMCPY3D_PEER {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host.cast_const(),
+        srcDevice: src_dev,
+        srcArray: null.cast(),
+        srcContext: src_ctx,
+        srcPitch: src_pitch,
+        srcHeight: height,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_dev,
+        dstArray: null.cast(),
+        dstContext: dst_ctx,
+        dstPitch: dst_pitch,
+        dstHeight: height,
+        WidthInBytes: width,
+        Height: height,
+        Depth: 1,
+    };
     // SAFETY: by (1) and (2); `p` describes exactly those two regions.
     check("cuMemcpy3DPeerAsync", unsafe { sys::cuMemcpy3DPeerAsync(&p, stream) })
 }
