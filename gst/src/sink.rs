@@ -412,18 +412,25 @@ mod imp {
             h.flags = buffer.flags().bits();
             let mut out = [0u8; USER_HEADER_SIZE];
             let finfo = info.format_info();
+            // The message's length: what the tensor header must cover.
+            let len = match frame {
+                Frame::Cpu(b) => b.len(),
+                Frame::Device(m) => m.video.size(),
+            };
             let packed = h.planes == 1 && !finfo.is_yuv() && finfo.bits() == 8;
             let width_bytes = info.width() as usize * finfo.pixel_stride()[0] as usize;
-            let tensor = if packed && strides[0].unsigned_abs() as usize == width_bytes {
+            let tensor = if packed
+                && strides[0].unsigned_abs() as usize == width_bytes
+                && offsets[0] == 0
+                && len == width_bytes * info.height() as usize
+            {
                 TensorHeader::new(
                     DType::U8,
                     &[info.height() as u64, info.width() as u64, finfo.pixel_stride()[0] as u64],
                 )
             } else {
-                TensorHeader::new(
-                    DType::U8,
-                    &[Layout::new(info, &offsets, &strides).extent() as u64],
-                )
+                // Planes, padded rows: the message's bytes (the frame header has the layout).
+                TensorHeader::new(DType::U8, &[len as u64])
             };
             // The tensor header of at most 3 dimensions fits the 64 bytes before the frame header.
             let _ = tensor.write(&mut out);
