@@ -132,9 +132,8 @@ async fn ingest(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The worker service: receives events and reports on a timer, on one task.
 async fn worker(name: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let rx = Consumer::builder(name)
-        .start_at(StartAt::Oldest)
-        .open_when_ready(None, Duration::from_secs(5))?;
+    let rx =
+        Consumer::builder(name).start_at(StartAt::Oldest).open_timeout(Duration::from_secs(5))?;
     let mut events = rx.messages();
     let mut report = tokio::time::interval(Duration::from_millis(500));
     let (mut received, mut sum, mut worst_us) = (0u64, 0.0, 0.0f64);

@@ -370,6 +370,12 @@ class Producer:
     def consumer_count(self) -> int:
         """Consumers currently joined."""
 
+    def wait_for_consumers(self, n: int, timeout: float | None = None) -> int:
+        """Waits until at least `n` consumers have joined (messages sent before a consumer
+        joins never reach it: a lossless job starts its consumers first and waits here), at
+        most `timeout` seconds (None: as long as it takes), then `TimeoutError`. Returns how
+        many joined."""
+
     @property
     def slot_size(self) -> int:
         """Largest message in bytes."""

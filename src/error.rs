@@ -173,6 +173,36 @@ impl fmt::Display for CreateError {
     }
 }
 
+/// [`Producer::wait_for_consumers`](crate::Producer::wait_for_consumers) ran out of time.
+///
+/// ```
+/// # use gpuring::{ConsumersTimeout, Producer};
+/// # use std::time::Duration;
+/// let mut tx = Producer::builder("doc-consumers-timeout").create()?;
+/// let e = tx.wait_for_consumers(1, Duration::from_millis(10)).unwrap_err();
+/// assert_eq!((e.joined, e.wanted), (0, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumersTimeout {
+    /// Consumers joined when the time ran out.
+    pub joined: usize,
+    /// Consumers waited for.
+    pub wanted: usize,
+}
+
+impl fmt::Display for ConsumersTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of the {} consumers waited for joined before the timeout",
+            self.joined, self.wanted
+        )
+    }
+}
+
+impl std::error::Error for ConsumersTimeout {}
+
 impl std::error::Error for CreateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -257,6 +287,9 @@ pub enum OpenError {
         /// The producer's answer: this process's uid and gid and the policy that refused them.
         reason: String,
     },
+    /// A wait for the ring to be ready ran out: it exists, but its producer had not finished
+    /// setting it up (a ring that never appeared is [`NotFound`](Self::NotFound)).
+    TimedOut,
     /// Another OS error.
     Io(io::Error),
 }
@@ -296,6 +329,7 @@ impl fmt::Display for OpenError {
             OpenError::PeerRefused { reason } => {
                 write!(f, "the producer refused to share its memory with this process: {reason}")
             }
+            OpenError::TimedOut => f.write_str("the ring was not ready within the timeout"),
             OpenError::Io(e) => write!(f, "opening the segment: {e}"),
         }
     }

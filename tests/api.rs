@@ -232,3 +232,25 @@ fn a_host_ring_refuses_vmm_sharing() {
         other => panic!("a host ring took VMM sharing: {:?}", other.err()),
     }
 }
+
+/// A lossless job's startup: the producer waits until its consumer has joined before it sends,
+/// so nothing is sent to nobody.
+#[test]
+fn a_producer_waits_for_its_consumers() {
+    let name = unique_name("wait-consumers");
+    let mut tx = Producer::builder(&name).create().unwrap();
+    let none = tx.wait_for_consumers(1, Duration::from_millis(20));
+    assert_eq!(none, Err(gpuring::ConsumersTimeout { joined: 0, wanted: 1 }));
+    let consumer = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let rx = Consumer::open(&name).unwrap();
+            let first = rx.recv().unwrap();
+            first.to_vec()
+        })
+    };
+    assert_eq!(tx.wait_for_consumers(1, Duration::from_secs(10)), Ok(1));
+    tx.send(b"first", b"").unwrap();
+    assert_eq!(consumer.join().unwrap(), b"first");
+}

@@ -242,7 +242,7 @@ fn async_consumers_in_other_processes_receive_everything() {
         let rx = Consumer::builder(&name)
             .start_at(StartAt::Oldest)
             .liveness_interval(LONG)
-            .open_when_ready(None, DEADLINE)
+            .open_timeout(DEADLINE)
             .unwrap();
         runtime().block_on(async {
             for i in 0..N {

@@ -160,3 +160,44 @@ fn cuda_memory_needs_a_driver() {
     drop(made);
     assert!(!std::path::Path::new(&path(&name)).exists(), "segment left behind");
 }
+
+/// A wait for a ring that never appears ends in `NotFound` (it once said `Disconnected`, which
+/// sent users looking for a dead producer).
+#[test]
+fn waiting_for_a_ring_that_never_appears_is_not_found() {
+    let b = Consumer::builder(&unique_name("never"));
+    assert!(matches!(
+        b.open_timeout(std::time::Duration::from_millis(30)),
+        Err(OpenError::NotFound)
+    ));
+}
+
+/// A ring that appears but never becomes ready ends the wait in `TimedOut`.
+#[test]
+fn waiting_for_a_ring_that_never_gets_ready_times_out() {
+    let (_tx, mut bytes) = real_segment();
+    bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8].fill(0);
+    let (name, _f) = forge(&bytes);
+    let b = Consumer::builder(&name);
+    assert!(matches!(
+        b.open_timeout(std::time::Duration::from_millis(30)),
+        Err(OpenError::TimedOut)
+    ));
+}
+
+/// A consumer started before its producer opens the ring once it is created.
+#[test]
+fn waiting_open_finds_a_ring_created_later() {
+    let name = unique_name("later");
+    let opener = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            Consumer::builder(&name).open_timeout(std::time::Duration::from_secs(10))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut tx = Producer::builder(&name).create().unwrap();
+    let rx = opener.join().unwrap().unwrap();
+    tx.send(b"late", b"").unwrap();
+    assert_eq!(&*rx.recv().unwrap(), b"late");
+}

@@ -159,6 +159,7 @@ fn open_status(e: &gpuring::OpenError) -> gpuring_status {
         // Still being built: like a ring that is not there yet, worth opening again.
         E::NotInitialized => GPURING_NOT_FOUND,
         E::Disconnected => GPURING_DISCONNECTED,
+        E::TimedOut => GPURING_TIMEOUT,
         E::MemoryUnavailable { .. } | E::WrongMemory { .. } | E::TooManyConsumers { .. } => {
             GPURING_UNAVAILABLE
         }

@@ -362,7 +362,7 @@ mod imp {
                         return Ok(reader);
                     }
                     // Not there (yet), or a new producer is still setting it up.
-                    Err(OpenError::Disconnected | OpenError::NotFound)
+                    Err(OpenError::Disconnected | OpenError::NotFound | OpenError::TimedOut)
                         if s.wait || not_epoch.is_some() => {}
                     Err(e) => {
                         gst::element_imp_error!(

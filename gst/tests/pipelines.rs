@@ -124,7 +124,7 @@ fn host_ring_feeds_gst_and_rust_consumers() {
             let ring: String = env("RING");
             let rx = Consumer::builder(&ring)
                 .mode(Mode::Lossless)
-                .open_when_ready(None, Duration::from_secs(30))
+                .open_timeout(Duration::from_secs(30))
                 .unwrap();
             let mut n = 0;
             loop {

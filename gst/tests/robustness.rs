@@ -147,7 +147,7 @@ fn a_sink_paused_while_the_ring_is_full_resumes() {
     p.set_state(gst::State::Playing).unwrap();
     let rx = Consumer::builder(&ring)
         .mode(Mode::Lossless)
-        .open_when_ready(None, Duration::from_secs(10))
+        .open_timeout(Duration::from_secs(10))
         .unwrap();
     std::thread::sleep(Duration::from_millis(300)); // the ring fills; the sink waits in render
     p.set_state(gst::State::Paused).unwrap();

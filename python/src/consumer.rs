@@ -99,6 +99,10 @@ impl Consumer {
                     py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                     py.check_signals()?;
                 }
+                // A ring that appeared but was never ready in time: a timeout, not corruption.
+                Err(OpenError::NotInitialized | OpenError::Truncated { .. }) if wait > 0.0 => {
+                    break Err(open_error(name, OpenError::TimedOut))?;
+                }
                 other => break other.map_err(|e| open_error(name, e))?,
             }
         };

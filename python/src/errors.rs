@@ -32,7 +32,8 @@ pub fn error(what: impl std::fmt::Display) -> PyErr {
 
 /// What a failed open becomes: `FileNotFoundError` for a ring that does not exist (so
 /// `except FileNotFoundError` works as for files), `gpuring.Disconnected` for one whose
-/// producer is gone, `PermissionError` for a VMM producer that refused to share its memory
+/// producer is gone, `TimeoutError` for one not ready within the wait, `PermissionError` for a
+/// VMM producer that refused to share its memory
 /// with this process, `gpuring.Error` otherwise.
 pub fn open_error(name: &str, e: gpuring::OpenError) -> PyErr {
     match e {
@@ -42,6 +43,7 @@ pub fn open_error(name: &str, e: gpuring::OpenError) -> PyErr {
         gpuring::OpenError::Disconnected => {
             Disconnected::new_err(format!("ring {name:?}: producer gone"))
         }
+        e @ gpuring::OpenError::TimedOut => PyTimeoutError::new_err(format!("ring {name:?}: {e}")),
         e @ gpuring::OpenError::PeerRefused { .. } => {
             PyPermissionError::new_err(format!("ring {name:?}: {e}"))
         }

@@ -32,6 +32,13 @@ trait Sender {
     fn published(&self) -> u64;
     fn consumer_count(&self) -> usize;
     fn slot_size(&self) -> usize;
+    /// Waits for `n` consumers to join, until `deadline` (None: no limit).
+    fn wait_for_consumers(
+        &mut self,
+        py: Python<'_>,
+        n: usize,
+        deadline: Option<Instant>,
+    ) -> PyResult<usize>;
 }
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
@@ -203,6 +210,26 @@ impl Producer {
         Ok(self.tx()?.published())
     }
 
+    /// wait_for_consumers(n, timeout=None) -> int
+    ///
+    /// Waits until at least `n` consumers have joined (messages sent before a consumer joins
+    /// never reach it: a lossless job starts its consumers first and waits here), at most
+    /// `timeout` seconds (None: as long as it takes), then `TimeoutError`. Returns how many
+    /// joined.
+    #[pyo3(signature = (n, timeout=None))]
+    fn wait_for_consumers(
+        &mut self,
+        py: Python<'_>,
+        n: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let deadline = deadline(timeout)?;
+        let name = self.name.clone();
+        let tx = self.tx.get_mut()?.as_mut();
+        let tx = tx.ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
+        tx.wait_for_consumers(py, n, deadline)
+    }
+
     /// Consumers currently joined.
     #[getter]
     fn consumer_count(&self) -> PyResult<usize> {
@@ -234,6 +261,31 @@ fn create<K: Kind>(builder: ProducerBuilder) -> Result<Box<dyn Sender>, gpuring:
 }
 
 impl<K: Kind> Sender for RingProducer<K> {
+    fn wait_for_consumers(
+        &mut self,
+        py: Python<'_>,
+        n: usize,
+        deadline: Option<Instant>,
+    ) -> PyResult<usize> {
+        loop {
+            let tick = tick();
+            let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+            // SAFETY: the closure runs on this thread, and the producer is bound to it.
+            let job = unsafe { SameThread::new(&mut *self) };
+            let got = py.detach(move || {
+                let tx = job.into_inner();
+                RingProducer::wait_for_consumers(tx, n, left.min(tick))
+            });
+            match got {
+                Ok(joined) => return Ok(joined),
+                Err(e) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Err(timeout(&e.to_string()));
+                }
+                Err(_) => py.check_signals()?,
+            }
+        }
+    }
+
     fn send(
         &mut self,
         py: Python<'_>,

@@ -217,6 +217,16 @@ def test_open_errors(ring_name):
         gpuring.Producer(ring_name, 64, memory="disk")
 
 
+def test_a_producer_waits_for_its_consumers(ring_name):
+    with gpuring.Producer(ring_name, 64, memory="host") as tx:
+        with pytest.raises(TimeoutError):
+            tx.wait_for_consumers(1, timeout=0.05)
+        with gpuring.Consumer(ring_name) as rx:
+            assert tx.wait_for_consumers(1, timeout=10) == 1
+            tx.send(b"first")
+            assert bytes(rx.recv(timeout=5)) == b"first"
+
+
 def test_send_checks_sizes(ring_name):
     tx = gpuring.Producer(ring_name, 16, memory="host", header_size=8)
     with pytest.raises(ValueError):

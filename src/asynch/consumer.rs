@@ -5,11 +5,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_core::Stream;
 
-use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
-use crate::error::RecvError;
+use crate::consumer::{Attempt, Consumer, ConsumerBuilder, ConsumerRing, ReadSlot};
+use crate::error::{OpenError, RecvError};
 use crate::memory::{Fault, Memory};
 use crate::ring::Pinned;
 use crate::shm::doorbell::{consumer_address, new_token, Doorbell};
@@ -43,6 +44,64 @@ impl BellCell {
                 Some(bell)
             })
             .as_ref()
+    }
+}
+
+impl ConsumerBuilder {
+    /// [`open_timeout`](ConsumerBuilder::open_timeout) without blocking the thread: the
+    /// waits between tries are tokio sleeps (feature `tokio`). For a host ring; see
+    /// [`open_in_async`](Self::open_in_async) for either memory kind.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use gpuring::{Consumer, Producer};
+    ///
+    /// let opening = tokio::spawn(async {
+    ///     Consumer::builder("doc-consumer-open-async").open_async(Duration::from_secs(5)).await
+    /// });
+    /// let mut tx = Producer::builder("doc-consumer-open-async").create()?; // created later
+    /// let rx = opening.await??;
+    /// tx.send(b"hi", b"")?;
+    /// assert_eq!(&*rx.recv_async().await?, b"hi");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn open_async(self, timeout: Duration) -> Result<Consumer, OpenError> {
+        self.open_in_async(timeout).await
+    }
+
+    /// [`open_async`](Self::open_async) for a ring of memory kind `M`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use gpuring::{Consumer, Host, OpenError};
+    ///
+    /// let absent = Consumer::builder("doc-consumer-open-in-async-absent");
+    /// let r = absent.open_in_async::<Host>(Duration::from_millis(20)).await;
+    /// assert!(matches!(r, Err(OpenError::NotFound)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn open_in_async<M: Memory>(
+        self,
+        timeout: Duration,
+    ) -> Result<Consumer<M>, OpenError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let not_yet = match self.try_open_once::<M>(None) {
+                Ok(c) => return Ok(c),
+                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::NotYet(why)) => why,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(not_yet);
+            }
+            tokio::time::sleep(crate::consumer::OPEN_RETRY).await;
+        }
     }
 }
 

@@ -15,6 +15,17 @@ use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
 use crate::ring::{Mode, Pinned, Policy, StartAt};
 use crate::wait::Deadline;
 
+/// How often a waiting open looks again for the ring.
+pub(crate) const OPEN_RETRY: Duration = Duration::from_millis(5);
+
+/// One try of a waiting open that did not give a consumer.
+pub(crate) enum Attempt {
+    /// An error to return at once.
+    Failed(OpenError),
+    /// Not there or not ready yet; the error to give if the wait ends now.
+    NotYet(OpenError),
+}
+
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
 ///
 /// ```
@@ -119,9 +130,44 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Waits up to `timeout` for ring `name` to exist with a live producer whose instance is not
-    /// `not_epoch` (pass the epoch of a ring whose producer died to wait for its successor),
-    /// then opens it with `open`. Errors other than "not there yet" are returned at once.
+    /// Opens the ring, waiting up to `timeout` for it to be created and ready: for a consumer
+    /// started before its producer. Gives [`OpenError::NotFound`] if no ring of this name
+    /// appeared, [`OpenError::TimedOut`] if one appeared but was not ready in time,
+    /// [`OpenError::Disconnected`] if its producer died; other errors at once.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-open-timeout").create()?;
+    /// let rx = Consumer::builder("doc-consumer-open-timeout").open_timeout(Duration::from_secs(5))?;
+    /// let absent = Consumer::builder("doc-consumer-never-made").open_timeout(Duration::from_millis(20));
+    /// assert!(matches!(absent, Err(OpenError::NotFound)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_timeout(self, timeout: Duration) -> Result<Consumer, OpenError> {
+        self.open_in_when_ready(None, timeout)
+    }
+
+    /// [`open_timeout`](Self::open_timeout) for a ring of memory kind `M` (see
+    /// [`open_in`](Self::open_in)).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Host, Producer};
+    /// # use std::time::Duration;
+    /// # let tx = Producer::builder("doc-consumer-open-in-timeout").create()?;
+    /// let b = Consumer::builder("doc-consumer-open-in-timeout");
+    /// let rx = b.open_in_timeout::<Host>(Duration::from_secs(5))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_in_timeout<M: Memory>(self, timeout: Duration) -> Result<Consumer<M>, OpenError> {
+        self.open_in_when_ready(None, timeout)
+    }
+
+    /// [`open_timeout`](Self::open_timeout), but skipping the instance whose epoch is
+    /// `not_epoch`: after the producer of epoch `not_epoch` died, this waits for the next
+    /// producer of the same name ([`Consumer::reconnect`] uses it). With `None`, the same as
+    /// `open_timeout`. If only that old instance is seen until `timeout`:
+    /// [`OpenError::Disconnected`].
     ///
     /// ```
     /// # use gpuring::{Consumer, OpenError, Producer};
@@ -131,7 +177,7 @@ impl ConsumerBuilder {
     /// let rx = ready.open_when_ready(None, Duration::from_secs(5))?; // the ring exists: no wait
     /// let absent = Consumer::builder("doc-consumer-never-created");
     /// let r = absent.open_when_ready(None, Duration::from_millis(20));
-    /// assert!(matches!(r, Err(OpenError::Disconnected)));
+    /// assert!(matches!(r, Err(OpenError::NotFound)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open_when_ready(
@@ -160,23 +206,36 @@ impl ConsumerBuilder {
     ) -> Result<Consumer<M>, OpenError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let retry = match self.clone().open_in::<M>() {
-                Ok(c) if not_epoch.is_some_and(|e| e == c.epoch()) => true,
+            let not_yet = match self.try_open_once::<M>(not_epoch) {
                 Ok(c) => return Ok(c),
-                // Not there yet, half-built (between the producer's shm_open and ftruncate,
-                // or before its magic), or the old instance.
-                Err(
-                    OpenError::NotFound
-                    | OpenError::NotInitialized
-                    | OpenError::Truncated { .. }
-                    | OpenError::Disconnected,
-                ) => true,
-                Err(e) => return Err(e),
+                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::NotYet(why)) => why,
             };
-            if retry && Instant::now() >= deadline {
-                return Err(OpenError::Disconnected);
+            if Instant::now() >= deadline {
+                return Err(not_yet);
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(OPEN_RETRY);
+        }
+    }
+
+    /// One try of a waiting open: the consumer, an error to return, or (`NotYet`) the error
+    /// to give if the wait ends now.
+    pub(crate) fn try_open_once<M: Memory>(
+        &self,
+        not_epoch: Option<u64>,
+    ) -> Result<Consumer<M>, Attempt> {
+        match self.clone().open_in::<M>() {
+            Ok(c) if not_epoch.is_some_and(|e| e == c.epoch()) => {
+                Err(Attempt::NotYet(OpenError::Disconnected))
+            }
+            Ok(c) => Ok(c),
+            // Not there yet, or the old instance (its producer dead).
+            Err(e @ (OpenError::NotFound | OpenError::Disconnected)) => Err(Attempt::NotYet(e)),
+            // Half-built: between the producer's shm_open and ftruncate, or before its magic.
+            Err(OpenError::NotInitialized | OpenError::Truncated { .. }) => {
+                Err(Attempt::NotYet(OpenError::TimedOut))
+            }
+            Err(e) => Err(Attempt::Failed(e)),
         }
     }
 

@@ -509,6 +509,37 @@ impl<M: Memory> Producer<M> {
         crate::stats::consumer_count(&self.ring.map().ring())
     }
 
+    /// Waits until at least `n` consumers have joined (consumers found dead meanwhile are
+    /// reaped and do not count), or `timeout` passes. Messages sent before a consumer joins
+    /// never reach it: a lossless job starts its consumers first and waits for them here
+    /// (README, "Startup order"). Returns how many had joined.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// # use std::time::Duration;
+    /// let mut tx = Producer::builder("doc-producer-wait-for-consumers").create()?;
+    /// let rx = Consumer::open("doc-producer-wait-for-consumers")?; // another process, usually
+    /// assert_eq!(tx.wait_for_consumers(1, Duration::from_secs(10))?, 1);
+    /// tx.send(b"first", b"")?; // rx receives it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_for_consumers(
+        &mut self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<usize, crate::ConsumersTimeout> {
+        let cfg = self.ring.wait_config();
+        let joined = wait::wait_until(None, cfg, Deadline::after(timeout), |tick| {
+            if tick {
+                // A consumer that died after joining must not count.
+                let _ = self.reap();
+            }
+            let joined = self.consumer_count();
+            (joined >= n).then_some(joined)
+        });
+        joined.ok_or(crate::ConsumersTimeout { joined: self.consumer_count(), wanted: n })
+    }
+
     /// A snapshot of every joined consumer's counters.
     ///
     /// ```

@@ -296,7 +296,7 @@ impl ConsumerBuilder {
     }
 
     /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
-    /// `not_epoch`, then `open_gpu`.
+    /// `not_epoch`, then `open_gpu`. (`open_in_timeout::<Cuda>(timeout)` is the plain wait.)
     ///
     /// ```no_run
     /// use std::time::Duration;
