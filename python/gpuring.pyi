@@ -46,7 +46,12 @@ class Error(Exception):
     """Something went wrong in a ring: it could not be created or opened, it is corrupt, or a CUDA call failed."""
 
 class Disconnected(Error):
-    """The producer closed the ring (or died) and every message was received."""
+    """The producer closed the ring (or died) and every message was received.
+
+    Raised by `recv`, it has `reason`: "closed" (the stream is complete) or "died" (the
+    producer's process ended without closing the ring: the stream was cut)."""
+
+    reason: Literal["closed", "died", "gone"]
 
 class ReleasedError(BufferError):
     """The slot was released: no new tensor, array or buffer can be made from it."""
@@ -108,7 +113,14 @@ class Consumer:
 
     def __iter__(self) -> Self: ...
     def __next__(self) -> Slot:
-        """Iterating yields messages until the producer closes the ring."""
+        """Iterating yields messages until the producer closes the ring (or dies: `ended`
+        tells which)."""
+
+    @property
+    def ended(self) -> Literal["closed", "died"] | None:
+        """How the stream ended: None while the producer is live, "closed" if it closed the
+        ring (the stream is complete), "died" if its process ended without closing it (the
+        stream was cut). Ask after iteration ends or `recv` raised `Disconnected`."""
 
     def close(self) -> None:
         """Leaves the ring. Slots still held keep it open until they are released.

@@ -374,6 +374,54 @@ pub enum TryRecvError {
     Cuda(crate::cuda::CudaError),
 }
 
+/// How a ring's stream ended, once a consumer is [`Disconnected`](RecvError::Disconnected):
+/// [`Consumer::ended`](crate::Consumer::ended). A recording or batch job can tell a complete
+/// stream from a cut one.
+///
+/// ```
+/// use gpuring::{Consumer, Ended, Producer};
+///
+/// let tx = Producer::builder("doc-error-ended").create()?;
+/// let rx = Consumer::open("doc-error-ended")?;
+/// assert_eq!(rx.ended(), None); // the producer is live
+/// drop(tx);
+/// assert_eq!(rx.ended(), Some(Ended::Closed));
+/// assert_eq!(Ended::Died.to_string(), "the producer died");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ended {
+    /// The producer closed the ring (dropped its `Producer`, or `close`d it in Python or C):
+    /// everything it published was delivered.
+    Closed,
+    /// The producer's process ended without closing the ring (killed, crashed): the stream
+    /// was cut; messages it had not published are lost.
+    Died,
+}
+
+impl Ended {
+    /// "closed" or "died".
+    ///
+    /// ```
+    /// assert_eq!(gpuring::Ended::Closed.name(), "closed");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Ended::Closed => "closed",
+            Ended::Died => "died",
+        }
+    }
+}
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ended::Closed => "the producer closed the ring",
+            Ended::Died => "the producer died",
+        })
+    }
+}
+
 /// Why [`crate::Consumer::recv`] returned no message.
 ///
 /// Once the producer is gone, a consumer still receives what was published, then

@@ -83,7 +83,7 @@ pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use error::RegisterError;
 pub use error::{
-    AcquireError, AcquireTimeoutError, ConsumersTimeout, Corruption, CreateError, NameError,
+    AcquireError, AcquireTimeoutError, ConsumersTimeout, Corruption, CreateError, Ended, NameError,
     OpenError, PublishError, RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
 pub use format::{Layout, MemoryKind};

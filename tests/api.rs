@@ -254,3 +254,34 @@ fn a_producer_waits_for_its_consumers() {
     tx.send(b"first", b"").unwrap();
     assert_eq!(consumer.join().unwrap(), b"first");
 }
+
+/// A consumer tells a stream its producer closed from one whose producer died.
+#[test]
+fn a_died_producer_is_told_from_a_closed_one() {
+    if common::role().as_deref() == Some("dies") {
+        let name: String = common::env("RING");
+        let mut tx = Producer::builder(&name).create().unwrap();
+        tx.wait_for_consumers(1, Duration::from_secs(20)).unwrap();
+        tx.send(b"only", b"").unwrap();
+        std::process::abort(); // no close: the ring is left as a crash leaves it
+    }
+    let name = unique_name("dies");
+    let child = common::spawn(
+        "a_died_producer_is_told_from_a_closed_one",
+        "dies",
+        &[("RING", name.clone())],
+    );
+    let rx = Consumer::builder(&name)
+        .start_at(gpuring::StartAt::Oldest)
+        .open_timeout(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(&*rx.recv().unwrap(), b"only");
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    assert_eq!(rx.ended(), Some(gpuring::Ended::Died));
+    let status = {
+        let mut c = child;
+        c.wait().unwrap()
+    };
+    assert!(!status.success(), "the child aborted");
+    let _ = std::fs::remove_file(format!("/dev/shm/gpuring.{name}"));
+}

@@ -143,6 +143,15 @@ impl Consumer {
         slf
     }
 
+    /// How the stream ended: None while the producer is live, "closed" if it closed the ring
+    /// (the stream is complete), "died" if its process ended without closing it (the stream
+    /// was cut). Ask after iteration ends or `recv` raised `gpuring.Disconnected` (whose
+    /// `reason` says the same).
+    #[getter]
+    fn ended(&self) -> PyResult<Option<&'static str>> {
+        Ok(self.shared()?.ended().map(gpuring::Ended::name))
+    }
+
     /// Iterating yields messages until the producer closes the ring.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Slot>> {
         match self.recv(py, None) {
@@ -254,7 +263,14 @@ impl Consumer {
             Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => {
-                Err(Disconnected::new_err(format!("ring {:?}: producer closed it", self.name)))
+                let ended = self.shared()?.ended();
+                let (why, reason) = match ended {
+                    Some(e) => (e.to_string(), e.name()),
+                    None => ("the producer is gone".to_owned(), "gone"),
+                };
+                let err = Disconnected::new_err(format!("ring {:?}: {why}", self.name));
+                err.value(py).setattr("reason", reason)?;
+                Err(err)
             }
             Err(e) => Err(error(format!("ring {:?}: {e}", self.name))),
         }

@@ -24,6 +24,8 @@ pub trait Receiver {
     fn stream(&self) -> Option<&Stream>;
     /// The GPU the consumer reads on (CUDA only).
     fn device(&self) -> Option<i32>;
+    /// How the stream ended, if it did.
+    fn ended(&self) -> Option<gpuring::Ended>;
 }
 
 /// A received message of either memory kind.
@@ -83,6 +85,10 @@ impl<K: Kind> Receiver for Reader<K> {
 
     fn device(&self) -> Option<i32> {
         K::device(&self.rx)
+    }
+
+    fn ended(&self) -> Option<gpuring::Ended> {
+        self.rx.ended()
     }
 }
 

@@ -191,6 +191,19 @@ def test_wait_outlasts_a_dead_ring(ring_name):
     assert rx.capacity == 8
 
 
+def test_a_killed_producer_is_told_from_a_closed_one(ring_name):
+    code = (f"import gpuring, os, signal; p = gpuring.Producer({ring_name!r}, 64, memory='host');"
+            "p.wait_for_consumers(1, timeout=20); p.send(b'only'); os.kill(os.getpid(), signal.SIGKILL)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    rx = gpuring.Consumer(ring_name, wait=20, start="oldest")
+    assert [bytes(s)[:4] for s in rx] == [b"only"]  # what it published, then the end
+    child.wait()
+    assert rx.ended == "died"  # cut, not complete
+    with pytest.raises(gpuring.Disconnected) as e:
+        rx.recv(timeout=1)
+    assert e.value.reason == "died" and "died" in str(e.value)
+
+
 def test_waiting_empty_and_disconnect(ring_name):
     tx = gpuring.Producer(ring_name, 64, memory="host")
     rx = gpuring.Consumer(ring_name, start="next")
@@ -201,8 +214,10 @@ def test_waiting_empty_and_disconnect(ring_name):
         tx.send(bytes([i]) * 8)
     tx.close()
     assert [bytes(s)[:1] for s in rx] == [b"\x00", b"\x01", b"\x02"]  # iteration ends
-    with pytest.raises(gpuring.Disconnected):
+    assert rx.ended == "closed"  # complete, not cut
+    with pytest.raises(gpuring.Disconnected) as e:
         rx.recv(timeout=1)
+    assert e.value.reason == "closed" and "closed the ring" in str(e.value)
     assert issubclass(gpuring.Disconnected, gpuring.Error)
 
 

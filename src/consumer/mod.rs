@@ -443,6 +443,30 @@ impl<M: Memory> Consumer<M> {
         self.ring.map().policy()
     }
 
+    /// How the ring's stream ended: `None` while its producer is live, then
+    /// [`Ended::Closed`](crate::Ended::Closed) if the producer closed the ring (the stream is
+    /// complete) or [`Ended::Died`](crate::Ended::Died) if its process ended without closing
+    /// it (the stream was cut). Ask after a receive returned `Disconnected`.
+    ///
+    /// ```
+    /// use gpuring::{Consumer, Ended, Producer, RecvError};
+    ///
+    /// let mut tx = Producer::builder("doc-consumer-ended").create()?;
+    /// let rx = Consumer::open("doc-consumer-ended")?;
+    /// tx.send(b"last", b"")?;
+    /// drop(tx);
+    /// while rx.recv().is_ok() {}
+    /// match rx.ended() {
+    ///     Some(Ended::Closed) => println!("complete"),
+    ///     Some(Ended::Died) => eprintln!("the stream was cut"),
+    ///     None => unreachable!("Disconnected comes only once the producer is gone"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ended(&self) -> Option<crate::Ended> {
+        self.ring.ended()
+    }
+
     /// The producer's process id.
     ///
     /// ```

@@ -175,6 +175,19 @@ impl ConsumerRing {
         wait_async(Some(wake), self.wait, |_| self.poll_once()).await
     }
 
+    /// How the stream ended, if it did: closed (the producer's clean close, which it makes
+    /// before it exits, so it wins over a later death) or died (checked now).
+    pub(crate) fn ended(&self) -> Option<crate::Ended> {
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if self.map.header().closed.load(Ordering::Acquire) != 0 {
+            Some(crate::Ended::Closed)
+        } else if self.producer_dead.get() || !self.producer.is_alive() {
+            Some(crate::Ended::Died)
+        } else {
+            None
+        }
+    }
+
     /// Whether the producer closed or died.
     fn closed(&self) -> bool {
         // Acquire: pairs with the producer's Release store, so every message it published
