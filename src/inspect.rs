@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use crate::error::OpenError;
 use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
+use crate::ring::layout::BLOCKED_ON_HELD;
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
 use crate::shm::{OpenOptions, Segment, ShmName, SHM_PREFIX};
@@ -57,8 +58,10 @@ pub struct RingStatus {
     /// Messages published so far.
     pub published: u64,
     /// Nanoseconds the producer has spent waiting: for a lossless consumer, or for a buffer when
-    /// consumers hold every spare.
+    /// consumers hold every spare. The wait going on now, if any, is included.
     pub blocked_ns: u64,
+    /// The wait going on now, if the producer is waiting.
+    pub blocked_now: Option<BlockedNow>,
     /// Consumers the producer evicted (a failure attributable to one consumer's entry, such as
     /// a release event that cannot be opened).
     pub evictions: u64,
@@ -66,6 +69,65 @@ pub struct RingStatus {
     pub reclaims: u64,
     /// The joined consumers.
     pub consumers: Vec<ConsumerInfo>,
+}
+
+/// A producer's wait going on now: what [`RingStatus::blocked_now`] shows.
+///
+/// ```
+/// let _tx = gpuring::Producer::builder("doc-inspect-blocked-now").create()?;
+/// let s = gpuring::inspect::status("doc-inspect-blocked-now")?;
+/// assert!(s.blocked_now.is_none()); // a producer with free buffers does not wait
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockedNow {
+    /// How long it has waited so far, in nanoseconds.
+    pub for_ns: u64,
+    /// What it waits for.
+    pub on: BlockedOn,
+    /// The consumer it waits on: the lossless consumer furthest behind, or the one holding
+    /// the most buffers, with its pid (None if the table shows none: it changes meanwhile).
+    pub waiting_on: Option<(usize, u32)>,
+}
+
+/// What a waiting producer waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockedOn {
+    /// A lossless consumer to receive the message its next write would overwrite.
+    Consumers,
+    /// Consumers to release buffers: they hold the next one and every spare.
+    Held,
+}
+
+impl BlockedOn {
+    /// "a lossless consumer" or "held buffers".
+    ///
+    /// ```
+    /// assert_eq!(gpuring::inspect::BlockedOn::Held.name(), "held buffers");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockedOn::Consumers => "a lossless consumer",
+            BlockedOn::Held => "held buffers",
+        }
+    }
+}
+
+/// The wait going on now, from the producer's marks and the consumer table.
+fn blocked_now(since: u64, on: u64, consumers: &[ConsumerInfo]) -> Option<BlockedNow> {
+    if since == 0 {
+        return None;
+    }
+    let for_ns = crate::monotonic_ns().saturating_sub(since);
+    let on = if on == BLOCKED_ON_HELD { BlockedOn::Held } else { BlockedOn::Consumers };
+    let live = consumers.iter().filter(|c| c.alive && !c.evicted);
+    let who = match on {
+        BlockedOn::Consumers => {
+            live.filter(|c| c.mode == Some(crate::Mode::Lossless)).min_by_key(|c| c.cursor)
+        }
+        BlockedOn::Held => live.filter(|c| c.holding > 0).max_by_key(|c| c.holding),
+    };
+    Some(BlockedNow { for_ns, on, waiting_on: who.map(|c| (c.index, c.pid)) })
 }
 
 /// The names of the rings in `/dev/shm` (files named `gpuring.NAME`), sorted.
@@ -106,6 +168,13 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
     let map = MappedRing::new(seg, params, layout);
     let ring = map.ring();
     let producer = ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
+    let consumers = stats::consumers(&ring);
+    // Relaxed: a snapshot for display. A producer that died mid-wait leaves its mark: shown
+    // only while it runs.
+    let since = ring.producer.blocked_since.load(Ordering::Relaxed);
+    let on = ring.producer.blocked_on.load(Ordering::Relaxed);
+    let alive = producer.is_alive();
+    let blocked = blocked_now(if alive { since } else { 0 }, on, &consumers);
     Ok(RingStatus {
         name: name.to_owned(),
         memory: params.memory_kind,
@@ -117,15 +186,17 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
         max_consumers: params.max_consumers,
         policy: map.policy(),
         producer_pid: params.producer_pid,
-        producer_alive: producer.is_alive(),
+        producer_alive: alive,
         // Relaxed (all of them): a snapshot for display; nothing is read through them.
         closed: map.header().closed.load(Ordering::Relaxed) != 0,
         epoch: params.epoch,
         published: ring.producer.head.load(Ordering::Relaxed),
-        blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed),
+        blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed)
+            + blocked.as_ref().map_or(0, |b| b.for_ns),
+        blocked_now: blocked,
         evictions: ring.producer.evictions.load(Ordering::Relaxed),
         reclaims: ring.producer.reclaims.load(Ordering::Relaxed),
-        consumers: stats::consumers(&ring),
+        consumers,
     })
 }
 

@@ -240,6 +240,16 @@ impl Collector for RingCollector {
         )?;
         family(
             e,
+            "gpuring_producer_blocked_now",
+            "How long the producer's wait going on now has lasted (0 when it is not waiting)",
+            Some(&Unit::Seconds),
+            Gauge,
+            per_ring(&|s| {
+                Value::Float(s.blocked_now.as_ref().map_or(0.0, |b| b.for_ns as f64 / 1e9))
+            }),
+        )?;
+        family(
+            e,
             "gpuring_producer_alive",
             "Whether the producer process still runs (1) or not (0)",
             None,
@@ -459,6 +469,7 @@ mod tests {
             format!("gpuring_producer_alive{{{ring}}} 1")
         );
         assert!(line("gpuring_producer_blocked_seconds_total", &ring).ends_with(" 0.0"));
+        assert!(line("gpuring_producer_blocked_now_seconds", &ring).ends_with(" 0.0"));
         assert!(
             sample(&text, "gpuring_publish_rate", &ring).is_none(),
             "no rate at the first scrape"

@@ -166,3 +166,42 @@ fn cli_bench_with_a_slow_consumer_runs_both_and_compares() {
     let ratio = with["producer_fps"].as_f64().unwrap() / without["producer_fps"].as_f64().unwrap();
     assert!((r["producer_ratio"].as_f64().unwrap() - ratio).abs() < 1e-9, "{out}");
 }
+
+/// A stall shows while it happens: `status` reports the wait going on, what it waits on, and
+/// counts its time so far in `blocked_ns` (it once counted a wait only when it ended).
+#[test]
+fn a_stall_shows_while_it_happens() {
+    use gpuring::inspect::BlockedOn;
+    use std::time::{Duration, Instant};
+    let name = common::unique_name("stall");
+    let mut tx = gpuring::Producer::builder(&name).capacity(2).spare_buffers(0).create().unwrap();
+    let rx = gpuring::Consumer::builder(&name).mode(gpuring::Mode::Lossless).open().unwrap();
+    let entry = gpuring::inspect::status(&name).unwrap().consumers[0].index;
+    let sender = std::thread::spawn(move || {
+        for i in 0..3u8 {
+            tx.send(&[i], b"").unwrap(); // the third waits for the consumer
+        }
+        tx
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let s = gpuring::inspect::status(&name).unwrap();
+        if let Some(b) = s.blocked_now {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "the producer never showed as blocked");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(first.on, BlockedOn::Consumers);
+    assert_eq!(first.waiting_on, Some((entry, std::process::id())));
+    std::thread::sleep(Duration::from_millis(300));
+    let s = gpuring::inspect::status(&name).unwrap();
+    let now = s.blocked_now.expect("still blocked");
+    assert!(now.for_ns >= 250_000_000, "the wait so far: {} ns", now.for_ns);
+    assert!(s.blocked_ns >= now.for_ns, "the total counts the wait going on");
+    assert_eq!(rx.recv().unwrap()[0], 0); // frees a slot: the producer goes on
+    let _tx = sender.join().unwrap();
+    let s = gpuring::inspect::status(&name).unwrap();
+    assert!(s.blocked_now.is_none());
+    assert!(s.blocked_ns >= 250_000_000);
+}

@@ -10,7 +10,8 @@ use crate::error::{Corruption, CreateError, PublishError};
 use crate::format::view::MappedRing;
 use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::memory::Fault;
-use crate::ring::producer::{wants_wake, ClaimError, Claimed};
+use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
+use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
 use crate::ring::{audit, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
 use crate::shm::process::ProcessId;
 use crate::shm::ShmName;
@@ -110,12 +111,25 @@ fn table_moved(ring: &Ring<'_>, seen: &mut (u64, u64)) -> bool {
     std::mem::replace(seen, now) != now
 }
 
-/// Adds the time since `started` to the producer's blocked-time statistic.
+/// Marks the producer as waiting from now on, for readers of the segment (`gpuring stat`):
+/// a stall shows while it happens, not only once it is over.
+fn start_blocked(ring: &Ring<'_>) -> Instant {
+    // Relaxed: a statistic, written only by the producer; `max(1)`: 0 means "not waiting".
+    ring.producer.blocked_since.store(monotonic_ns().max(1), Ordering::Relaxed);
+    Instant::now()
+}
+
+/// Ends the wait begun at `started`: adds its time to the producer's blocked-time statistic
+/// and clears the waiting marks.
 fn add_blocked(ring: &Ring<'_>, started: Instant) {
     let ns = started.elapsed().as_nanos() as u64;
-    // Relaxed: a statistic, written only by the producer.
+    // Relaxed (all): statistics, written only by the producer. The total is added before the
+    // mark is cleared, so a reader summing both may count the wait's end twice for a moment,
+    // never miss it.
     let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
     ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+    ring.producer.blocked_since.store(0, Ordering::Relaxed);
+    ring.producer.blocked_on.store(0, Ordering::Relaxed);
 }
 
 impl ProducerRing {
@@ -207,7 +221,7 @@ impl ProducerRing {
         if deadline == Deadline::Now {
             return Err(Fault::Blocked);
         }
-        let started = Instant::now();
+        let started = start_blocked(&ring);
         let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
             claim_step(&ring, core, look, bells, on_free, *closed)
@@ -228,7 +242,7 @@ impl ProducerRing {
         if let Some(claimed) = claim(core, &ring) {
             return claimed;
         }
-        let started = Instant::now();
+        let started = start_blocked(&ring);
         let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
         let claimed = wait_async(Some(wake), *wait, |tick| {
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
@@ -343,7 +357,21 @@ fn claim_step(
             return Some(Err(Fault::Corrupt(c.into())));
         }
     }
-    claim(core, ring)
+    match core.try_claim(ring) {
+        Ok(claimed) => Some(Ok(claimed)),
+        Err(ClaimError::Blocked(why)) => {
+            let on = match why {
+                Blocked::Consumers => BLOCKED_ON_CONSUMERS,
+                Blocked::Held => BLOCKED_ON_HELD,
+            };
+            // Relaxed: a statistic (see `start_blocked`); stored only when it changes.
+            if ring.producer.blocked_on.load(Ordering::Relaxed) != on {
+                ring.producer.blocked_on.store(on, Ordering::Relaxed);
+            }
+            None
+        }
+        Err(ClaimError::Corrupt(c)) => Some(Err(Fault::Corrupt(c.into()))),
+    }
 }
 
 /// One try at claiming a buffer for the next message: `None` while none is free.

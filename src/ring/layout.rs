@@ -25,7 +25,20 @@ pub struct ProducerLine {
     pub evictions: AtomicU64,
     /// Entries of dead consumers the producer took back (statistics; producer-only).
     pub reclaims: AtomicU64,
+    /// While the producer waits for a free buffer: when the wait began (CLOCK_MONOTONIC
+    /// nanoseconds, which every process reads alike); 0 when it is not waiting. Lets
+    /// `gpuring stat` show a stall while it happens (statistics; producer-only).
+    pub blocked_since: AtomicU64,
+    /// What the current wait is for: [`BLOCKED_ON_CONSUMERS`] (a lossless consumer is
+    /// behind) or [`BLOCKED_ON_HELD`] (consumers hold every buffer it could take); 0 when not
+    /// waiting (statistics; producer-only).
+    pub blocked_on: AtomicU64,
 }
+
+/// `ProducerLine::blocked_on`: waiting for a lossless consumer to read.
+pub const BLOCKED_ON_CONSUMERS: u64 = 1;
+/// `ProducerLine::blocked_on`: waiting for consumers to release buffers they hold.
+pub const BLOCKED_ON_HELD: u64 = 2;
 
 /// A futex word and the number of processes sleeping on it.
 #[repr(C, align(128))]
@@ -96,6 +109,8 @@ impl ProducerLine {
         ProducerLine {
             head: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
+            blocked_since: AtomicU64::new(0),
+            blocked_on: AtomicU64::new(0),
             joins: AtomicU64::new(0),
             retires: AtomicU64::new(0),
             evictions: AtomicU64::new(0),

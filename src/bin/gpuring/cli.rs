@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpuring::inspect::{self, RingStatus};
+use gpuring::inspect::{self, BlockedOn, RingStatus};
 use gpuring::{MemoryKind, Mode, Policy};
 use serde::Serialize;
 
@@ -113,11 +113,24 @@ struct RingJson {
     /// Share of the sampling interval the producer spent blocked (`stat` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     blocked_share: Option<f64>,
+    /// The producer's wait going on now (null when it is not waiting).
+    blocked_now: Option<BlockedNowJson>,
     /// Consumers evicted for a failure attributable to their own entry.
     evictions: u64,
     /// Dead consumers whose entries and slots the producer took back.
     reclaims: u64,
     consumers: Vec<ConsumerJson>,
+}
+
+#[derive(Serialize)]
+struct BlockedNowJson {
+    /// Seconds it has waited so far.
+    seconds: f64,
+    /// "consumers" (a lossless consumer is behind) or "held" (consumers hold the buffers).
+    on: &'static str,
+    /// The consumer it waits on: its entry and pid.
+    entry: Option<usize>,
+    pid: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -167,6 +180,15 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         rate,
         blocked_ns: s.blocked_ns,
         blocked_share,
+        blocked_now: s.blocked_now.as_ref().map(|b| BlockedNowJson {
+            seconds: b.for_ns as f64 / 1e9,
+            on: match b.on {
+                BlockedOn::Consumers => "consumers",
+                BlockedOn::Held => "held",
+            },
+            entry: b.waiting_on.map(|w| w.0),
+            pid: b.waiting_on.map(|w| w.1),
+        }),
         evictions: s.evictions,
         reclaims: s.reclaims,
         consumers: s
@@ -278,6 +300,16 @@ fn print_stat(
         100.0 * blocked.min(1.0),
         now.blocked_ns as f64 / 1e9
     );
+    if let Some(b) = &now.blocked_now {
+        let who = b
+            .waiting_on
+            .map_or_else(String::new, |(e, pid)| format!(", waiting on entry {e} (pid {pid})"));
+        println!(
+            "producer blocked now, for {:.3} s, on {}{who}",
+            b.for_ns as f64 / 1e9,
+            b.on.name()
+        );
+    }
     println!(
         "buffers held {} of {} (the producer waits when consumers hold every spare), \
          dead consumers reclaimed {}, consumers evicted {}",
