@@ -56,6 +56,16 @@ class Disconnected(Error):
 class ReleasedError(BufferError):
     """The slot was released: no new tensor, array or buffer can be made from it."""
 
+def handle_sigterm(enable: bool) -> None:
+    """Whether gpuring installs its SIGTERM handler when this process creates a producer
+    (default True; `GPURING_SIGTERM=0` in the environment makes it False).
+
+    The handler removes the names of the rings this process's live producers created, then
+    lets SIGTERM end the process as before, so `docker stop` or `systemctl stop` leaves nothing
+    in /dev/shm. Consumers see the producer gone (`ended == "died"`). It is installed only on
+    the main thread and never over a SIGTERM handler of the application's own. Call before
+    creating producers."""
+
 def tensor_header(dtype: _DTypeLike, shape: Sequence[int]) -> bytes:
     """The tensor header for `dtype` and `shape`.
 

@@ -25,6 +25,7 @@ mod held;
 mod kind;
 mod layout;
 mod producer;
+mod sigterm;
 mod slot;
 
 /// The `gpuring` module.
@@ -42,5 +43,6 @@ fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Disconnected", py.get_type::<errors::Disconnected>())?;
     m.add("ReleasedError", py.get_type::<errors::ReleasedError>())?;
     m.add_function(wrap_pyfunction!(layout::tensor_header, m)?)?;
+    m.add_function(wrap_pyfunction!(sigterm::handle_sigterm, m)?)?;
     Ok(())
 }

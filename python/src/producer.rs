@@ -63,12 +63,19 @@ pub struct Producer {
     name: String,
 }
 
+impl Drop for Producer {
+    fn drop(&mut self) {
+        crate::sigterm::closed(&self.name);
+    }
+}
+
 #[pymethods]
 impl Producer {
     #[new]
     #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", allow_uids=None, allow_gids=None, permissions=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
+        py: Python<'_>,
         name: &str,
         slot_size: usize,
         capacity: u32,
@@ -134,7 +141,9 @@ impl Producer {
         let builder = builder.device(device).sharing(sharing);
         let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
         let tx = tx.map_err(|e| error(format!("cannot create ring {name:?}: {e}")))?;
-        Ok(Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() })
+        let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() };
+        crate::sigterm::created(py, name)?;
+        Ok(producer)
     }
 
     /// send(data, header=None, *, stream=None, timeout=None) -> int
@@ -175,7 +184,9 @@ impl Producer {
     /// A CUDA producer first waits (up to its linger, 5 s) for consumers to finish reading,
     /// without holding the GIL.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.tx.close(py)
+        self.tx.close(py)?;
+        crate::sigterm::closed(&self.name);
+        Ok(())
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

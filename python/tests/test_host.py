@@ -204,6 +204,22 @@ def test_a_killed_producer_is_told_from_a_closed_one(ring_name):
     assert e.value.reason == "died" and "died" in str(e.value)
 
 
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_sigterm_leaves_no_ring_behind(ring_name, opt_out):
+    code = (f"import gpuring, sys, time; p = gpuring.Producer({ring_name!r}, 64, memory='host');"
+            "print('ready', flush=True); time.sleep(30)")
+    env = dict(os.environ, GPURING_SIGTERM="0" if opt_out else "1")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout.readline().strip() == "ready"
+    path = f"/dev/shm/gpuring.{ring_name}"
+    assert os.path.exists(path)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == -signal.SIGTERM  # still ended by the signal
+    assert os.path.exists(path) == opt_out  # removed, unless opted out
+    if opt_out:
+        os.remove(path)
+
+
 def test_waiting_empty_and_disconnect(ring_name):
     tx = gpuring.Producer(ring_name, 64, memory="host")
     rx = gpuring.Consumer(ring_name, start="next")
