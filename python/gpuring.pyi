@@ -48,8 +48,10 @@ class Error(Exception):
 class Disconnected(Error):
     """The producer closed the ring (or died) and every message was received.
 
-    Raised by `recv`, it has `reason`: "closed" (the stream is complete) or "died" (the
-    producer's process ended without closing the ring: the stream was cut)."""
+    Raised by `recv`, it has `reason`: "closed" (the stream is complete), "died" (the
+    producer's process ended without closing the ring, or it aborted: the stream was cut), or
+    "gone" (not known: the segment was already removed). Raised when opening, it has none
+    (`getattr(e, "reason", None)`)."""
 
     reason: Literal["closed", "died", "gone"]
 
@@ -360,6 +362,11 @@ class Producer:
         `timeout`: seconds to wait for a free slot (None: as long as it takes); then
         `TimeoutError`.
         """
+
+    def abort(self) -> None:
+        """Closes the ring as cut: consumers receive what was published, then `Disconnected`,
+        and their `ended` says "died", not "closed" (for a job that failed part-way). Leaving a
+        `with` block by an exception does the same."""
 
     def close(self) -> None:
         """Closes the ring: consumers receive what was published, then `gpuring.Disconnected`.

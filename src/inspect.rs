@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use crate::error::OpenError;
 use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
-use crate::ring::layout::BLOCKED_ON_HELD;
+use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
 use crate::shm::{OpenOptions, Segment, ShmName, SHM_PREFIX};
@@ -58,7 +58,8 @@ pub struct RingStatus {
     /// Messages published so far.
     pub published: u64,
     /// Nanoseconds the producer has spent waiting: for a lossless consumer, or for a buffer when
-    /// consumers hold every spare. The wait going on now, if any, is included.
+    /// consumers hold every spare. A wait going on is counted as it passes (at least once per
+    /// liveness interval), so the total never goes back.
     pub blocked_ns: u64,
     /// The wait going on now, if the producer is waiting.
     pub blocked_now: Option<BlockedNow>,
@@ -113,13 +114,20 @@ impl BlockedOn {
     }
 }
 
-/// The wait going on now, from the producer's marks and the consumer table.
-fn blocked_now(since: u64, on: u64, consumers: &[ConsumerInfo]) -> Option<BlockedNow> {
-    if since == 0 {
+/// The wait going on now, from the producer's marks (read from shared memory: any values)
+/// and the consumer table. A stall whose waiter has not accounted for [`STALE_NS`] (it gave
+/// up, or its wait was dropped) is not shown.
+fn blocked_now(since: u64, on: u64, seen: u64, consumers: &[ConsumerInfo]) -> Option<BlockedNow> {
+    let now = crate::monotonic_ns();
+    if since == 0 || now.saturating_sub(seen) > STALE_NS {
         return None;
     }
-    let for_ns = crate::monotonic_ns().saturating_sub(since);
-    let on = if on == BLOCKED_ON_HELD { BlockedOn::Held } else { BlockedOn::Consumers };
+    let for_ns = now.saturating_sub(since);
+    let on = match on {
+        BLOCKED_ON_CONSUMERS => BlockedOn::Consumers,
+        BLOCKED_ON_HELD => BlockedOn::Held,
+        _ => return None,
+    };
     let live = consumers.iter().filter(|c| c.alive && !c.evicted);
     let who = match on {
         BlockedOn::Consumers => {
@@ -129,6 +137,10 @@ fn blocked_now(since: u64, on: u64, consumers: &[ConsumerInfo]) -> Option<Blocke
     };
     Some(BlockedNow { for_ns, on, waiting_on: who.map(|c| (c.index, c.pid)) })
 }
+
+/// A waiting producer accounts at least once per liveness interval (100 ms by default):
+/// marks older than this belong to a wait that ended without clearing them.
+const STALE_NS: u64 = 2_000_000_000;
 
 /// The names of the rings in `/dev/shm` (files named `gpuring.NAME`), sorted.
 ///
@@ -173,8 +185,9 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
     // only while it runs.
     let since = ring.producer.blocked_since.load(Ordering::Relaxed);
     let on = ring.producer.blocked_on.load(Ordering::Relaxed);
+    let seen = ring.producer.blocked_seen.load(Ordering::Relaxed);
     let alive = producer.is_alive();
-    let blocked = blocked_now(if alive { since } else { 0 }, on, &consumers);
+    let blocked = blocked_now(if alive { since } else { 0 }, on, seen, &consumers);
     Ok(RingStatus {
         name: name.to_owned(),
         memory: params.memory_kind,
@@ -191,8 +204,7 @@ pub fn status(name: &str) -> Result<RingStatus, OpenError> {
         closed: map.header().closed.load(Ordering::Relaxed) != 0,
         epoch: params.epoch,
         published: ring.producer.head.load(Ordering::Relaxed),
-        blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed)
-            + blocked.as_ref().map_or(0, |b| b.for_ns),
+        blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed),
         blocked_now: blocked,
         evictions: ring.producer.evictions.load(Ordering::Relaxed),
         reclaims: ring.producer.reclaims.load(Ordering::Relaxed),

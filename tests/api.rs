@@ -285,3 +285,19 @@ fn a_died_producer_is_told_from_a_closed_one() {
     assert!(!status.success(), "the child aborted");
     let _ = std::fs::remove_file(format!("/dev/shm/gpuring.{name}"));
 }
+
+/// A panic that unwinds through a producer, or `abort`, cuts the stream: consumers are told
+/// `Died`, not `Closed`, so a recording is not taken for complete.
+#[test]
+fn a_producer_dropped_by_a_panic_cuts_the_stream() {
+    let name = unique_name("panic");
+    let tx = Producer::builder(&name).create().unwrap();
+    let rx = Consumer::open(&name).unwrap();
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _tx = tx;
+        panic!("the job failed");
+    }));
+    assert!(failed.is_err());
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    assert_eq!(rx.ended(), Some(gpuring::Ended::Died));
+}

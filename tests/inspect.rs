@@ -198,10 +198,53 @@ fn a_stall_shows_while_it_happens() {
     let s = gpuring::inspect::status(&name).unwrap();
     let now = s.blocked_now.expect("still blocked");
     assert!(now.for_ns >= 250_000_000, "the wait so far: {} ns", now.for_ns);
-    assert!(s.blocked_ns >= now.for_ns, "the total counts the wait going on");
+    // Counted as it passes, at each liveness tick (100 ms by default).
+    assert!(s.blocked_ns + 150_000_000 >= now.for_ns, "the total counts the wait going on");
     assert_eq!(rx.recv().unwrap()[0], 0); // frees a slot: the producer goes on
     let _tx = sender.join().unwrap();
     let s = gpuring::inspect::status(&name).unwrap();
     assert!(s.blocked_now.is_none());
     assert!(s.blocked_ns >= 250_000_000);
+}
+
+/// A producer that waits in short timed steps (as Python's `send` and the GStreamer sink do)
+/// shows one stall growing across the steps, and its blocked time never goes back.
+#[test]
+fn a_stall_of_timed_waits_shows_whole_and_never_counts_back() {
+    use std::time::{Duration, Instant};
+    let name = common::unique_name("stall-steps");
+    let mut tx = gpuring::Producer::builder(&name).capacity(2).spare_buffers(0).create().unwrap();
+    let rx = gpuring::Consumer::builder(&name).mode(gpuring::Mode::Lossless).open().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    let sender = std::thread::spawn(move || {
+        let mut sent = 0u8;
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            match tx.acquire_timeout(Duration::from_millis(20)) {
+                Ok(slot) => {
+                    slot.publish(0, b"").unwrap();
+                    sent += 1;
+                }
+                Err(gpuring::AcquireTimeoutError::Timeout) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        sent
+    });
+    let (start, mut last_total, mut longest) = (Instant::now(), 0u64, 0u64);
+    while start.elapsed() < Duration::from_millis(700) {
+        let s = gpuring::inspect::status(&name).unwrap();
+        assert!(
+            s.blocked_ns >= last_total,
+            "blocked_ns went back: {} < {last_total}",
+            s.blocked_ns
+        );
+        last_total = s.blocked_ns;
+        longest = longest.max(s.blocked_now.map_or(0, |b| b.for_ns));
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    assert!(longest >= 400_000_000, "one stall across the timed waits, {longest} ns at most");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(sender.join().unwrap(), 2, "the ring filled, then nothing was read");
+    drop(rx);
 }

@@ -48,6 +48,8 @@ struct Reader {
 /// A ring's consumer and what it has lent, shared by the source and its memories.
 pub struct Shared {
     reader: Mutex<Reader>,
+    /// The ring's spare buffers (what consumers may hold in all without stalling it).
+    spares: u32,
     /// Tokens of memories freed while `reader` was locked: released at the next receive.
     released: Mutex<Vec<u64>>,
     epoch: u64,
@@ -57,7 +59,9 @@ impl Shared {
     /// Shares `rx`.
     pub fn new(rx: Consumer<Host>) -> Arc<Shared> {
         let epoch = rx.epoch();
+        let spares = rx.spare_buffers();
         Arc::new(Shared {
+            spares,
             reader: Mutex::new(Reader {
                 rx: Arc::new(Rx(rx)),
                 held: HashMap::new(),
@@ -66,6 +70,11 @@ impl Shared {
             released: Mutex::new(Vec::new()),
             epoch,
         })
+    }
+
+    /// The ring's spare buffers.
+    pub fn spares(&self) -> u32 {
+        self.spares
     }
 
     /// The ring's epoch.

@@ -40,7 +40,8 @@ impl Layout {
                 let stride = strides[p].unsigned_abs() as usize;
                 let pixels = finfo.scale_width(comp as u8, info.width()) as usize
                     * finfo.pixel_stride()[comp as usize] as usize;
-                // Formats packed below a byte per pixel (pixel stride 0): the whole stride.
+                // Formats packed below a byte per pixel (pixel stride 0, refused by
+                // `of_header`): the whole stride.
                 let row_bytes = if pixels == 0 { stride } else { pixels };
                 Plane {
                     offset: offsets[p],
@@ -67,6 +68,23 @@ impl Layout {
         h: &FrameHeader,
         len: usize,
     ) -> Result<Layout, String> {
+        let finfo = info.format_info();
+        let unsupported = finfo
+            .flags()
+            .intersects(gst_video::VideoFormatFlags::TILED | gst_video::VideoFormatFlags::PALETTE)
+            || (0..finfo.n_components()).any(|c| finfo.pixel_stride()[c as usize] <= 0);
+        if unsupported {
+            // Tiled, palette and packed-below-a-byte formats: rows are not `stride` apart
+            // byte runs, so the checks below could not bound what downstream reads.
+            return Err(format!("format {} is not supported by the frame header", info.format()));
+        }
+        if info.size() > len.saturating_mul(2) {
+            return Err(format!(
+                "a {} frame needs {} bytes; the message has {len}",
+                info.format(),
+                info.size()
+            ));
+        }
         let n = info.n_planes() as usize;
         if h.planes as usize != n {
             return Err(format!(

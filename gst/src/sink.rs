@@ -83,6 +83,8 @@ struct State {
     /// Upstream CUDA buffers whose GPU copy into a slot may not have run yet: kept alive (so
     /// upstream's pool cannot reuse them) until the producer's stream has passed the copy.
     in_flight: VecDeque<gst::Buffer>,
+    /// `wait-for-consumers` is satisfied (checked before the first frame only).
+    waited: bool,
 }
 
 /// Where a frame's bytes are.
@@ -292,6 +294,17 @@ mod imp {
             }
             let state = guard.as_mut().expect("created above");
             state.info = info;
+            if !state.waited {
+                // After the ring is stored: a flush meanwhile keeps it (and its consumers).
+                let wanted = self.settings.lock().unwrap().wait_for_consumers as usize;
+                while state.consumer_count() < wanted {
+                    self.wait_if_unlocked()?;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                state.waited = true;
+            }
+            // Let go of upstream buffers whose copies have run, before queuing this one's.
+            self.let_go_of_copied(state)?;
             // A CUDA-memory buffer into a CUDA ring is copied on the GPU; everything else is
             // read on the CPU (GStreamer downloads CUDA memory for a host ring).
             let device_map = match (cuda_lib, &state.tx) {
@@ -364,12 +377,7 @@ mod imp {
                 if cuda { "CUDA" } else { "host" },
                 s.capacity
             );
-            let state = State { tx, info: info.clone(), in_flight: VecDeque::new() };
-            while state.consumer_count() < s.wait_for_consumers as usize {
-                self.wait_if_unlocked()?;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(state)
+            Ok(State { tx, info: info.clone(), in_flight: VecDeque::new(), waited: false })
         }
 
         /// The message's user header: the tensor header (packed single-plane formats get
@@ -538,22 +546,30 @@ mod imp {
             Ok(())
         }
 
-        /// Keeps an upstream buffer until the producer's stream has copied out of it: first
-        /// lets go of those whose copies have run (the stream was idle when this frame came),
-        /// then waits for the stream when too many are kept.
+        /// Lets go of the upstream buffers kept for copies that have run: all of them once the
+        /// producer's stream is idle (checked before the next frame's copy is queued).
+        fn let_go_of_copied(&self, state: &mut State) -> Result<(), gst::FlowError> {
+            if let Tx::Cuda(tx) = &state.tx {
+                if !state.in_flight.is_empty()
+                    && tx.stream().is_idle().map_err(|_| gst::FlowError::Error)?
+                {
+                    state.in_flight.clear();
+                }
+            }
+            Ok(())
+        }
+
+        /// Keeps an upstream buffer until the producer's stream has copied out of it, waiting
+        /// for the stream when too many are kept.
         fn keep_until_copied(
             &self,
             state: &mut State,
             buffer: gst::Buffer,
         ) -> Result<(), gst::FlowError> {
             let Tx::Cuda(tx) = &state.tx else { return Ok(()) };
-            let stream = tx.stream();
-            if stream.is_idle().map_err(|_| gst::FlowError::Error)? {
-                state.in_flight.clear();
-            }
             state.in_flight.push_back(buffer);
             if state.in_flight.len() > MAX_IN_FLIGHT {
-                stream.synchronize().map_err(|_| gst::FlowError::Error)?;
+                tx.stream().synchronize().map_err(|_| gst::FlowError::Error)?;
                 state.in_flight.clear();
             }
             Ok(())

@@ -33,8 +33,11 @@ const TICK: Duration = Duration::from_millis(20);
 const LENT_TICK: Duration = Duration::from_millis(1);
 /// Host slots lent to GStreamer at once; beyond this, frames are copied out of the ring, so
 /// that a downstream queue holding frames cannot hold the ring's buffers (and stall the
-/// producer and every other consumer).
-const MAX_LENT: usize = 2;
+/// producer and every other consumer): at most 2, and at most half the ring's spares (with
+/// fewer than 2 spares, every frame is copied).
+fn max_lent(spares: u32) -> usize {
+    (spares as usize / 2).min(2)
+}
 
 glib::wrapper! {
     /// The `gpuringsrc` element.
@@ -386,9 +389,10 @@ mod imp {
                         if self.flushing.load(Ordering::Relaxed) {
                             return Err(gst::FlowError::Flushing.into());
                         }
-                        // While buffers are lent, wait in short steps: a buffer freed on
-                        // another thread during a wait is released only after it.
-                        let wait = if shared.lent() > 0 { LENT_TICK } else { TICK };
+                        // With several buffers lent, wait in short steps: a buffer freed on
+                        // another thread during a wait is released only after it. (One is
+                        // usually lent: sinks keep their last frame.)
+                        let wait = if shared.lent() > 1 { LENT_TICK } else { TICK };
                         match shared.recv(wait) {
                             Ok(got) => break got,
                             Err(RecvTimeoutError::Timeout) => {}
@@ -409,7 +413,7 @@ mod imp {
                             .copy_cpu(got.as_ref(), &packed, &mut frame)
                             .ok_or(gst::FlowError::Error)?;
                         gst::Buffer::from_mut_slice(frame)
-                    } else if shared.lent() > MAX_LENT {
+                    } else if shared.lent() > max_lent(shared.spares()) {
                         // Downstream holds many frames (a queue, an unpulled appsink): copy,
                         // so the ring's buffers stay free for the producer.
                         let copy = got.as_ref().to_vec();
@@ -475,6 +479,9 @@ mod imp {
                             buffer
                         }
                         None => {
+                            // Wait for the frame on the stream first (interruptibly): a copy
+                            // into pageable memory would block in the driver until then.
+                            self.wait_idle(stream)?;
                             let dst = Layout::of_info(&out.info);
                             let mut frame = vec![0u8; out.info.size()];
                             // SAFETY: as above, into a host buffer of the format's own layout,

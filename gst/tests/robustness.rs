@@ -98,15 +98,31 @@ fn plane_count_must_match_the_format() {
     assert!(e.contains("planes"), "{e}");
 }
 
+#[test]
+fn formats_the_header_cannot_bound_are_refused() {
+    // v210 packs pixels below a byte each: any stride would pass a per-byte check.
+    let e = refused("v210", |h| {
+        h.format = "v210".into();
+        h.strides[0] = 0;
+    });
+    assert!(e.contains("not supported"), "{e}");
+}
+
 /// An appsink nobody pulls holds every frame the source pushes: the source lends at most a
 /// few slots and copies the rest, so an overwrite producer never waits.
 #[test]
 fn frames_held_downstream_do_not_stall_an_overwrite_ring() {
+    for spares in [0, 1, 2, 8] {
+        held_frames_do_not_stall(spares);
+    }
+}
+
+fn held_frames_do_not_stall(spares: u32) {
     init();
-    let ring = name("lend");
+    let ring = name(&format!("lend{spares}"));
     let mut tx = Producer::builder(&ring)
         .capacity(4)
-        .spare_buffers(2)
+        .spare_buffers(spares)
         .policy(Policy::Overwrite)
         .slot_size(4096)
         .user_header_size(USER_HEADER_SIZE as u32)
@@ -127,7 +143,7 @@ fn frames_held_downstream_do_not_stall_an_overwrite_ring() {
     for i in 0..40 {
         let mut slot = tx
             .acquire_timeout(Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("the producer waited at message {i}: {e}"));
+            .unwrap_or_else(|e| panic!("{spares} spares: the producer waited at message {i}: {e}"));
         slot[..256].fill(i as u8);
         slot.publish(256, &header).unwrap();
         std::thread::sleep(Duration::from_millis(10));

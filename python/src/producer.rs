@@ -32,6 +32,8 @@ trait Sender {
     fn published(&self) -> u64;
     fn consumer_count(&self) -> usize;
     fn slot_size(&self) -> usize;
+    /// Closes the ring as cut (`Producer::abort`).
+    fn abort(self: Box<Self>);
     /// Waits for `n` consumers to join, until `deadline` (None: no limit).
     fn wait_for_consumers(
         &mut self,
@@ -185,6 +187,7 @@ impl Producer {
     /// without holding the GIL.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         self.tx.close(py)?;
+        crate::bound::drain();
         crate::sigterm::closed(&self.name);
         Ok(())
     }
@@ -193,14 +196,35 @@ impl Producer {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
+    #[pyo3(signature = (*args))]
     fn __exit__(
         &mut self,
         py: Python<'_>,
-        _args: &Bound<'_, pyo3::types::PyTuple>,
+        args: &Bound<'_, pyo3::types::PyTuple>,
     ) -> PyResult<bool> {
-        self.close(py)?;
+        // Left by an exception: the stream was cut, and consumers are told so.
+        let failed = args.get_item(0).is_ok_and(|t| !t.is_none());
+        if failed {
+            self.abort(py)?;
+        } else {
+            self.close(py)?;
+        }
         Ok(false)
+    }
+
+    /// Closes the ring as cut: consumers receive what was published, then
+    /// `gpuring.Disconnected`, and their `ended` says "died", not "closed" (for a job that
+    /// failed part-way). Leaving a `with` block by an exception does the same.
+    fn abort(&mut self, py: Python<'_>) -> PyResult<()> {
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let tx = unsafe { SameThread::new(self.tx.get_mut()?.take()) };
+        py.detach(move || {
+            if let Some(tx) = tx.into_inner() {
+                tx.abort();
+            }
+        });
+        crate::sigterm::closed(&self.name);
+        Ok(())
     }
 
     /// The ring's name.
@@ -272,6 +296,10 @@ fn create<K: Kind>(builder: ProducerBuilder) -> Result<Box<dyn Sender>, gpuring:
 }
 
 impl<K: Kind> Sender for RingProducer<K> {
+    fn abort(self: Box<Self>) {
+        RingProducer::abort(*self);
+    }
+
     fn wait_for_consumers(
         &mut self,
         py: Python<'_>,

@@ -202,6 +202,7 @@ def test_a_killed_producer_is_told_from_a_closed_one(ring_name):
     with pytest.raises(gpuring.Disconnected) as e:
         rx.recv(timeout=1)
     assert e.value.reason == "died" and "died" in str(e.value)
+    os.remove(f"/dev/shm/gpuring.{ring_name}")  # a killed producer leaves its segment
 
 
 @pytest.mark.parametrize("opt_out", [False, True])
@@ -218,6 +219,17 @@ def test_sigterm_leaves_no_ring_behind(ring_name, opt_out):
     assert os.path.exists(path) == opt_out  # removed, unless opted out
     if opt_out:
         os.remove(path)
+
+
+def test_an_exception_in_a_with_block_cuts_the_stream(ring_name):
+    rx = None
+    with pytest.raises(RuntimeError):
+        with gpuring.Producer(ring_name, 64, memory="host") as tx:
+            rx = gpuring.Consumer(ring_name)
+            tx.send(b"part")
+            raise RuntimeError("the job failed")
+    assert [bytes(s)[:4] for s in rx] == [b"part"]
+    assert rx.ended == "died"  # cut: not to be taken for complete
 
 
 def test_waiting_empty_and_disconnect(ring_name):

@@ -58,11 +58,14 @@ impl ConsumerBuilder {
     /// use std::time::Duration;
     /// use gpuring::{Consumer, Producer};
     ///
-    /// let opening = tokio::spawn(async {
-    ///     Consumer::builder("doc-consumer-open-async").open_async(Duration::from_secs(5)).await
+    /// // The producer comes 50 ms later (another process, usually).
+    /// let producing = tokio::spawn(async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Producer::builder("doc-consumer-open-async").create()
     /// });
-    /// let mut tx = Producer::builder("doc-consumer-open-async").create()?; // created later
-    /// let rx = opening.await??;
+    /// let b = Consumer::builder("doc-consumer-open-async");
+    /// let rx = b.open_async(Duration::from_secs(5)).await?; // waits without a thread
+    /// let mut tx = producing.await??;
     /// tx.send(b"hi", b"")?;
     /// assert_eq!(&*rx.recv_async().await?, b"hi");
     /// # Ok(())
@@ -90,14 +93,15 @@ impl ConsumerBuilder {
         self,
         timeout: Duration,
     ) -> Result<Consumer<M>, OpenError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        // None: a timeout past the clock's range waits as long as it takes.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         loop {
             let not_yet = match self.try_open_once::<M>(None) {
                 Ok(c) => return Ok(c),
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::NotYet(why)) => why,
             };
-            if tokio::time::Instant::now() >= deadline {
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return Err(not_yet);
             }
             tokio::time::sleep(crate::consumer::OPEN_RETRY).await;

@@ -204,14 +204,15 @@ impl ConsumerBuilder {
         not_epoch: Option<u64>,
         timeout: Duration,
     ) -> Result<Consumer<M>, OpenError> {
-        let deadline = Instant::now() + timeout;
+        // None: a timeout past the clock's range waits as long as it takes.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             let not_yet = match self.try_open_once::<M>(not_epoch) {
                 Ok(c) => return Ok(c),
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::NotYet(why)) => why,
             };
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(not_yet);
             }
             std::thread::sleep(OPEN_RETRY);
@@ -391,6 +392,20 @@ impl<M: Memory> Consumer<M> {
         self.ring.map().params().capacity
     }
 
+    /// The ring's spare buffers: how many messages consumers may hold in all before the
+    /// producer must wait for a release (an `Overwrite` producer included).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-spares").spare_buffers(3).create()?;
+    /// let rx = Consumer::open("doc-consumer-spares")?;
+    /// assert_eq!(rx.spare_buffers(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn spare_buffers(&self) -> u32 {
+        self.ring.map().params().spares
+    }
+
     /// Largest message.
     ///
     /// ```
@@ -495,7 +510,8 @@ impl<M: Memory> Consumer<M> {
 
     /// After `Disconnected`: waits up to `timeout` for a new producer to create the ring again
     /// under the same name (a new instance, see [`epoch`](Self::epoch)) and opens it with the
-    /// same settings. `Disconnected` if none came.
+    /// same settings: `Disconnected` if only the old instance was there until `timeout`,
+    /// `NotFound` if the ring is gone and none came.
     ///
     /// ```
     /// # use gpuring::{Consumer, Producer, RecvError};

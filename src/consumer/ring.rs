@@ -1,6 +1,7 @@
 //! What every consumer has, whatever its memory kind: the mapped segment, its table entry and
 //! cursor, waiting for a message, watching the producer, and leaving.
 
+use crate::format::header::CLOSED_DONE;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -176,15 +177,18 @@ impl ConsumerRing {
     }
 
     /// How the stream ended, if it did: closed (the producer's clean close, which it makes
-    /// before it exits, so it wins over a later death) or died (checked now).
+    /// before it exits, so it wins over a later death), or died: killed, crashed, or closed
+    /// as cut (checked now).
     pub(crate) fn ended(&self) -> Option<crate::Ended> {
+        // Liveness first: a producer that closed, then exited, is seen closed by the read
+        // below (it closed before it exited), never as dead.
+        let alive = !self.producer_dead.get() && self.producer.is_alive();
         // Acquire: pairs with the producer's Release store of `closed`.
-        if self.map.header().closed.load(Ordering::Acquire) != 0 {
-            Some(crate::Ended::Closed)
-        } else if self.producer_dead.get() || !self.producer.is_alive() {
-            Some(crate::Ended::Died)
-        } else {
-            None
+        match self.map.header().closed.load(Ordering::Acquire) {
+            CLOSED_DONE => Some(crate::Ended::Closed),
+            0 if alive => None,
+            // Cut (`abort`, a panic), dead, or a value only a damaged segment holds.
+            _ => Some(crate::Ended::Died),
         }
     }
 

@@ -82,9 +82,15 @@ pub struct Header {
     pub producer_start_time: AtomicU64,
     /// Identifies this instance of the ring among all that had its name.
     pub epoch: AtomicU64,
-    /// Set (Release) by the producer when it closes, after its last publish.
+    /// Set (Release) by the producer when it closes, after its last publish:
+    /// [`CLOSED_DONE`], or [`CLOSED_CUT`] when the stream was cut (`Producer::abort`, a panic).
     pub closed: AtomicU32,
 }
+
+/// `closed`: the producer closed the ring; the stream is complete.
+pub const CLOSED_DONE: u32 = 1;
+/// `closed`: the producer closed the ring as cut (`Producer::abort`, a panic unwinding).
+pub const CLOSED_CUT: u32 = 2;
 
 const _: () = assert!(std::mem::size_of::<Header>() == 128);
 

@@ -529,6 +529,8 @@ impl<M: Memory> Producer<M> {
         timeout: Duration,
     ) -> Result<usize, crate::ConsumersTimeout> {
         let cfg = self.ring.wait_config();
+        // Take out consumers already dead first: one that joined and died must not count.
+        let _ = self.reap();
         let joined = wait::wait_until(None, cfg, Deadline::after(timeout), |tick| {
             if tick {
                 // A consumer that died after joining must not count.
@@ -742,6 +744,30 @@ impl<M: Memory> Producer<M> {
     #[cfg(feature = "cuda")]
     pub(crate) fn mem(&self) -> &M::Tx {
         &self.mem
+    }
+}
+
+impl<M: Memory> Producer<M> {
+    /// Closes the ring as cut: consumers receive what was published, then `Disconnected`, and
+    /// [`Consumer::ended`](crate::Consumer::ended) tells them
+    /// [`Ended::Died`](crate::Ended::Died), not `Closed`: for a job that failed part-way, so
+    /// that a recorder does not take its output for complete. (A panic that unwinds through
+    /// a producer does the same; dropping it otherwise closes the ring as complete.)
+    ///
+    /// ```
+    /// use gpuring::{Consumer, Ended, Producer};
+    ///
+    /// let mut tx = Producer::builder("doc-producer-abort").create()?;
+    /// let rx = Consumer::open("doc-producer-abort")?;
+    /// tx.send(b"part 1", b"")?;
+    /// tx.abort(); // the job failed
+    /// assert_eq!(&*rx.recv()?, b"part 1");
+    /// assert!(rx.recv().is_err());
+    /// assert_eq!(rx.ended(), Some(Ended::Died));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn abort(mut self) {
+        self.ring.mark_cut();
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::{monotonic_ns, ProducerBuilder};
 use crate::doorbells::ProducerBells;
 use crate::error::{Corruption, CreateError, PublishError};
+use crate::format::header::{CLOSED_CUT, CLOSED_DONE};
 use crate::format::view::MappedRing;
 use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::memory::Fault;
@@ -24,6 +25,8 @@ pub(crate) struct ProducerRing {
     wait: WaitConfig,
     /// Whether [`ProducerRing::close`] ran.
     closed: bool,
+    /// The stream was cut ([`mark_cut`](Self::mark_cut)): the close tells consumers so.
+    cut: bool,
     /// The consumer table's (`joins`, `retires`) counts when it was last reaped.
     table_seen: (u64, u64),
     /// When the table was last reaped: it is reaped at least once per liveness interval while
@@ -111,26 +114,73 @@ fn table_moved(ring: &Ring<'_>, seen: &mut (u64, u64)) -> bool {
     std::mem::replace(seen, now) != now
 }
 
-/// Marks the producer as waiting from now on, for readers of the segment (`gpuring stat`):
-/// a stall shows while it happens, not only once it is over.
-fn start_blocked(ring: &Ring<'_>) -> Instant {
-    // Relaxed: a statistic, written only by the producer; `max(1)`: 0 means "not waiting".
-    ring.producer.blocked_since.store(monotonic_ns().max(1), Ordering::Relaxed);
-    Instant::now()
+/// A claim's wait, accounted in the producer's line for readers of the segment (`gpuring
+/// stat`, the exporter): the time goes into `blocked_ns` as it passes (each liveness tick and
+/// at the end), so the counter never goes back and a stall shows while it happens.
+///
+/// A stall is one run of waits: `blocked_since` is set by its first wait and kept across
+/// waits that time out (a caller looping on `acquire_timeout`, as Python's `send` and the
+/// GStreamer sink do), and cleared by a successful claim or the close. `blocked_seen` says
+/// when a waiter last accounted, so that readers stop showing a stall nobody waits in any
+/// more (a caller that gave up, a dropped async wait).
+struct Stall<'r, 'a> {
+    ring: &'r Ring<'a>,
+    /// Up to when the time is accounted.
+    accounted: Instant,
 }
 
-/// Ends the wait begun at `started`: adds its time to the producer's blocked-time statistic
-/// and clears the waiting marks.
-fn add_blocked(ring: &Ring<'_>, started: Instant) {
-    let ns = started.elapsed().as_nanos() as u64;
-    // Relaxed (all): statistics, written only by the producer. The total is added before the
-    // mark is cleared, so a reader summing both may count the wait's end twice for a moment,
-    // never miss it.
-    let total = ring.producer.blocked_ns.load(Ordering::Relaxed);
-    ring.producer.blocked_ns.store(total + ns, Ordering::Relaxed);
+impl<'r, 'a> Stall<'r, 'a> {
+    /// Starts accounting a wait; a new stall unless the previous wait's is still recent.
+    fn begin(ring: &'r Ring<'a>) -> Self {
+        let now = monotonic_ns().max(1);
+        let line = ring.producer;
+        // Relaxed (all the marks): statistics, written only by the producer.
+        let seen = line.blocked_seen.load(Ordering::Relaxed);
+        if line.blocked_since.load(Ordering::Relaxed) == 0
+            || now.saturating_sub(seen) > STALL_GAP_NS
+        {
+            line.blocked_since.store(now, Ordering::Relaxed);
+        }
+        line.blocked_seen.store(now, Ordering::Relaxed);
+        Stall { ring, accounted: Instant::now() }
+    }
+
+    /// Adds the time since the last accounting to `blocked_ns`.
+    fn account(&mut self) {
+        let now = Instant::now();
+        let ns = (now - std::mem::replace(&mut self.accounted, now)).as_nanos() as u64;
+        let line = self.ring.producer;
+        let total = line.blocked_ns.load(Ordering::Relaxed);
+        line.blocked_ns.store(total.saturating_add(ns), Ordering::Relaxed);
+        line.blocked_seen.store(monotonic_ns().max(1), Ordering::Relaxed);
+    }
+
+    /// Ends the wait: accounted; the stall is over if it got a buffer (or an error).
+    fn end(mut self, got: bool) {
+        self.account();
+        if got {
+            clear_stall(self.ring);
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Stall<'_, '_> {
+    /// A wait dropped before its end (an async claim cancelled): its time is still counted.
+    fn drop(&mut self) {
+        self.account();
+    }
+}
+
+/// The stall is over: no wait marks.
+fn clear_stall(ring: &Ring<'_>) {
+    // Relaxed: statistics, written only by the producer.
     ring.producer.blocked_since.store(0, Ordering::Relaxed);
     ring.producer.blocked_on.store(0, Ordering::Relaxed);
 }
+
+/// Waits whose accountings are further apart than this are separate stalls.
+const STALL_GAP_NS: u64 = 1_000_000_000;
 
 impl ProducerRing {
     /// Creates the segment for `memory` as `b` says, lets `init` fill in the memory kind's
@@ -160,6 +210,7 @@ impl ProducerRing {
             core,
             wait: WaitConfig { spin: b.spin, tick: b.liveness },
             closed: false,
+            cut: false,
             table_seen: (0, 0),
             last_reap: Instant::now(),
             bells: ProducerBells::bind(&b.name, params.epoch, params.max_consumers),
@@ -212,7 +263,7 @@ impl ProducerRing {
         on_free: OnFree<'_>,
     ) -> Result<Claimed, Fault> {
         self.before_claim(on_free)?;
-        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
+        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
         let (ring, bells) = (map.ring(), &*bells);
         // The first try reads no clock: most claims end here.
         if let Some(claimed) = claim(core, &ring) {
@@ -221,12 +272,15 @@ impl ProducerRing {
         if deadline == Deadline::Now {
             return Err(Fault::Blocked);
         }
-        let started = start_blocked(&ring);
+        let mut stall = Stall::begin(&ring);
         let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
+            if tick {
+                stall.account();
+            }
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
             claim_step(&ring, core, look, bells, on_free, *closed)
         });
-        add_blocked(&ring, started);
+        stall.end(claimed.is_some());
         claimed.unwrap_or(Err(Fault::Blocked))
     }
 
@@ -237,19 +291,23 @@ impl ProducerRing {
     pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<Claimed, Fault> {
         use crate::asynch::{wait_async, Wake};
         self.before_claim(on_free)?;
-        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed } = self;
+        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
         let (ring, bells) = (map.ring(), &*bells);
         if let Some(claimed) = claim(core, &ring) {
             return claimed;
         }
-        let started = start_blocked(&ring);
+        // Dropped with the future if it is cancelled: its time is counted all the same.
+        let mut stall = Stall::begin(&ring);
         let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
         let claimed = wait_async(Some(wake), *wait, |tick| {
+            if tick {
+                stall.account();
+            }
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
             claim_step(&ring, core, look, bells, on_free, *closed)
         })
         .await;
-        add_blocked(&ring, started);
+        stall.end(true);
         claimed
     }
 
@@ -326,14 +384,22 @@ impl ProducerRing {
     }
 
     /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
+    /// Makes the close say the stream was cut (`Ended::Died` for consumers).
+    pub(crate) fn mark_cut(&mut self) {
+        self.cut = true;
+    }
+
     pub(crate) fn close(&mut self) {
         if std::mem::replace(&mut self.closed, true) {
             return;
         }
         tracing::info!(ring = %self.name(), published = self.published(), "ring closed");
         let ring = self.map.ring();
+        clear_stall(&ring);
+        // A panic unwinding through the producer cuts the stream as `abort` does.
+        let how = if self.cut || std::thread::panicking() { CLOSED_CUT } else { CLOSED_DONE };
         // Release: consumers that see `closed` (Acquire) see every publish before it.
-        self.map.header().closed.store(1, Ordering::Release);
+        self.map.header().closed.store(how, Ordering::Release);
         if wants_wake(ring.consumer_wake) {
             wake_consumers(&ring, &self.bells);
         }

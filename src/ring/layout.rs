@@ -33,6 +33,10 @@ pub struct ProducerLine {
     /// behind) or [`BLOCKED_ON_HELD`] (consumers hold every buffer it could take); 0 when not
     /// waiting (statistics; producer-only).
     pub blocked_on: AtomicU64,
+    /// When a waiting producer last accounted its wait (CLOCK_MONOTONIC ns): a stall whose
+    /// marks are older than a second is not shown (its waiter gave up) (statistics;
+    /// producer-only).
+    pub blocked_seen: AtomicU64,
 }
 
 /// `ProducerLine::blocked_on`: waiting for a lossless consumer to read.
@@ -111,6 +115,7 @@ impl ProducerLine {
             blocked_ns: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
             blocked_on: AtomicU64::new(0),
+            blocked_seen: AtomicU64::new(0),
             joins: AtomicU64::new(0),
             retires: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
