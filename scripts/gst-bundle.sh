@@ -28,10 +28,10 @@ done
 strip --strip-unneeded "$out"/lib/* "$out"/plugins/* "$out"/gpuring/* "$out"/bin/* 2>/dev/null || true
 cat > "$out/env.sh" <<'SH'
 # Source me: GStreamer and the gpuring plugin from this folder.
-B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export PATH=$B/bin:$PATH LD_LIBRARY_PATH=$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export GST_PLUGIN_SYSTEM_PATH_1_0=$B/plugins GST_PLUGIN_PATH_1_0=$B/gpuring
-export GST_PLUGIN_SCANNER_1_0=$B/bin/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gst-registry.bin
+GST_BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PATH=$GST_BUNDLE/bin:$PATH LD_LIBRARY_PATH=$GST_BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export GST_PLUGIN_SYSTEM_PATH_1_0=$GST_BUNDLE/plugins GST_PLUGIN_PATH_1_0=$GST_BUNDLE/gpuring
+export GST_PLUGIN_SCANNER_1_0=$GST_BUNDLE/bin/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gst-registry.bin
 SH
 du -sh "$out"
 # An H.264 file for the decoder pipeline (300 frames of 1280x720), made here with x264enc: the

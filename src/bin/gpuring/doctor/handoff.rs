@@ -111,7 +111,10 @@ fn open_retrying<M: Payload>(
     loop {
         match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
             Ok(rx) => return Ok(rx),
-            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed() < PATIENCE => {
+            // Not there yet, or half-built (between the echo's shm_open and its ftruncate).
+            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
+                if t.elapsed() < PATIENCE =>
+            {
                 if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
                     return Err(format!("the echo process exited early ({status})"));
                 }
