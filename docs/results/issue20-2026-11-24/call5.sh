@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU call 5 (final code of the stop, 39b5e49): the whole suite (MPS off) and the Python GPU
+# GPU call 5 (final code of the stop; rerun after the doctor fix): the whole suite (MPS off) and the Python GPU
 # tests. (call6.sh: the GStreamer pipelines; the carried folders do not fit one call.)
 set -uo pipefail
 B=target/gpu-bundle
