@@ -92,6 +92,11 @@ pub struct BlockedNow {
 }
 
 /// What a waiting producer waits for.
+///
+/// ```
+/// use gpuring::inspect::BlockedOn;
+/// assert_eq!(BlockedOn::Consumers.name(), "a lossless consumer");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockedOn {
     /// A lossless consumer to receive the message its next write would overwrite.
