@@ -77,6 +77,15 @@ pub fn get() -> Option<&'static GstCuda> {
     .as_ref()
 }
 
+/// Entry point `name` of `lib`.
+///
+/// # Safety
+/// `T` must be the function pointer type of that symbol's C signature.
+unsafe fn sym<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Result<T, String> {
+    // SAFETY: by the caller's contract.
+    unsafe { lib.get::<T>(name) }.map(|f| *f).map_err(|e| e.to_string())
+}
+
 impl GstCuda {
     fn load() -> Result<GstCuda, String> {
         // SAFETY: loading a GStreamer library runs only its (GLib) constructors.
@@ -84,30 +93,20 @@ impl GstCuda {
             .map_err(|e| e.to_string())?;
         // SAFETY: each name is the libgstcuda function of exactly this signature (its header).
         unsafe {
-            let load: LoadLibrary =
-                *lib.get(b"gst_cuda_load_library\0").map_err(|e| e.to_string())?;
-            let init: InitOnce =
-                *lib.get(b"gst_cuda_memory_init_once\0").map_err(|e| e.to_string())?;
+            let load: LoadLibrary = sym(&lib, b"gst_cuda_load_library\0")?;
+            let init: InitOnce = sym(&lib, b"gst_cuda_memory_init_once\0")?;
             if load() == glib::ffi::GFALSE {
                 return Err("libgstcuda found no CUDA driver".into());
             }
             init();
             Ok(GstCuda {
-                is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0").map_err(|e| e.to_string())?,
-                get_handle: *lib
-                    .get(b"gst_cuda_context_get_handle\0")
-                    .map_err(|e| e.to_string())?,
-                ensure_context: *lib
-                    .get(b"gst_cuda_ensure_element_context\0")
-                    .map_err(|e| e.to_string())?,
-                handle_set_context: *lib
-                    .get(b"gst_cuda_handle_set_context\0")
-                    .map_err(|e| e.to_string())?,
-                handle_query: *lib
-                    .get(b"gst_cuda_handle_context_query\0")
-                    .map_err(|e| e.to_string())?,
-                pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0").map_err(|e| e.to_string())?,
-                memory_sync: lib.get(b"gst_cuda_memory_sync\0").ok().map(|f| *f),
+                is_cuda_memory: sym(&lib, b"gst_is_cuda_memory\0")?,
+                get_handle: sym(&lib, b"gst_cuda_context_get_handle\0")?,
+                ensure_context: sym(&lib, b"gst_cuda_ensure_element_context\0")?,
+                handle_set_context: sym(&lib, b"gst_cuda_handle_set_context\0")?,
+                handle_query: sym(&lib, b"gst_cuda_handle_context_query\0")?,
+                pool_new: sym(&lib, b"gst_cuda_buffer_pool_new\0")?,
+                memory_sync: sym(&lib, b"gst_cuda_memory_sync\0").ok(),
                 _lib: lib,
             })
         }

@@ -56,6 +56,12 @@ fn video_caps() -> gst::Caps {
     caps
 }
 
+/// The one always-present pad of an element, for [`video_caps`].
+fn video_pad_template(name: &str, direction: gst::PadDirection) -> gst::PadTemplate {
+    gst::PadTemplate::new(name, direction, gst::PadPresence::Always, &video_caps())
+        .expect("valid template")
+}
+
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     sink::register(plugin)?;
     source::register(plugin)?;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-use gpuring::cuda::driver;
+use gpuring::cuda::driver::{self, Rows};
 use gpuring::tensor::{DType, TensorHeader};
 use gpuring::{AcquireTimeoutError, Cuda, Host, Policy, Producer};
 use gst::glib;
@@ -19,7 +19,6 @@ use gst_video::VideoInfo;
 
 use crate::cudamem;
 use crate::header::{FrameHeader, USER_HEADER_SIZE};
-use crate::planes::{Base, Layout};
 use crate::Memory;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -226,16 +225,8 @@ mod imp {
         }
 
         fn pad_templates() -> &'static [gst::PadTemplate] {
-            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-                let caps = crate::video_caps();
-                vec![gst::PadTemplate::new(
-                    "sink",
-                    gst::PadDirection::Sink,
-                    gst::PadPresence::Always,
-                    &caps,
-                )
-                .expect("valid template")]
-            });
+            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> =
+                LazyLock::new(|| vec![crate::video_pad_template("sink", gst::PadDirection::Sink)]);
             TEMPLATES.as_ref()
         }
     }
@@ -458,14 +449,6 @@ mod imp {
                 Frame::Cpu(b) => b.len(),
                 Frame::Device(m) => m.video.size(),
             };
-            let refuse = |e: &dyn std::fmt::Display| {
-                gst::element_imp_error!(
-                    self,
-                    gst::ResourceError::Write,
-                    ["cannot publish a frame: {e}"]
-                );
-                gst::FlowError::Error
-            };
             let too_long = |slot: usize| {
                 gst::element_imp_error!(self, gst::StreamError::Format,
                     ["a frame of {len} bytes does not fit the ring's {slot}-byte slots (set slot-size)"]);
@@ -476,65 +459,76 @@ mod imp {
                     if len > tx.slot_size() {
                         return Err(too_long(tx.slot_size()));
                     }
-                    let mut slot = loop {
-                        match tx.acquire_timeout(TICK) {
-                            Ok(slot) => break slot,
-                            Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
-                            Err(e) => return Err(refuse(&e)),
-                        }
-                    };
-                    slot[..len].copy_from_slice(bytes);
-                    slot.publish(len, header).map_err(|e| refuse(&e))?;
+                    self.with_slot(tx, |mut slot| {
+                        slot[..len].copy_from_slice(bytes);
+                        slot.publish(len, header).map(drop).map_err(|e| self.refuse(&e))
+                    })?;
                 }
                 (Tx::Cuda(tx), frame) => {
                     if len > tx.slot_size() {
                         return Err(too_long(tx.slot_size()));
                     }
                     let ctx = tx.context().clone();
-                    let slot = loop {
-                        match tx.acquire_timeout(TICK) {
-                            Ok(slot) => break slot,
-                            Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
-                            Err(e) => return Err(refuse(&e)),
-                        }
-                    };
-                    let _bound = ctx.bind().map_err(|e| refuse(&e))?;
-                    let stream = slot.stream().raw();
-                    let copied = match frame {
-                        // SAFETY: the slot holds `len` bytes and is ours until publish; `bytes`
-                        // stays mapped until the call returns, and a copy from pageable memory
-                        // has staged it by then; our context is current.
-                        Frame::Cpu(bytes) => unsafe {
-                            driver::memcpy_htod_async(slot.ptr(), bytes, stream)
-                        },
-                        // SAFETY: the map covers `len` bytes of device memory in its own
-                        // context, kept alive after this call by `keep_until_copied`; upstream
-                        // wrote it before pushing (1.22) or `map_read` waited for its stream.
-                        Frame::Device(map) => unsafe {
-                            let whole = Layout {
-                                planes: vec![crate::planes::Plane {
-                                    offset: 0,
-                                    stride: len,
-                                    row_bytes: len,
-                                    rows: 1,
-                                }],
-                            };
-                            whole.copy_cuda(
-                                Base::Device(map.ptr, map.ctx.cast()),
-                                &whole,
-                                Base::Device(slot.ptr(), ctx.raw()),
-                                stream,
-                            )
-                        },
-                    };
-                    copied.map_err(|e| refuse(&e))?;
-                    slot.publish(len, header).map_err(|e| refuse(&e))?;
+                    self.with_slot(tx, |slot| {
+                        let _bound = ctx.bind().map_err(|e| self.refuse(&e))?;
+                        let stream = slot.stream().raw();
+                        let copied = match frame {
+                            // SAFETY: the slot holds `len` bytes and is ours until publish;
+                            // `bytes` stays mapped until the call returns, and a copy from
+                            // pageable memory has staged it by then; our context is current.
+                            Frame::Cpu(bytes) => unsafe {
+                                driver::memcpy_htod_async(slot.ptr(), bytes, stream)
+                            },
+                            // SAFETY: the map covers `len` bytes of device memory in its own
+                            // context, kept alive after this call by `keep_until_copied`;
+                            // upstream wrote it before pushing (1.22) or `map_read` waited for
+                            // its stream. One row of `len` bytes: the whole buffer.
+                            Frame::Device(map) => unsafe {
+                                driver::memcpy_2d_peer_async(
+                                    Rows::Device { ptr: slot.ptr(), pitch: len, ctx: ctx.raw() },
+                                    Rows::Device { ptr: map.ptr, pitch: len, ctx: map.ctx.cast() },
+                                    len,
+                                    1,
+                                    stream,
+                                )
+                            },
+                        };
+                        copied.map_err(|e| self.refuse(&e))?;
+                        slot.publish(len, header).map(drop).map_err(|e| self.refuse(&e))
+                    })?;
                 }
                 (Tx::Host(_), Frame::Device(_)) => {
                     unreachable!("a host ring reads frames on the CPU")
                 }
             }
             Ok(())
+        }
+
+        /// Waits for a free slot, a tick at a time so that a pause or a flush can end the
+        /// wait, and hands it to `fill` (which writes and publishes it).
+        fn with_slot<M: gpuring::Memory>(
+            &self,
+            tx: &mut Producer<M>,
+            fill: impl FnOnce(gpuring::WriteSlot<'_, M>) -> Result<(), gst::FlowError>,
+        ) -> Result<(), gst::FlowError> {
+            let slot = loop {
+                match tx.acquire_timeout(TICK) {
+                    Ok(slot) => break slot,
+                    Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
+                    Err(e) => return Err(self.refuse(&e)),
+                }
+            };
+            fill(slot)
+        }
+
+        /// Posts a publish failure; the flow error to return.
+        fn refuse(&self, e: &dyn std::fmt::Display) -> gst::FlowError {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Write,
+                ["cannot publish a frame: {e}"]
+            );
+            gst::FlowError::Error
         }
 
         /// After `unlock` (a pause or a flush), waits as a base sink must: until playing again

@@ -209,16 +209,8 @@ mod imp {
         }
 
         fn pad_templates() -> &'static [gst::PadTemplate] {
-            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-                let caps = crate::video_caps();
-                vec![gst::PadTemplate::new(
-                    "src",
-                    gst::PadDirection::Src,
-                    gst::PadPresence::Always,
-                    &caps,
-                )
-                .expect("valid template")]
-            });
+            static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> =
+                LazyLock::new(|| vec![crate::video_pad_template("src", gst::PadDirection::Src)]);
             TEMPLATES.as_ref()
         }
 
@@ -385,21 +377,12 @@ mod imp {
             match reader {
                 Reader::Host(shared) => {
                     let shared = shared.clone();
-                    let got = loop {
-                        if self.flushing.load(Ordering::Relaxed) {
-                            return Err(gst::FlowError::Flushing.into());
-                        }
+                    let got = self.next(|| {
                         // With several buffers lent, wait in short steps: a buffer freed on
                         // another thread during a wait is released only after it. (One is
                         // usually lent: sinks keep their last frame.)
-                        let wait = if shared.lent() > 1 { LENT_TICK } else { TICK };
-                        match shared.recv(wait) {
-                            Ok(got) => break got,
-                            Err(RecvTimeoutError::Timeout) => {}
-                            Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
-                            Err(e) => return Err(self.fail(&e).into()),
-                        }
-                    };
+                        shared.recv(if shared.lent() > 1 { LENT_TICK } else { TICK })
+                    })?;
                     let header = self.frame_header(got.header())?;
                     self.lost(lost, got.seq(), got.lag());
                     let out = self.output(out, &header, None)?;
@@ -426,17 +409,7 @@ mod imp {
                     Ok(buffer)
                 }
                 Reader::Cuda(rx) => {
-                    let slot = loop {
-                        if self.flushing.load(Ordering::Relaxed) {
-                            return Err(gst::FlowError::Flushing.into());
-                        }
-                        match rx.recv_timeout(TICK) {
-                            Ok(slot) => break slot,
-                            Err(RecvTimeoutError::Timeout) => {}
-                            Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
-                            Err(e) => return Err(self.fail(&e).into()),
-                        }
-                    };
+                    let slot = self.next(|| rx.recv_timeout(TICK))?;
                     let header = self.frame_header(slot.header())?;
                     let (seq, lag) = (slot.seq(), slot.lag());
                     let ctx = rx.context().clone();
@@ -503,6 +476,25 @@ mod imp {
                     self.lost(lost, seq, lag);
                     stamp(buffer.get_mut().expect("ours"), &header);
                     Ok(buffer)
+                }
+            }
+        }
+
+        /// The next message from `recv` (one bounded wait per call), looking between waits at
+        /// whether the element is stopping.
+        fn next<T>(
+            &self,
+            mut recv: impl FnMut() -> Result<T, RecvTimeoutError>,
+        ) -> Result<T, Ended> {
+            loop {
+                if self.flushing.load(Ordering::Relaxed) {
+                    return Err(gst::FlowError::Flushing.into());
+                }
+                match recv() {
+                    Ok(got) => return Ok(got),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return Err(Ended::Disconnected),
+                    Err(e) => return Err(self.fail(&e).into()),
                 }
             }
         }

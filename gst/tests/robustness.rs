@@ -37,6 +37,16 @@ fn pull_one(desc: &str) -> Result<gst::Sample, String> {
     r
 }
 
+/// The user header of a 16x4 RGBA frame, changed by `edit`.
+fn rgba_header(edit: impl Fn(&mut FrameHeader)) -> Vec<u8> {
+    let mut h = FrameHeader::new("RGBA", 16, 4);
+    h.strides[0] = 64;
+    edit(&mut h);
+    let mut header = vec![0u8; USER_HEADER_SIZE];
+    h.write(&mut header);
+    header
+}
+
 /// A 16x4 RGBA frame header with one plane changed by `edit`, published (on an overwrite
 /// ring, so the sender never waits) until the source has answered.
 fn refused(tag: &str, edit: impl Fn(&mut FrameHeader)) -> String {
@@ -49,11 +59,7 @@ fn refused(tag: &str, edit: impl Fn(&mut FrameHeader)) -> String {
         .user_header_size(USER_HEADER_SIZE as u32)
         .create()
         .unwrap();
-    let mut h = FrameHeader::new("RGBA", 16, 4);
-    h.strides[0] = 64;
-    edit(&mut h);
-    let mut header = vec![0u8; USER_HEADER_SIZE];
-    h.write(&mut header);
+    let header = rgba_header(edit);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
     let sender = std::thread::spawn(move || {
@@ -128,10 +134,7 @@ fn held_frames_do_not_stall(spares: u32) {
         .user_header_size(USER_HEADER_SIZE as u32)
         .create()
         .unwrap();
-    let mut h = FrameHeader::new("RGBA", 16, 4);
-    h.strides[0] = 64;
-    let mut header = vec![0u8; USER_HEADER_SIZE];
-    h.write(&mut header);
+    let header = rgba_header(|_| {});
     let p = gst::parse::launch(&format!(
         "gpuringsrc ring={ring} mode=queue ! appsink name=s sync=false max-buffers=0"
     ))

@@ -155,18 +155,17 @@ impl<'r, 'a> Stall<'r, 'a> {
         line.blocked_seen.store(monotonic_ns().max(1), Ordering::Relaxed);
     }
 
-    /// Ends the wait: accounted; the stall is over if it got a buffer (or an error).
-    fn end(mut self, got: bool) {
-        self.account();
+    /// Ends the wait (accounted by the drop); the stall is over if it got a buffer (or an
+    /// error).
+    fn end(self, got: bool) {
         if got {
             clear_stall(self.ring);
         }
-        std::mem::forget(self);
     }
 }
 
 impl Drop for Stall<'_, '_> {
-    /// A wait dropped before its end (an async claim cancelled): its time is still counted.
+    /// Every wait's end, a dropped one's included (an async claim cancelled): its time counts.
     fn drop(&mut self) {
         self.account();
     }
