@@ -60,8 +60,8 @@ impl Event {
     }
 }
 
-// The worker's consumer is `!Sync`, so its futures stay on one task: a current-thread runtime
-// is the natural home for a service built around one.
+// A current-thread runtime is enough for a service built around one consumer; the consumer's
+// futures are `Send`, so a multi-threaded runtime and `tokio::spawn` work as well.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()

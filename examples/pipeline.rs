@@ -172,7 +172,7 @@ fn producer_in<M: Timed>(args: &Args) -> ExitCode {
     let (writer, mut tx) = match made {
         Ok(made) => made,
         Err(e) => {
-            eprintln!("pipeline: cannot create ring {name}: {e}");
+            eprintln!("pipeline: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -315,7 +315,7 @@ fn consumer_in<M: Timed>(args: &Args, k: usize) -> ExitCode {
     let rx = match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
         Ok(rx) => rx,
         Err(e) => {
-            eprintln!("consumer {k}: cannot open {name}: {e}");
+            eprintln!("consumer {k}: {e}");
             return ExitCode::FAILURE;
         }
     };

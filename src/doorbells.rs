@@ -4,9 +4,9 @@
 //! ringing parked consumers; a consumer keeps a knocker for ringing a parked producer and,
 //! once it waits asynchronously, its own doorbell.
 
-use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::sync::OnceLock;
 
 use rustix::net::SocketAddrUnix;
 
@@ -90,7 +90,7 @@ impl ProducerBells {
 #[derive(Default)]
 pub(crate) struct ConsumerBells {
     /// For ringing the producer, made on first use: `None` if it could not be made.
-    knocker: OnceCell<Option<(Knocker, SocketAddrUnix)>>,
+    knocker: OnceLock<Option<(Knocker, SocketAddrUnix)>>,
 }
 
 impl ConsumerBells {

@@ -65,10 +65,10 @@ impl From<RingCorrupt> for Corruption {
 /// A ring name that cannot be used.
 ///
 /// ```
-/// use gpuring::{CreateError, NameError, Producer};
+/// use gpuring::{CreateErrorKind, NameError, Producer};
 ///
-/// let err = Producer::builder("cams/0").create().err();
-/// assert!(matches!(err, Some(CreateError::InvalidName(NameError::Slash))));
+/// let err = Producer::builder("cams/0").create().unwrap_err();
+/// assert!(matches!(err.kind(), CreateErrorKind::InvalidName(NameError::Slash)));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NameError {
@@ -103,20 +103,20 @@ impl fmt::Display for NameError {
 
 impl std::error::Error for NameError {}
 
-/// Why [`crate::ProducerBuilder::create`] failed.
+/// What went wrong creating a ring: the [`kind`](CreateErrorKind::kind) of a [`CreateError`].
 ///
 /// A ring name can have only one live producer:
 ///
 /// ```
-/// use gpuring::{CreateError, Producer};
+/// use gpuring::{CreateErrorKind, Producer};
 ///
 /// let _tx = Producer::builder("doc-error-create-error").create()?;
-/// let err = Producer::builder("doc-error-create-error").create().err();
-/// assert!(matches!(err, Some(CreateError::AlreadyExists { pid }) if pid == std::process::id()));
+/// let err = Producer::builder("doc-error-create-error").create().unwrap_err();
+/// assert!(matches!(err.kind(), CreateErrorKind::AlreadyExists { pid } if *pid == std::process::id()));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub enum CreateError {
+pub enum CreateErrorKind {
     /// The name is not valid.
     InvalidName(NameError),
     /// A configuration value is out of range.
@@ -151,24 +151,28 @@ pub enum CreateError {
     Io(io::Error),
 }
 
-impl fmt::Display for CreateError {
+impl fmt::Display for CreateErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CreateError::InvalidName(e) => e.fmt(f),
-            CreateError::InvalidConfig { field, reason } => write!(f, "invalid {field}: {reason}"),
-            CreateError::AlreadyExists { pid } => {
-                write!(f, "a ring with this name exists and its producer (pid {pid}) is alive")
+            CreateErrorKind::InvalidName(e) => e.fmt(f),
+            CreateErrorKind::InvalidConfig { field, reason } => {
+                write!(f, "invalid {field}: {reason}")
             }
-            CreateError::PermissionDenied => f.write_str("permission denied creating the segment"),
-            CreateError::MemoryUnavailable { reason } => {
+            CreateErrorKind::AlreadyExists { pid } => {
+                write!(f, "the ring exists and its producer (pid {pid}) is alive")
+            }
+            CreateErrorKind::PermissionDenied => {
+                f.write_str("permission denied creating the segment")
+            }
+            CreateErrorKind::MemoryUnavailable { reason } => {
                 write!(f, "memory kind unavailable: {reason}")
             }
-            CreateError::NoSpace { needed, available } => write!(
+            CreateErrorKind::NoSpace { needed, available } => write!(
                 f,
                 "/dev/shm has {available} bytes free but the ring needs {needed}: enlarge it \
                  (docker: --shm-size or --ipc=host) or make the ring smaller"
             ),
-            CreateError::Io(e) => write!(f, "creating the segment: {e}"),
+            CreateErrorKind::Io(e) => write!(f, "creating the segment: {e}"),
         }
     }
 }
@@ -203,28 +207,111 @@ impl fmt::Display for ConsumersTimeout {
 
 impl std::error::Error for ConsumersTimeout {}
 
-impl std::error::Error for CreateError {
+impl CreateErrorKind {
+    /// The error below this one, for [`std::error::Error::source`].
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CreateError::InvalidName(e) => Some(e),
-            CreateError::Io(e) => Some(e),
+            CreateErrorKind::InvalidName(e) => Some(e),
+            CreateErrorKind::Io(e) => Some(e),
             _ => None,
         }
     }
 }
 
-/// Why [`crate::Consumer::open`] failed.
+/// Why [`crate::ProducerBuilder::create`] failed: the ring's name and what went wrong
+/// ([`kind`](Self::kind)). Its message names the ring:
 ///
 /// ```
-/// use gpuring::{Consumer, OpenError};
+/// use gpuring::{CreateErrorKind, Producer};
+///
+/// let _tx = Producer::builder("doc-error-create").create()?;
+/// let err = Producer::builder("doc-error-create").create().unwrap_err();
+/// assert_eq!(err.ring(), "doc-error-create");
+/// assert!(matches!(err.kind(), CreateErrorKind::AlreadyExists { .. }));
+/// assert_eq!(
+///     err.to_string(),
+///     format!("ring \"doc-error-create\": the ring exists and its producer (pid {}) is alive", std::process::id())
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct CreateError {
+    ring: String,
+    kind: CreateErrorKind,
+}
+
+impl CreateError {
+    /// Ring `ring` could not be created, for reason `kind` (for wrappers that report their own
+    /// failures the library's way).
+    ///
+    /// ```
+    /// use gpuring::{CreateError, CreateErrorKind};
+    /// let e = CreateError::new("cam0", CreateErrorKind::PermissionDenied);
+    /// assert_eq!(e.to_string(), "ring \"cam0\": permission denied creating the segment");
+    /// ```
+    pub fn new(ring: &str, kind: CreateErrorKind) -> CreateError {
+        CreateError { ring: ring.to_owned(), kind }
+    }
+
+    /// The ring's name.
+    ///
+    /// ```
+    /// let err = gpuring::Producer::builder("a/b").create().unwrap_err();
+    /// assert_eq!(err.ring(), "a/b");
+    /// ```
+    pub fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// What went wrong.
+    ///
+    /// ```
+    /// use gpuring::{CreateErrorKind, NameError};
+    /// let err = gpuring::Producer::builder("a/b").create().unwrap_err();
+    /// assert!(matches!(err.kind(), CreateErrorKind::InvalidName(NameError::Slash)));
+    /// ```
+    pub fn kind(&self) -> &CreateErrorKind {
+        &self.kind
+    }
+
+    /// What went wrong, by value.
+    ///
+    /// ```
+    /// use gpuring::CreateErrorKind;
+    /// let err = gpuring::Producer::builder("").create().unwrap_err();
+    /// assert!(matches!(err.into_kind(), CreateErrorKind::InvalidName(_)));
+    /// ```
+    pub fn into_kind(self) -> CreateErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for CreateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ring {:?}: {}", self.ring, self.kind)
+    }
+}
+
+impl std::error::Error for CreateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.kind.source()
+    }
+}
+
+/// What went wrong opening a ring: the [`kind`](OpenErrorKind::kind) of an [`OpenError`].
+///
+/// ```
+/// use gpuring::{Consumer, OpenErrorKind};
 ///
 /// match Consumer::open("doc-error-open-error-no-such-ring") {
-///     Err(OpenError::NotFound) => println!("no ring yet: start the producer first"),
+///     Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => {
+///         println!("no ring yet: start the producer first")
+///     }
 ///     other => panic!("expected NotFound, got {:?}", other.err()),
 /// }
 /// ```
 #[derive(Debug)]
-pub enum OpenError {
+pub enum OpenErrorKind {
     /// The name is not valid.
     InvalidName(NameError),
     /// No ring has this name.
@@ -294,54 +381,134 @@ pub enum OpenError {
     Io(io::Error),
 }
 
-impl fmt::Display for OpenError {
+impl fmt::Display for OpenErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OpenError::InvalidName(e) => e.fmt(f),
-            OpenError::NotFound => f.write_str("no ring with this name"),
-            OpenError::PermissionDenied => f.write_str("permission denied opening the segment"),
-            OpenError::ForeignOwner { uid } => {
+            OpenErrorKind::InvalidName(e) => e.fmt(f),
+            OpenErrorKind::NotFound => f.write_str("no ring by this name"),
+            OpenErrorKind::PermissionDenied => f.write_str("permission denied opening the segment"),
+            OpenErrorKind::ForeignOwner { uid } => {
                 write!(f, "segment is owned by uid {uid}, not by this user")
             }
-            OpenError::NotASegment => f.write_str("not a regular shared memory file"),
-            OpenError::NotInitialized => f.write_str("segment is not initialised (half-built)"),
-            OpenError::BadMagic { found } => write!(f, "not a gpuring segment (magic {found:#x})"),
-            OpenError::VersionMismatch { found, expected } => {
+            OpenErrorKind::NotASegment => f.write_str("not a regular shared memory file"),
+            OpenErrorKind::NotInitialized => f.write_str("segment is not initialised (half-built)"),
+            OpenErrorKind::BadMagic { found } => {
+                write!(f, "not a gpuring segment (magic {found:#x})")
+            }
+            OpenErrorKind::VersionMismatch { found, expected } => {
                 write!(f, "segment layout version {found}, this library reads {expected}")
             }
-            OpenError::Truncated { needed, actual } => {
+            OpenErrorKind::Truncated { needed, actual } => {
                 write!(f, "segment is {actual} bytes, its header needs {needed}")
             }
-            OpenError::Corrupt(c) => write!(f, "corrupt segment: {c}"),
-            OpenError::MemoryUnavailable { reason } => {
+            OpenErrorKind::Corrupt(c) => write!(f, "corrupt segment: {c}"),
+            OpenErrorKind::MemoryUnavailable { reason } => {
                 write!(f, "memory kind unavailable: {reason}")
             }
-            OpenError::WrongMemory { found } => write!(
+            OpenErrorKind::WrongMemory { found } => write!(
                 f,
                 "the ring holds {} memory; open it with {}",
                 found.name(),
                 if *found == crate::MemoryKind::Cuda { "open_gpu" } else { "open" }
             ),
-            OpenError::TooManyConsumers { max } => {
+            OpenErrorKind::TooManyConsumers { max } => {
                 write!(f, "ring already has its maximum of {max} consumers")
             }
-            OpenError::Disconnected => f.write_str("the producer is closed or dead"),
-            OpenError::PeerRefused { reason } => {
+            OpenErrorKind::Disconnected => f.write_str(DISCONNECTED),
+            OpenErrorKind::PeerRefused { reason } => {
                 write!(f, "the producer refused to share its memory with this process: {reason}")
             }
-            OpenError::TimedOut => f.write_str("the ring was not ready within the timeout"),
-            OpenError::Io(e) => write!(f, "opening the segment: {e}"),
+            OpenErrorKind::TimedOut => f.write_str("the ring was not ready within the timeout"),
+            OpenErrorKind::Io(e) => write!(f, "opening the segment: {e}"),
+        }
+    }
+}
+
+impl OpenErrorKind {
+    /// The error below this one, for [`std::error::Error::source`].
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenErrorKind::InvalidName(e) => Some(e),
+            OpenErrorKind::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why opening a ring failed ([`crate::Consumer::open`] and the other opens): the ring's
+/// name and what went wrong ([`kind`](Self::kind)). Its message names the ring:
+///
+/// ```
+/// use gpuring::{Consumer, OpenErrorKind};
+///
+/// let err = Consumer::open("doc-error-open-missing").unwrap_err();
+/// assert!(matches!(err.kind(), OpenErrorKind::NotFound));
+/// assert_eq!(err.to_string(), "no ring named \"doc-error-open-missing\"");
+/// ```
+#[derive(Debug)]
+pub struct OpenError {
+    ring: String,
+    kind: OpenErrorKind,
+}
+
+impl OpenError {
+    /// Ring `ring` could not be opened, for reason `kind` (for wrappers that report their own
+    /// failures the library's way).
+    ///
+    /// ```
+    /// use gpuring::{OpenError, OpenErrorKind};
+    /// let e = OpenError::new("cam0", OpenErrorKind::TimedOut);
+    /// assert_eq!(e.to_string(), "ring \"cam0\": the ring was not ready within the timeout");
+    /// ```
+    pub fn new(ring: &str, kind: OpenErrorKind) -> OpenError {
+        OpenError { ring: ring.to_owned(), kind }
+    }
+
+    /// The ring's name.
+    ///
+    /// ```
+    /// let err = gpuring::Consumer::open("doc-error-open-ring").unwrap_err();
+    /// assert_eq!(err.ring(), "doc-error-open-ring");
+    /// ```
+    pub fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// What went wrong.
+    ///
+    /// ```
+    /// use gpuring::OpenErrorKind;
+    /// let err = gpuring::Consumer::open("doc-error-open-kind").unwrap_err();
+    /// assert!(matches!(err.kind(), OpenErrorKind::NotFound));
+    /// ```
+    pub fn kind(&self) -> &OpenErrorKind {
+        &self.kind
+    }
+
+    /// What went wrong, by value.
+    ///
+    /// ```
+    /// use gpuring::OpenErrorKind;
+    /// let err = gpuring::Consumer::open("doc-error-open-into-kind").unwrap_err();
+    /// assert!(matches!(err.into_kind(), OpenErrorKind::NotFound));
+    /// ```
+    pub fn into_kind(self) -> OpenErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            OpenErrorKind::NotFound => write!(f, "no ring named {:?}", self.ring),
+            kind => write!(f, "ring {:?}: {kind}", self.ring),
         }
     }
 }
 
 impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OpenError::InvalidName(e) => Some(e),
-            OpenError::Io(e) => Some(e),
-            _ => None,
-        }
+        self.kind.source()
     }
 }
 
@@ -684,18 +851,22 @@ macro_rules! display {
     };
 }
 
+/// What every `Disconnected` says, in Rust, the CLI, C and Python. Where the cause is known,
+/// [`Ended`]'s message says which ("the producer closed the ring" / "the producer died").
+pub(crate) const DISCONNECTED: &str = "the producer closed the ring or died";
+
 display!(TryRecvError {
     TryRecvError::Empty => "no message waiting";
-    TryRecvError::Disconnected => "producer disconnected";
+    TryRecvError::Disconnected => "{}", DISCONNECTED;
     TryRecvError::Corrupt(c) => "corrupt segment: {}", c;
 });
 display!(RecvError {
-    RecvError::Disconnected => "producer disconnected";
+    RecvError::Disconnected => "{}", DISCONNECTED;
     RecvError::Corrupt(c) => "corrupt segment: {}", c;
 });
 display!(RecvTimeoutError {
     RecvTimeoutError::Timeout => "timed out waiting for a message";
-    RecvTimeoutError::Disconnected => "producer disconnected";
+    RecvTimeoutError::Disconnected => "{}", DISCONNECTED;
     RecvTimeoutError::Corrupt(c) => "corrupt segment: {}", c;
 });
 display!(TryAcquireError {

@@ -7,7 +7,7 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
-use crate::error::OpenError;
+use crate::error::{OpenError, OpenErrorKind};
 use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
@@ -166,8 +166,8 @@ pub fn ring_names() -> io::Result<Vec<String>> {
 }
 
 /// Reads ring `name`'s header and counters. The segment is checked like a consumer checks it
-/// (`OpenError` says what is wrong); another user's ring is read as well, since only counters
-/// are read.
+/// (the error's [`kind`](OpenError::kind) says what is wrong); another user's ring is read as
+/// well, since only counters are read.
 ///
 /// ```
 /// use gpuring::{inspect, MemoryKind, Producer};
@@ -179,7 +179,12 @@ pub fn ring_names() -> io::Result<Vec<String>> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn status(name: &str) -> Result<RingStatus, OpenError> {
-    let shm = ShmName::new(name).map_err(OpenError::InvalidName)?;
+    read_status(name).map_err(|e| OpenError::new(name, e))
+}
+
+/// [`status`], failing with what went wrong only.
+fn read_status(name: &str) -> Result<RingStatus, OpenErrorKind> {
+    let shm = ShmName::new(name).map_err(OpenErrorKind::InvalidName)?;
     let seg = Segment::open(&shm, OpenOptions { allow_foreign_owner: true })?;
     let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
     let map = MappedRing::new(seg, params, layout);
@@ -246,7 +251,7 @@ pub enum RemoveError {
 impl std::fmt::Display for RemoveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RemoveError::NotFound => write!(f, "no such ring"),
+            RemoveError::NotFound => write!(f, "no ring by this name"),
             RemoveError::ProducerAlive { pid } => {
                 write!(f, "its producer (pid {pid}) is alive; use --force to remove it anyway")
             }
@@ -262,18 +267,19 @@ impl std::error::Error for RemoveError {}
 /// segment too damaged to read is removed only with `force`.
 ///
 /// ```
-/// use gpuring::{inspect, OpenError};
+/// use gpuring::{inspect, OpenErrorKind};
 ///
 /// let _tx = gpuring::Producer::builder("doc-inspect-remove").create()?;
 /// inspect::remove("doc-inspect-remove", true)?; // `force`: its producer still runs
 /// let r = gpuring::Consumer::open("doc-inspect-remove");
-/// assert!(matches!(r.err(), Some(OpenError::NotFound)));
+/// assert!(matches!(r.err().unwrap().kind(), OpenErrorKind::NotFound));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn remove(name: &str, force: bool) -> Result<(), RemoveError> {
-    let shm = ShmName::new(name).map_err(|e| RemoveError::Open(OpenError::InvalidName(e)))?;
+    let shm = ShmName::new(name)
+        .map_err(|e| RemoveError::Open(OpenError::new(name, OpenErrorKind::InvalidName(e))))?;
     match status(name) {
-        Err(OpenError::NotFound) => return Err(RemoveError::NotFound),
+        Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => return Err(RemoveError::NotFound),
         Ok(s) if s.producer_alive && !s.closed && !force => {
             return Err(RemoveError::ProducerAlive { pid: s.producer_pid })
         }

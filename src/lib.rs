@@ -83,8 +83,9 @@ pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use error::RegisterError;
 pub use error::{
-    AcquireError, AcquireTimeoutError, ConsumersTimeout, Corruption, CreateError, Ended, NameError,
-    OpenError, PublishError, RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
+    AcquireError, AcquireTimeoutError, ConsumersTimeout, Corruption, CreateError, CreateErrorKind,
+    Ended, NameError, OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError,
+    SendError, TryAcquireError, TryRecvError,
 };
 pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]

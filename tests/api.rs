@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use common::unique_name;
 use gpuring::{
-    Consumer, CreateError, NameError, OpenError, Policy, Producer, PublishError, RecvError,
-    RecvTimeoutError, StartAt, TryAcquireError, TryRecvError,
+    Consumer, CreateError, CreateErrorKind, NameError, OpenError, OpenErrorKind, Policy, Producer,
+    PublishError, RecvError, RecvTimeoutError, StartAt, TryAcquireError, TryRecvError,
 };
 
 #[test]
@@ -64,7 +64,10 @@ fn disconnected_after_drain() {
     assert_eq!(&*rx.recv().unwrap(), b"b");
     assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
     assert!(matches!(rx.try_recv(), Err(TryRecvError::Disconnected)));
-    assert!(matches!(Consumer::open(&name), Err(OpenError::NotFound)));
+    assert!(matches!(
+        Consumer::open(&name).map_err(OpenError::into_kind),
+        Err(OpenErrorKind::NotFound)
+    ));
 }
 
 #[test]
@@ -103,31 +106,34 @@ fn publish_checks_lengths() {
 #[test]
 fn config_and_name_errors() {
     assert!(matches!(
-        Producer::builder("").create(),
-        Err(CreateError::InvalidName(NameError::Empty))
+        Producer::builder("").create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidName(NameError::Empty))
     ));
     assert!(matches!(
-        Producer::builder("a/b").create(),
-        Err(CreateError::InvalidName(NameError::Slash))
+        Producer::builder("a/b").create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidName(NameError::Slash))
     ));
-    assert!(matches!(Consumer::open("a\0b"), Err(OpenError::InvalidName(NameError::Nul))));
+    assert!(matches!(
+        Consumer::open("a\0b").map_err(OpenError::into_kind),
+        Err(OpenErrorKind::InvalidName(NameError::Nul))
+    ));
     let long = "n".repeat(gpuring::MAX_NAME_LEN + 1);
     assert!(matches!(
-        Consumer::open(&long),
-        Err(OpenError::InvalidName(NameError::TooLong { .. }))
+        Consumer::open(&long).map_err(OpenError::into_kind),
+        Err(OpenErrorKind::InvalidName(NameError::TooLong { .. }))
     ));
     let name = unique_name("cfg");
     assert!(matches!(
-        Producer::builder(&name).capacity(0).create(),
-        Err(CreateError::InvalidConfig { field: "capacity", .. })
+        Producer::builder(&name).capacity(0).create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidConfig { field: "capacity", .. })
     ));
     assert!(matches!(
-        Producer::builder(&name).slot_size(0).create(),
-        Err(CreateError::InvalidConfig { field: "slot_size", .. })
+        Producer::builder(&name).slot_size(0).create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidConfig { field: "slot_size", .. })
     ));
     assert!(matches!(
-        Producer::builder(&name).mode(0o4777).create(),
-        Err(CreateError::InvalidConfig { field: "mode", .. })
+        Producer::builder(&name).mode(0o4777).create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidConfig { field: "mode", .. })
     ));
 }
 
@@ -137,8 +143,8 @@ fn second_producer_is_refused_while_first_lives() {
     let _tx = Producer::builder(&name).create().unwrap();
     let me = std::process::id();
     assert!(matches!(
-        Producer::builder(&name).create(),
-        Err(CreateError::AlreadyExists { pid }) if pid == me
+        Producer::builder(&name).create().map_err(CreateError::into_kind),
+        Err(CreateErrorKind::AlreadyExists { pid }) if pid == me
     ));
 }
 
@@ -148,7 +154,10 @@ fn table_full() {
     let _tx = Producer::builder(&name).max_consumers(2).create().unwrap();
     let _a = Consumer::open(&name).unwrap();
     let b = Consumer::open(&name).unwrap();
-    assert!(matches!(Consumer::open(&name), Err(OpenError::TooManyConsumers { max: 2 })));
+    assert!(matches!(
+        Consumer::open(&name).map_err(OpenError::into_kind),
+        Err(OpenErrorKind::TooManyConsumers { max: 2 })
+    ));
     drop(b);
     assert!(Consumer::open(&name).is_ok());
 }
@@ -214,7 +223,10 @@ fn default_spares_fit_the_limits_and_explicit_ones_are_checked() {
     let _rx = Consumer::open(&name).unwrap();
     drop(tx);
     let too_many = builder.spare_buffers(1).create();
-    assert!(matches!(too_many, Err(CreateError::InvalidConfig { field: "spare_buffers", .. })));
+    assert!(matches!(
+        too_many.map_err(CreateError::into_kind),
+        Err(CreateErrorKind::InvalidConfig { field: "spare_buffers", .. })
+    ));
     let largest = Producer::builder(&unique_name("spare-largest")).capacity(65536).max_consumers(1);
     assert_eq!(largest.slot_size(16).create().unwrap().spare_buffers(), 0);
     let tx = Producer::builder(&unique_name("spare-default")).create().unwrap();
@@ -227,8 +239,8 @@ fn default_spares_fit_the_limits_and_explicit_ones_are_checked() {
 fn a_host_ring_refuses_vmm_sharing() {
     let b = Producer::builder(&unique_name("host-vmm"));
     let vmm = gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid);
-    match b.sharing(vmm).create() {
-        Err(gpuring::CreateError::InvalidConfig { field: "sharing", .. }) => {}
+    match b.sharing(vmm).create().map_err(gpuring::CreateError::into_kind) {
+        Err(gpuring::CreateErrorKind::InvalidConfig { field: "sharing", .. }) => {}
         other => panic!("a host ring took VMM sharing: {:?}", other.err()),
     }
 }
@@ -300,4 +312,45 @@ fn a_producer_dropped_by_a_panic_cuts_the_stream() {
     assert!(failed.is_err());
     assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
     assert_eq!(rx.ended(), Some(gpuring::Ended::Died));
+}
+
+/// Issue 22, item 5: threads share one consumer; each message goes to exactly one of them, and
+/// messages received on one thread are released on another (a Block ring of 4 stalls if a
+/// release is lost).
+#[test]
+fn threads_share_one_consumer_and_release_on_any_thread() {
+    const N: u64 = 5000;
+    let name = unique_name("api-share");
+    let mut tx = Producer::builder(&name).capacity(4).slot_size(64).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    let (hand_over, handed) = std::sync::mpsc::channel();
+    let got = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (rx, hand_over) = (&rx, hand_over.clone());
+                s.spawn(move || {
+                    let mut seqs = Vec::new();
+                    while let Ok(m) = rx.recv() {
+                        assert_eq!(&m[..8], &m.seq().to_le_bytes()[..]);
+                        seqs.push(m.seq());
+                        hand_over.send(m).unwrap(); // released by the dropper thread
+                    }
+                    seqs
+                })
+            })
+            .collect();
+        drop(hand_over);
+        s.spawn(move || handed.into_iter().for_each(drop));
+        for _ in 0..N {
+            let mut slot = tx.acquire_timeout(Duration::from_secs(20)).expect("a slot");
+            let seq = slot.seq();
+            slot[..8].copy_from_slice(&seq.to_le_bytes());
+            slot.publish(8, b"").unwrap();
+        }
+        drop(tx);
+        readers.into_iter().flat_map(|r| r.join().unwrap()).collect::<Vec<_>>()
+    });
+    let mut got = got;
+    got.sort_unstable();
+    assert_eq!(got, (0..N).collect::<Vec<_>>());
 }

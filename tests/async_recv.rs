@@ -294,3 +294,58 @@ fn the_producers_futures_are_send() {
     send(tx.acquire_async());
     send(tx.send_async(b"x", b""));
 }
+
+/// Issue 22, item 5: the usual tokio pattern compiles and runs. A consumer moves into
+/// `tokio::spawn` on a multi-threaded runtime and holds each message across an `.await`; then
+/// four spawned tasks share one consumer (`Arc`) and between them receive every message of a
+/// lossless ring exactly once. Before the consumer was `Sync`, this file did not compile
+/// (E0277: `Cell<bool>` in `Consumer`).
+#[test]
+fn spawned_tasks_own_or_share_a_consumer() {
+    const N: u64 = 2000;
+    let name = unique_name("async-spawn");
+    let mut tx = Producer::builder(&name).capacity(8).slot_size(64).create().unwrap();
+    let rx = consumer(&name);
+    let shared = std::sync::Arc::new(consumer(&name));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build();
+    let rt = rt.unwrap();
+    let owner = rt.spawn(async move {
+        let mut seqs = Vec::new();
+        while let Ok(msg) = rx.recv_async().await {
+            tokio::task::yield_now().await; // held across an await, maybe on another worker
+            assert_eq!(&msg[..8], &msg.seq().to_le_bytes()[..]);
+            seqs.push(msg.seq());
+        }
+        seqs
+    });
+    let sharers: Vec<_> = (0..4)
+        .map(|_| {
+            let rx = shared.clone();
+            rt.spawn(async move {
+                let mut seqs = Vec::new();
+                while let Ok(msg) = rx.recv_async().await {
+                    tokio::task::yield_now().await;
+                    seqs.push(msg.seq());
+                }
+                seqs
+            })
+        })
+        .collect();
+    for _ in 0..N {
+        let mut slot = tx.acquire().unwrap();
+        let seq = slot.seq();
+        slot[..8].copy_from_slice(&seq.to_le_bytes());
+        slot.publish(8, b"").unwrap();
+    }
+    drop(tx);
+    rt.block_on(async {
+        let owned = in_time("the owning task", owner).await.unwrap();
+        assert_eq!(owned, (0..N).collect::<Vec<_>>(), "the owner got every message, in order");
+        let mut all = Vec::new();
+        for task in sharers {
+            all.extend(in_time("a sharing task", task).await.unwrap());
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..N).collect::<Vec<_>>(), "the sharers got each message once");
+    });
+}

@@ -218,19 +218,8 @@ fn produce<B: Kind>(tx: &mut Tx<B>, seqs: std::ops::Range<u64>) {
 
 /// Opens ring `name` (starting at the next message) once its producer process has created it.
 fn open_when_created<B: Kind>(name: &str) -> Rx<B> {
-    let t = Instant::now();
-    loop {
-        match open::<B>(name, StartAt::Next) {
-            Ok(rx) => return rx,
-            // Not there yet, or caught between the producer's shm_open and ftruncate.
-            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
-                if t.elapsed().as_secs() < 90 =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    let b = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
+    checked(b.open_in_timeout::<B::M>(Duration::from_secs(90)).unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn wait_for_consumers<M: Memory>(tx: &Producer<M>, n: usize) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{env, role, spawn, unique_name};
 use gpuring::format::Params;
 use gpuring::shm::{OpenOptions, Segment, ShmName};
-use gpuring::{Consumer, OpenError, Policy, Producer, RecvTimeoutError, StartAt};
+use gpuring::{Consumer, Policy, Producer, RecvTimeoutError, StartAt};
 
 /// A payload that says which message it is.
 fn payload(seq: u64) -> [u8; 16] {
@@ -24,18 +24,8 @@ fn check(bytes: &[u8], seq: u64) {
 }
 
 fn open_when_created(name: &str) -> Consumer {
-    let t = Instant::now();
-    loop {
-        match Consumer::builder(name).start_at(StartAt::Next).open() {
-            Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
-                if t.elapsed() < Duration::from_secs(30) =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    let b = Consumer::builder(name).start_at(StartAt::Next);
+    b.open_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Consumer processes join, read a few messages and leave, over and over, and some finally

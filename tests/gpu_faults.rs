@@ -14,23 +14,13 @@ use gpuring::format::Params;
 use gpuring::shm::{OpenOptions, Segment, ShmName};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::RecvError;
-use gpuring::{Consumer, Fence, GpuConsumer, GpuProducer, OpenError, Policy, Producer, StartAt};
+use gpuring::{Consumer, Fence, GpuConsumer, GpuProducer, Policy, Producer, StartAt};
 
 const LEN: u64 = 1 << 20;
 
 fn open_when_created(name: &str) -> GpuConsumer {
-    let t = Instant::now();
-    loop {
-        match Consumer::builder(name).start_at(StartAt::Next).open_gpu() {
-            Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
-                if t.elapsed() < Duration::from_secs(60) =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    let b = Consumer::builder(name).start_at(StartAt::Next);
+    b.open_in_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn wait_for_consumers(tx: &GpuProducer, n: usize) {

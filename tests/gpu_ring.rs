@@ -14,8 +14,12 @@ use gpuring::cuda::driver::{
 };
 use gpuring::cuda::DevicePool;
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
-use gpuring::{Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, Policy, Producer};
-use gpuring::{CreateError, PeerPolicy, ProducerBuilder, RecvError, RegisterError, Sharing};
+use gpuring::{
+    Consumer, GpuConsumer, GpuProducer, MemoryKind, OpenError, OpenErrorKind, Policy, Producer,
+};
+use gpuring::{
+    CreateError, CreateErrorKind, PeerPolicy, ProducerBuilder, RecvError, RegisterError, Sharing,
+};
 
 /// Process-wide handle and sync counters.
 fn counters() -> [u64; 4] {
@@ -32,18 +36,8 @@ fn open_when_created(name: &str) -> GpuConsumer {
 }
 
 fn open_polling(name: &str, poll: Duration) -> GpuConsumer {
-    let t = Instant::now();
-    loop {
-        match Consumer::builder(name).start_at(gpuring::StartAt::Next).gpu_poll(poll).open_gpu() {
-            Ok(rx) => return rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
-                if t.elapsed().as_secs() < 30 =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    let b = Consumer::builder(name).start_at(gpuring::StartAt::Next).gpu_poll(poll);
+    b.open_in_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn wait_for_consumers(tx: &GpuProducer, n: usize) {
@@ -418,8 +412,8 @@ fn vmm_consumer_in_the_producers_process() {
     drop(m);
     assert_eq!(bad.read().unwrap(), 0, "a frame from a registered VMM allocation");
     let both = vmm(Producer::builder(&unique_name("vmm-fence"))).fence(gpuring::Fence::Memory);
-    match both.create_gpu(0) {
-        Err(e @ CreateError::InvalidConfig { field: "fence", .. }) => eprintln!("{e}"),
+    match both.create_gpu(0).map_err(CreateError::into_kind) {
+        Err(e @ CreateErrorKind::InvalidConfig { field: "fence", .. }) => eprintln!("{e}"),
         other => panic!("Fence::Memory with VMM: {:?}", other.err()),
     }
     drop(rx);
@@ -482,18 +476,18 @@ fn memory_kind_and_device_are_checked() {
     let name = unique_name("kind");
     let tx = Producer::builder(&name).create_gpu(0).unwrap();
     assert!(matches!(
-        Consumer::open(&name),
-        Err(OpenError::WrongMemory { found: MemoryKind::Cuda })
+        Consumer::open(&name).map_err(OpenError::into_kind),
+        Err(OpenErrorKind::WrongMemory { found: MemoryKind::Cuda })
     ));
     let n = driver::device_count().unwrap();
-    match Consumer::builder(&name).device(n).open_gpu() {
-        Err(OpenError::MemoryUnavailable { reason }) => eprintln!("device {n}: {reason}"),
+    match Consumer::builder(&name).device(n).open_gpu().map_err(OpenError::into_kind) {
+        Err(OpenErrorKind::MemoryUnavailable { reason }) => eprintln!("device {n}: {reason}"),
         Err(e) => panic!("unexpected error for a missing device: {e}"),
         Ok(_) => panic!("opened on a device that does not exist"),
     }
     // CUDA IPC does not open handles in the process that made them: a clear error says so.
-    match Consumer::builder(&name).open_gpu() {
-        Err(OpenError::MemoryUnavailable { reason }) => {
+    match Consumer::builder(&name).open_gpu().map_err(OpenError::into_kind) {
+        Err(OpenErrorKind::MemoryUnavailable { reason }) => {
             assert!(reason.contains("another process"), "{reason}")
         }
         Err(e) => panic!("unexpected error in the producer's process: {e}"),
@@ -522,9 +516,9 @@ fn consumers_join_and_leave_mid_stream() {
             let mut rounds = 0;
             let mut frames = 0;
             'rounds: for _ in 0..40 {
-                let rx = match Consumer::builder(&name).open_gpu() {
+                let rx = match Consumer::builder(&name).open_gpu().map_err(OpenError::into_kind) {
                     Ok(rx) => rx,
-                    Err(OpenError::Disconnected | OpenError::NotFound) => break,
+                    Err(OpenErrorKind::Disconnected | OpenErrorKind::NotFound) => break,
                     Err(e) => panic!("open: {e}"),
                 };
                 let k = PatternKernels::get(rx.context()).unwrap();

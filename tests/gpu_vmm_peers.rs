@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
-use gpuring::{Consumer, OpenError, PeerPolicy, Producer, Sharing};
+use gpuring::{Consumer, OpenError, OpenErrorKind, PeerPolicy, Producer, Sharing};
 
 /// `nobody`.
 const OTHER_UID: u32 = 65534;
@@ -34,8 +34,8 @@ fn a_vmm_consumer_of_another_uid_is_refused() {
             // A refusal carries no fd: the server sends none with it, and `fetch` takes an
             // answer with fds for a protocol error, not a refusal (tests/fd_sharing.rs checks
             // the socket level without CUDA, whose own device fds would blur a count here).
-            match opened {
-                Err(e @ OpenError::PeerRefused { .. }) => {
+            match opened.map_err(OpenError::into_kind) {
+                Err(e @ OpenErrorKind::PeerRefused { .. }) => {
                     eprintln!("uid {OTHER_UID}, policy SameUid: {e}");
                     let text = e.to_string();
                     assert!(text.contains(&format!("uid {OTHER_UID}")), "{text}");

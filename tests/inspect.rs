@@ -7,7 +7,7 @@ mod common;
 use common::run_cli;
 use common::unique_name;
 use gpuring::inspect::{self, RemoveError};
-use gpuring::{Consumer, MemoryKind, OpenError, Policy, Producer, StartAt};
+use gpuring::{Consumer, MemoryKind, OpenError, OpenErrorKind, Policy, Producer, StartAt};
 
 #[test]
 fn status_reports_the_counters() {
@@ -50,7 +50,10 @@ fn remove_refuses_a_live_producer_unless_forced() {
         other => panic!("expected ProducerAlive, got {other:?}"),
     }
     inspect::remove(&name, true).unwrap();
-    assert!(matches!(inspect::status(&name), Err(OpenError::NotFound)));
+    assert!(matches!(
+        inspect::status(&name).map_err(OpenError::into_kind),
+        Err(OpenErrorKind::NotFound)
+    ));
     assert!(matches!(inspect::remove(&name, false), Err(RemoveError::NotFound)));
     drop(tx);
 }
@@ -110,7 +113,10 @@ fn cli_lists_stats_and_removes() {
 
     let (code, _, err) = run_cli(&["stat", &name]);
     assert_eq!(code, 1);
-    assert!(err.contains("no ring with this name"), "{err}");
+    assert_eq!(err.trim_end(), format!("gpuring: no ring named {name:?}"), "one wording");
+    let (code, _, err) = run_cli(&["rm", &name]);
+    assert_eq!(code, 1);
+    assert_eq!(err.trim_end(), format!("gpuring: no ring named {name:?}"), "one wording");
     drop(tx);
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::shm::{OpenOptions, Segment, ShmName};
-use gpuring::{CreateError, Producer};
+use gpuring::{CreateError, CreateErrorKind, Producer};
 
 fn path(name: &str) -> String {
     format!("/dev/shm/gpuring.{name}")
@@ -41,8 +41,10 @@ fn ring_larger_than_free_shm_is_refused() {
     let payload = capacity as u64 * SLOT;
     assert!(payload > free, "/dev/shm is too large for this test ({free} bytes free)");
     let name = unique_name("nospace");
-    match Producer::builder(&name).slot_size(SLOT as usize).capacity(capacity).create() {
-        Err(CreateError::NoSpace { needed, available }) => {
+    match (Producer::builder(&name).slot_size(SLOT as usize).capacity(capacity).create())
+        .map_err(CreateError::into_kind)
+    {
+        Err(CreateErrorKind::NoSpace { needed, available }) => {
             assert!(needed > available, "NoSpace, but needed {needed} <= available {available}");
             assert!(needed >= payload, "needed {needed} is less than the payload, {payload}");
         }
@@ -232,13 +234,13 @@ fn racing_producers_replace_a_stale_ring_once() {
                 let made = small(&name).create();
                 pass(&dir, round, 1, &mut ready);
                 // Every racer has tried: a winner's ring must still be the one at the name.
-                let line = match &made {
+                let line = match made.as_ref().map_err(CreateError::kind) {
                     Ok(tx) => {
                         let at_name = gpuring::inspect::status(&name).map(|s| s.epoch);
                         let intact = at_name.as_ref().is_ok_and(|&e| e == tx.epoch());
                         format!("{round} created {intact} {at_name:?}")
                     }
-                    Err(CreateError::AlreadyExists { .. }) => format!("{round} exists"),
+                    Err(CreateErrorKind::AlreadyExists { .. }) => format!("{round} exists"),
                     Err(e) => format!("{round} error {e}"),
                 };
                 writeln!(log, "{line}").unwrap();

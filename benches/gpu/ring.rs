@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpuring::cuda::{Context, Stream};
 use gpuring::RecvError;
-use gpuring::{Consumer, OpenError, Policy, Producer};
+use gpuring::{Consumer, Policy, Producer};
 
 use crate::kernels::{percentiles, Kernels};
 use crate::{child_result, Opts, ROLE};
@@ -174,18 +174,8 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
     let setup = Stream::new(&ctx).unwrap();
     let k = Kernels::load(&ctx, &setup);
     setup.synchronize().unwrap();
-    let t = Instant::now();
-    let rx = loop {
-        match Consumer::builder(name).device(device).gpu_poll(crate::gpu_poll()).open_gpu() {
-            Ok(rx) => break rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized)
-                if t.elapsed() < Duration::from_secs(30) =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open {name}: {e}"),
-        }
-    };
+    let b = Consumer::builder(name).device(device).gpu_poll(crate::gpu_poll());
+    let rx = b.open_in_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"));
     let (mut frames, mut lost) = (0u64, 0u64);
     let mut start: Option<(Instant, u64, u64)> = None;
     let mut spent = [0u64; 3];

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gpuring::{Consumer, OpenError, Policy, Producer, RecvError, StartAt};
+use gpuring::{Consumer, Policy, Producer, RecvError, StartAt};
 
 /// Environment variable that turns a bench binary into a child: `ROLE:NAME:SIZE:INDEX`.
 pub const ROLE: &str = "GPURING_BENCH_ROLE";
@@ -244,16 +244,8 @@ impl Drop for FloorRoundTrip {
 
 /// Opens ring `name`, retrying while its producer is still starting.
 pub fn open_retry(name: &str) -> Consumer {
-    let t = Instant::now();
-    loop {
-        match Consumer::builder(name).start_at(StartAt::Next).open() {
-            Ok(c) => return c,
-            Err(OpenError::NotFound | OpenError::NotInitialized) if t.elapsed().as_secs() < 10 => {
-                thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("open {name}: {e}"),
-        }
-    }
+    let b = Consumer::builder(name).start_at(StartAt::Next);
+    b.open_timeout(Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn wait_consumers(tx: &Producer, n: usize) {

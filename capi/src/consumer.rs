@@ -6,8 +6,8 @@ use std::ptr::NonNull;
 
 use gpuring::cuda::Stream;
 use gpuring::{
-    Consumer, ConsumerBuilder, Cuda, Host, Memory, MemoryKind, Mode, OpenError, ReadSlot,
-    RecvTimeoutError, StartAt,
+    Consumer, ConsumerBuilder, Cuda, Host, Memory, MemoryKind, Mode, OpenError, OpenErrorKind,
+    ReadSlot, RecvTimeoutError, StartAt,
 };
 
 use crate::gpuring_status::*;
@@ -170,7 +170,12 @@ pub unsafe extern "C" fn gpuring_consumer_open(
             1 => open::<Host>(b).map(Rx::Host),
             2 => open::<Cuda>(b).map(Rx::Cuda),
             0 => match open::<Host>(b.clone()) {
-                Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }
+                    ) =>
+                {
                     open::<Cuda>(b).map(Rx::Cuda)
                 }
                 other => other.map(Rx::Host),
@@ -190,7 +195,7 @@ pub unsafe extern "C" fn gpuring_consumer_open(
                 unsafe { *out = Box::into_raw(Box::new(c)) };
                 GPURING_OK
             }
-            Err(e) => fail(open_status(&e), format!("cannot open ring {name:?}: {e}")),
+            Err(e) => fail(open_status(&e), e.to_string()),
         }
     })
 }

@@ -134,8 +134,8 @@ fn timeout(ms: i64) -> Option<Duration> {
 
 /// Status of a failed create.
 fn create_status(e: &gpuring::CreateError) -> gpuring_status {
-    use gpuring::CreateError as E;
-    match e {
+    use gpuring::CreateErrorKind as E;
+    match e.kind() {
         E::InvalidName(_) | E::InvalidConfig { .. } => GPURING_INVALID_ARGUMENT,
         E::AlreadyExists { .. } => GPURING_ALREADY_EXISTS,
         E::PermissionDenied => GPURING_PERMISSION_DENIED,
@@ -146,8 +146,8 @@ fn create_status(e: &gpuring::CreateError) -> gpuring_status {
 
 /// Status of a failed open.
 fn open_status(e: &gpuring::OpenError) -> gpuring_status {
-    use gpuring::OpenError as E;
-    match e {
+    use gpuring::OpenErrorKind as E;
+    match e.kind() {
         E::InvalidName(_) => GPURING_INVALID_ARGUMENT,
         E::NotFound => GPURING_NOT_FOUND,
         E::PermissionDenied | E::ForeignOwner { .. } | E::PeerRefused { .. } => {

@@ -177,7 +177,7 @@ pub unsafe extern "C" fn gpuring_producer_create(
                 unsafe { *out = Box::into_raw(Box::new(p)) };
                 GPURING_OK
             }
-            Err(e) => fail(create_status(&e), format!("cannot create ring {name:?}: {e}")),
+            Err(e) => fail(create_status(&e), e.to_string()),
         }
     })
 }

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use gpuring::cuda::driver;
-use gpuring::{Consumer, Host, MemoryKind, Mode, OpenError, RecvError};
+use gpuring::{Consumer, Host, MemoryKind, Mode, OpenErrorKind, RecvError};
 use gst::prelude::*;
 use gstgpuring::header::FrameHeader;
 use gstgpuring::planes::Layout;
@@ -191,7 +191,7 @@ fn rust_consumer(
                 Err(e) => panic!("recv: {e}"),
             }
         },
-        Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+        Err(e) if matches!(e.kind(), OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }) => {
             let rx = b().open_gpu().expect("open the CUDA ring");
             let _bound = rx.context().bind().unwrap();
             loop {

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use gpuring::{
-    Consumer, ConsumerBuilder, Cuda, Host, MemoryKind, Mode, OpenError, RecvTimeoutError,
+    Consumer, ConsumerBuilder, Cuda, Host, MemoryKind, Mode, OpenErrorKind, RecvTimeoutError,
 };
 use gst::glib;
 use gst::prelude::*;
@@ -29,8 +29,6 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 
 /// How long one wait lasts before the element looks at whether it is stopping.
 const TICK: Duration = Duration::from_millis(20);
-/// The wait while buffers are lent (see `held`): how late a release can be.
-const LENT_TICK: Duration = Duration::from_millis(1);
 /// Host slots lent to GStreamer at once; beyond this, frames are copied out of the ring, so
 /// that a downstream queue holding frames cannot hold the ring's buffers (and stall the
 /// producer and every other consumer): at most 2, and at most half the ring's spares (with
@@ -339,7 +337,12 @@ mod imp {
                 let host = self.builder(&s).open_in_when_ready::<Host>(not_epoch, TICK);
                 let opened = match host {
                     Ok(rx) => Ok(Reader::Host(Shared::new(rx))),
-                    Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }
+                        ) =>
+                    {
                         let b = self.builder(&s);
                         let b = if s.device >= 0 { b.device(s.device) } else { b };
                         b.open_gpu_when_ready(not_epoch, TICK).map(|rx| Reader::Cuda(Box::new(rx)))
@@ -357,14 +360,15 @@ mod imp {
                         return Ok(reader);
                     }
                     // Not there (yet), or a new producer is still setting it up.
-                    Err(OpenError::Disconnected | OpenError::NotFound | OpenError::TimedOut)
-                        if s.wait || not_epoch.is_some() => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            OpenErrorKind::Disconnected
+                                | OpenErrorKind::NotFound
+                                | OpenErrorKind::TimedOut
+                        ) && (s.wait || not_epoch.is_some()) => {}
                     Err(e) => {
-                        gst::element_imp_error!(
-                            self,
-                            gst::ResourceError::OpenRead,
-                            ["cannot open ring {name}: {e}"]
-                        );
+                        gst::element_imp_error!(self, gst::ResourceError::OpenRead, ["{e}"]);
                         return Err(gst::FlowError::Error);
                     }
                 }
@@ -377,12 +381,7 @@ mod imp {
             match reader {
                 Reader::Host(shared) => {
                     let shared = shared.clone();
-                    let got = self.next(|| {
-                        // With several buffers lent, wait in short steps: a buffer freed on
-                        // another thread during a wait is released only after it. (One is
-                        // usually lent: sinks keep their last frame.)
-                        shared.recv(if shared.lent() > 1 { LENT_TICK } else { TICK })
-                    })?;
+                    let got = self.next(|| shared.recv(TICK))?;
                     let header = self.frame_header(got.header())?;
                     self.lost(lost, got.seq(), got.lag());
                     let out = self.output(out, &header, None)?;

@@ -1,7 +1,7 @@
 //! Objects bound to the thread (and process) that made them.
 //!
-//! A consumer, the messages it holds and a producer belong to one thread: the ring's consumer
-//! is not `Sync`, and the objects count references with `Rc`. The Python objects that hold them
+//! A consumer, the messages it holds and a producer belong to one thread: the objects count
+//! references with `Rc`, and a producer is not `Sync`. The Python objects that hold them
 //! wrap them in [`ThreadBound`]:
 //!
 //! - **used** on another thread they raise `RuntimeError`;

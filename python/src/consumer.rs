@@ -5,7 +5,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use gpuring::{
-    Consumer as RingConsumer, Cuda, Host, MemoryKind, Mode, OpenError, RecvTimeoutError, StartAt,
+    Consumer as RingConsumer, Cuda, Host, MemoryKind, Mode, OpenError, OpenErrorKind,
+    RecvTimeoutError, StartAt,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -90,20 +91,28 @@ impl Consumer {
             match open(name, start, mode, device, stream, allow_foreign_owner) {
                 // Not there yet, still being built, or a dead producer's ring that its
                 // successor will replace: what `open_when_ready` waits through too.
-                Err(
-                    OpenError::NotFound
-                    | OpenError::NotInitialized
-                    | OpenError::Truncated { .. }
-                    | OpenError::Disconnected,
-                ) if until.is_none_or(|d| Instant::now() < d) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        OpenErrorKind::NotFound
+                            | OpenErrorKind::NotInitialized
+                            | OpenErrorKind::Truncated { .. }
+                            | OpenErrorKind::Disconnected
+                    ) && until.is_none_or(|d| Instant::now() < d) =>
+                {
                     py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                     py.check_signals()?;
                 }
                 // A ring that appeared but was never ready in time: a timeout, not corruption.
-                Err(OpenError::NotInitialized | OpenError::Truncated { .. }) if wait > 0.0 => {
-                    break Err(open_error(name, OpenError::TimedOut))?;
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        OpenErrorKind::NotInitialized | OpenErrorKind::Truncated { .. }
+                    ) && wait > 0.0 =>
+                {
+                    break Err(open_error(OpenError::new(name, OpenErrorKind::TimedOut)))?;
                 }
-                other => break other.map_err(|e| open_error(name, e))?,
+                other => break other.map_err(open_error)?,
             }
         };
         let device = rx.device();
@@ -266,7 +275,7 @@ impl Consumer {
                 let ended = self.shared()?.ended();
                 let (why, reason) = match ended {
                     Some(e) => (e.to_string(), e.name()),
-                    None => ("the producer is gone".to_owned(), "gone"),
+                    None => ("the producer closed the ring or died".to_owned(), "gone"),
                 };
                 let err = Disconnected::new_err(format!("ring {:?}: {why}", self.name));
                 err.value(py).setattr("reason", reason)?;
@@ -309,7 +318,7 @@ fn open(
         None => builder,
     };
     match Reader::<Host>::open(builder.clone(), stream) {
-        Err(OpenError::WrongMemory { found: MemoryKind::Cuda }) => {
+        Err(e) if matches!(e.kind(), OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }) => {
             Reader::<Cuda>::open(builder, stream)
         }
         other => other,

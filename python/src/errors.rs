@@ -35,19 +35,16 @@ pub fn error(what: impl std::fmt::Display) -> PyErr {
 /// producer is gone, `TimeoutError` for one not ready within the wait, `PermissionError` for a
 /// VMM producer that refused to share its memory
 /// with this process, `gpuring.Error` otherwise.
-pub fn open_error(name: &str, e: gpuring::OpenError) -> PyErr {
-    match e {
-        gpuring::OpenError::NotFound => {
-            PyFileNotFoundError::new_err(format!("no ring named {name:?}"))
-        }
-        gpuring::OpenError::Disconnected => {
-            Disconnected::new_err(format!("ring {name:?}: producer gone"))
-        }
-        e @ gpuring::OpenError::TimedOut => PyTimeoutError::new_err(format!("ring {name:?}: {e}")),
-        e @ gpuring::OpenError::PeerRefused { .. } => {
-            PyPermissionError::new_err(format!("ring {name:?}: {e}"))
-        }
-        e => Error::new_err(format!("ring {name:?}: {e}")),
+/// The message is the Rust error's, word for word.
+pub fn open_error(e: gpuring::OpenError) -> PyErr {
+    use gpuring::OpenErrorKind as K;
+    let text = e.to_string();
+    match e.kind() {
+        K::NotFound => PyFileNotFoundError::new_err(text),
+        K::Disconnected => Disconnected::new_err(text),
+        K::TimedOut => PyTimeoutError::new_err(text),
+        K::PeerRefused { .. } => PyPermissionError::new_err(text),
+        _ => Error::new_err(text),
     }
 }
 

@@ -142,7 +142,7 @@ impl Producer {
         }
         let builder = builder.device(device).sharing(sharing);
         let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
-        let tx = tx.map_err(|e| error(format!("cannot create ring {name:?}: {e}")))?;
+        let tx = tx.map_err(error)?;
         let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() };
         crate::sigterm::created(py, name)?;
         Ok(producer)

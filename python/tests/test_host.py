@@ -191,6 +191,14 @@ def test_wait_outlasts_a_dead_ring(ring_name):
     assert rx.capacity == 8
 
 
+def test_create_errors_name_the_ring_and_its_producer(ring_name):
+    with gpuring.Producer(ring_name, 64):
+        with pytest.raises(gpuring.Error) as e:
+            gpuring.Producer(ring_name, 64)
+    pid = os.getpid()
+    assert str(e.value) == f'ring "{ring_name}": the ring exists and its producer (pid {pid}) is alive'
+
+
 def test_a_killed_producer_is_told_from_a_closed_one(ring_name):
     code = (f"import gpuring, os, signal; p = gpuring.Producer({ring_name!r}, 64, memory='host');"
             "p.wait_for_consumers(1, timeout=20); p.send(b'only'); os.kill(os.getpid(), signal.SIGKILL)")
@@ -250,10 +258,12 @@ def test_waiting_empty_and_disconnect(ring_name):
 
 
 def test_open_errors(ring_name):
+    absent = ring_name + "-absent"
+    with pytest.raises(FileNotFoundError) as e:
+        gpuring.Consumer(absent)
+    assert str(e.value) == f'no ring named "{absent}"'  # the Rust and CLI wording
     with pytest.raises(FileNotFoundError):
-        gpuring.Consumer(ring_name + "-absent")
-    with pytest.raises(FileNotFoundError):
-        gpuring.Consumer(ring_name + "-absent", wait=0.05)
+        gpuring.Consumer(absent, wait=0.05)
     with pytest.raises(ValueError):
         gpuring.Consumer(ring_name, start="later")
     with pytest.raises(ValueError):

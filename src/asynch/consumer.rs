@@ -1,9 +1,9 @@
 //! The consumer's async receive.
 
-use std::cell::OnceCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use crate::shm::doorbell::{consumer_address, new_token, Doorbell};
 #[derive(Default)]
 pub(crate) struct BellCell {
     /// `None` if no doorbell could be bound: waits then fall back to the timer.
-    bell: OnceCell<Option<Doorbell>>,
+    bell: OnceLock<Option<Doorbell>>,
 }
 
 impl BellCell {
@@ -81,11 +81,11 @@ impl ConsumerBuilder {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use gpuring::{Consumer, Host, OpenError};
+    /// use gpuring::{Consumer, Host, OpenErrorKind};
     ///
     /// let absent = Consumer::builder("doc-consumer-open-in-async-absent");
     /// let r = absent.open_in_async::<Host>(Duration::from_millis(20)).await;
-    /// assert!(matches!(r, Err(OpenError::NotFound)));
+    /// assert!(matches!(r.err().unwrap().kind(), OpenErrorKind::NotFound));
     /// # Ok(())
     /// # }
     /// ```
@@ -98,11 +98,11 @@ impl ConsumerBuilder {
         loop {
             let not_yet = match self.try_open_once::<M>(None) {
                 Ok(c) => return Ok(c),
-                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::Failed(e)) => return Err(self.failed(e)),
                 Err(Attempt::NotYet(why)) => why,
             };
             if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                return Err(not_yet);
+                return Err(self.failed(not_yet));
             }
             tokio::time::sleep(crate::consumer::OPEN_RETRY).await;
         }
@@ -116,14 +116,26 @@ impl<M: Memory> Consumer<M> {
     /// CUDA ring the message's stream waits for the producer's writes, as with `recv`.
     ///
     /// Cancel-safe: dropping the future before it completes loses no message. Needs a tokio
-    /// runtime with IO and time enabled. The future borrows the consumer, so it is `!Send`.
+    /// runtime with IO and time enabled. The future and the message are `Send`, so the usual
+    /// pattern works: move the consumer into a spawned task and hold messages across
+    /// `.await`s there.
     ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rx = gpuring::Consumer::open("frames")?;
-    /// while let Ok(msg) = rx.recv_async().await {
-    ///     println!("message {} of {} bytes", msg.seq(), msg.len());
-    /// }
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut tx = gpuring::Producer::builder("doc-asynch-spawn").create()?;
+    /// let rx = gpuring::Consumer::open("doc-asynch-spawn")?;
+    /// let task = tokio::spawn(async move {
+    ///     let mut bytes = 0;
+    ///     while let Ok(msg) = rx.recv_async().await {
+    ///         tokio::task::yield_now().await; // the message is held across an await
+    ///         bytes += msg.len();
+    ///     }
+    ///     bytes // `Disconnected`: the producer closed the ring
+    /// });
+    /// # tx.send(b"hello", b"")?;
+    /// # drop(tx);
+    /// assert_eq!(task.await?, 5);
     /// # Ok(()) }
     /// ```
     pub async fn recv_async(&self) -> Result<ReadSlot<'_, M>, RecvError> {
@@ -151,9 +163,9 @@ impl<M: Memory> Consumer<M> {
     }
 }
 
-type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, Fault>> + 'a>>;
+type Receiving<'a> = Pin<Box<dyn Future<Output = Result<Pinned, Fault>> + Send + 'a>>;
 
-/// The stream of a consumer's messages; see [`Consumer::messages`].
+/// The stream of a consumer's messages; see [`Consumer::messages`]. `Send`, as its items are.
 ///
 /// ```
 /// use futures_util::StreamExt;
@@ -203,3 +215,13 @@ impl<'a, M: Memory> Stream for Messages<'a, M> {
         })
     }
 }
+
+/// A task that owns a consumer can be spawned: its receive futures and streams are `Send`.
+const _: () = {
+    fn sendable<T: Send>(_: &T) {}
+    fn check<M: Memory>(rx: &Consumer<M>) {
+        sendable(&rx.recv_async());
+        sendable(&rx.messages());
+    }
+    let _ = check::<crate::Host>;
+};

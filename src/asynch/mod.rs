@@ -14,10 +14,9 @@
 //! knocks for, yields to the runtime, then sleeps 100 µs at a time. Every async wait goes
 //! through [`wait_async`], the twin of the blocking `wait::wait_until`.
 //!
-//! Futures and streams borrow the consumer or producer. A `Consumer` is `!Sync` (its receive
-//! takes `&self` so that several messages can be held at once, with no lock), so the futures
-//! that borrow one are `!Send`: run them on the task that owns the consumer (a current-thread
-//! runtime, a `LocalSet`, or `spawn_local`). The producer's futures are `Send`.
+//! Futures and streams borrow the consumer or producer, and are `Send`: a `Consumer` is `Sync`
+//! (a pin or a release takes a lock held for that step only), so `tokio::spawn(async move {
+//! rx.recv_async().await })` works on any runtime, and several tasks may await one consumer.
 
 mod consumer;
 mod producer;

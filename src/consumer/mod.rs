@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use ring::ConsumerRing;
 
-use crate::error::{OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::error::{OpenError, OpenErrorKind, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::MemoryKind;
 use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
 use crate::ring::{Mode, Pinned, Policy, StartAt};
@@ -21,9 +21,9 @@ pub(crate) const OPEN_RETRY: Duration = Duration::from_millis(5);
 /// One try of a waiting open that did not give a consumer.
 pub(crate) enum Attempt {
     /// An error to return at once.
-    Failed(OpenError),
+    Failed(OpenErrorKind),
     /// Not there or not ready yet; the error to give if the wait ends now.
-    NotYet(OpenError),
+    NotYet(OpenErrorKind),
 }
 
 /// Configures and opens a [`Consumer`]. Start from [`Consumer::builder`].
@@ -131,17 +131,17 @@ impl ConsumerBuilder {
     }
 
     /// Opens the ring, waiting up to `timeout` for it to be created and ready: for a consumer
-    /// started before its producer. Gives [`OpenError::NotFound`] if no ring of this name
-    /// appeared, [`OpenError::TimedOut`] if one appeared but was not ready in time,
-    /// [`OpenError::Disconnected`] if its producer died; other errors at once.
+    /// started before its producer. Gives [`OpenErrorKind::NotFound`] if no ring of this name
+    /// appeared, [`OpenErrorKind::TimedOut`] if one appeared but was not ready in time,
+    /// [`OpenErrorKind::Disconnected`] if its producer died; other errors at once.
     ///
     /// ```
-    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use gpuring::{Consumer, OpenErrorKind, Producer};
     /// # use std::time::Duration;
     /// # let tx = Producer::builder("doc-consumer-open-timeout").create()?;
     /// let rx = Consumer::builder("doc-consumer-open-timeout").open_timeout(Duration::from_secs(5))?;
     /// let absent = Consumer::builder("doc-consumer-never-made").open_timeout(Duration::from_millis(20));
-    /// assert!(matches!(absent, Err(OpenError::NotFound)));
+    /// assert!(matches!(absent.err().unwrap().kind(), OpenErrorKind::NotFound));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open_timeout(self, timeout: Duration) -> Result<Consumer, OpenError> {
@@ -167,17 +167,17 @@ impl ConsumerBuilder {
     /// `not_epoch`: after the producer of epoch `not_epoch` died, this waits for the next
     /// producer of the same name ([`Consumer::reconnect`] uses it). With `None`, the same as
     /// `open_timeout`. If only that old instance is seen until `timeout`:
-    /// [`OpenError::Disconnected`].
+    /// [`OpenErrorKind::Disconnected`].
     ///
     /// ```
-    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use gpuring::{Consumer, OpenErrorKind, Producer};
     /// # use std::time::Duration;
     /// # let tx = Producer::builder("doc-consumer-open-when-ready").create()?;
     /// let ready = Consumer::builder("doc-consumer-open-when-ready");
     /// let rx = ready.open_when_ready(None, Duration::from_secs(5))?; // the ring exists: no wait
     /// let absent = Consumer::builder("doc-consumer-never-created");
     /// let r = absent.open_when_ready(None, Duration::from_millis(20));
-    /// assert!(matches!(r, Err(OpenError::NotFound)));
+    /// assert!(matches!(r.err().unwrap().kind(), OpenErrorKind::NotFound));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open_when_ready(
@@ -209,11 +209,11 @@ impl ConsumerBuilder {
         loop {
             let not_yet = match self.try_open_once::<M>(not_epoch) {
                 Ok(c) => return Ok(c),
-                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::Failed(e)) => return Err(self.failed(e)),
                 Err(Attempt::NotYet(why)) => why,
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(not_yet);
+                return Err(self.failed(not_yet));
             }
             std::thread::sleep(OPEN_RETRY);
         }
@@ -225,30 +225,32 @@ impl ConsumerBuilder {
         &self,
         not_epoch: Option<u64>,
     ) -> Result<Consumer<M>, Attempt> {
-        match self.clone().open_in::<M>() {
+        match self.open_kind::<M>() {
             Ok(c) if not_epoch.is_some_and(|e| e == c.epoch()) => {
-                Err(Attempt::NotYet(OpenError::Disconnected))
+                Err(Attempt::NotYet(OpenErrorKind::Disconnected))
             }
             Ok(c) => Ok(c),
             // Not there yet, or the old instance (its producer dead).
-            Err(e @ (OpenError::NotFound | OpenError::Disconnected)) => Err(Attempt::NotYet(e)),
+            Err(e @ (OpenErrorKind::NotFound | OpenErrorKind::Disconnected)) => {
+                Err(Attempt::NotYet(e))
+            }
             // Half-built: between the producer's shm_open and ftruncate, or before its magic.
-            Err(OpenError::NotInitialized | OpenError::Truncated { .. }) => {
-                Err(Attempt::NotYet(OpenError::TimedOut))
+            Err(OpenErrorKind::NotInitialized | OpenErrorKind::Truncated { .. }) => {
+                Err(Attempt::NotYet(OpenErrorKind::TimedOut))
             }
             Err(e) => Err(Attempt::Failed(e)),
         }
     }
 
     /// Opens a host-memory ring and joins it. A CUDA ring is refused with
-    /// [`OpenError::WrongMemory`]; open it with `open_gpu`.
+    /// [`OpenErrorKind::WrongMemory`]; open it with `open_gpu`.
     ///
     /// ```
-    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use gpuring::{Consumer, OpenErrorKind, Producer};
     /// # let tx = Producer::builder("doc-consumer-builder-open").create()?;
     /// let rx = Consumer::builder("doc-consumer-builder-open").open()?;
     /// let absent = Consumer::builder("doc-consumer-not-created").open();
-    /// assert!(matches!(absent, Err(OpenError::NotFound)));
+    /// assert!(matches!(absent.err().unwrap().kind(), OpenErrorKind::NotFound));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(self) -> Result<Consumer, OpenError> {
@@ -257,12 +259,12 @@ impl ConsumerBuilder {
 
     /// Opens a ring of memory kind `M` and joins it: what [`open`](Self::open) does for
     /// [`Host`], and `open_gpu` for [`Cuda`](crate::Cuda). A ring of another kind is refused
-    /// with [`OpenError::WrongMemory`]. For code generic over the memory kind.
+    /// with [`OpenErrorKind::WrongMemory`]. For code generic over the memory kind.
     ///
     /// ```
-    /// use gpuring::{Consumer, Host, Memory, OpenError, Producer};
+    /// use gpuring::{Consumer, Host, Memory, Producer};
     ///
-    /// fn join<M: Memory>(name: &str) -> Result<Consumer<M>, OpenError> {
+    /// fn join<M: Memory>(name: &str) -> Result<Consumer<M>, gpuring::OpenError> {
     ///     Consumer::builder(name).open_in::<M>()
     /// }
     /// let tx = Producer::builder("doc-consumer-open-in").create()?;
@@ -270,11 +272,21 @@ impl ConsumerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open_in<M: Memory>(self) -> Result<Consumer<M>, OpenError> {
+        self.open_kind().map_err(|e| self.failed(e))
+    }
+
+    /// [`open_in`](Self::open_in), failing with what went wrong only.
+    fn open_kind<M: Memory>(&self) -> Result<Consumer<M>, OpenErrorKind> {
         let settings = self.kind;
-        let (ring, mem) = ConsumerRing::open(&self, M::KIND, |map, entry, generation| {
+        let (ring, mem) = ConsumerRing::open(self, M::KIND, |map, entry, generation| {
             M::Rx::join(&settings, map, entry, generation)
         })?;
         Ok(Consumer { ring, mem })
+    }
+
+    /// Opening this ring failed with `kind`.
+    pub(crate) fn failed(&self, kind: OpenErrorKind) -> OpenError {
+        OpenError::new(&self.name, kind)
     }
 }
 
@@ -283,7 +295,8 @@ impl ConsumerBuilder {
 /// every message (unless it lags under [`Policy::Overwrite`]).
 ///
 /// `recv` takes `&self`, so one consumer may hold several messages at once. A consumer is
-/// `Send` but not `Sync`: use one per thread.
+/// `Send` and `Sync`: threads and tasks may share one (each message goes to one of them), and
+/// a message may be released on any thread.
 ///
 /// Dropping it leaves the ring: its table entry is freed and it no longer holds the producer
 /// back.
@@ -300,27 +313,30 @@ impl ConsumerBuilder {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// It can move to another thread:
+/// Threads may share one; each message goes to one of them, and a message received on one
+/// thread may be dropped (released) on another:
 ///
 /// ```
 /// # use gpuring::{Consumer, Producer};
-/// # let tx = Producer::builder("doc-consumer-send").create()?;
-/// let rx = Consumer::open("doc-consumer-send")?;
+/// let mut tx = Producer::builder("doc-consumer-sync").capacity(8).create()?;
+/// let rx = Consumer::open("doc-consumer-sync")?;
+/// for i in 0..6u8 {
+///     tx.send(&[i], b"")?;
+/// }
+/// drop(tx);
+/// let (rx, got) = (&rx, std::sync::Mutex::new(Vec::new()));
 /// std::thread::scope(|s| {
-///     s.spawn(move || rx.try_recv().is_ok());
+///     for _ in 0..3 {
+///         s.spawn(|| {
+///             while let Ok(m) = rx.recv() {
+///                 got.lock().unwrap().push(m[0]);
+///             }
+///         });
+///     }
 /// });
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// Threads cannot share one, because `Consumer` is not `Sync`:
-///
-/// ```compile_fail,E0277
-/// # use gpuring::{Consumer, Producer};
-/// # let tx = Producer::builder("doc-consumer-not-sync").create()?;
-/// let rx = Consumer::open("doc-consumer-not-sync")?;
-/// std::thread::scope(|s| {
-///     s.spawn(|| rx.try_recv().is_ok()); // error: `Consumer` cannot be shared between threads
-/// });
+/// let mut got = got.into_inner()?;
+/// got.sort();
+/// assert_eq!(got, [0, 1, 2, 3, 4, 5]); // every message once
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Consumer<M: Memory = Host> {
@@ -646,6 +662,25 @@ impl<M: Memory> Consumer<M> {
     }
 }
 
+/// Shows the ring it reads and how.
+///
+/// ```
+/// # let _tx = gpuring::Producer::builder("doc-consumer-debug").create()?;
+/// let rx = gpuring::Consumer::open("doc-consumer-debug")?;
+/// assert!(format!("{rx:?}").starts_with("Consumer { ring: \"doc-consumer-debug\""));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<M: Memory> std::fmt::Debug for Consumer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("ring", &self.name())
+            .field("memory", &self.memory())
+            .field("mode", &self.mode())
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<M: Memory> Drop for Consumer<M> {
     fn drop(&mut self) {
         self.mem.leave(&mut self.ring);
@@ -892,3 +927,15 @@ impl<'a, M: Memory> IntoIterator for &'a Consumer<M> {
         self.iter()
     }
 }
+
+/// Threads and tasks may share a consumer, and a message may be held across an `.await` in a
+/// spawned task: checked at compile time for both memory kinds.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<Consumer<Host>>();
+    shared::<ReadSlot<'static, Host>>();
+    #[cfg(feature = "cuda")]
+    shared::<Consumer<crate::Cuda>>();
+    #[cfg(feature = "cuda")]
+    shared::<ReadSlot<'static, crate::Cuda>>();
+};

@@ -2,13 +2,13 @@
 //! cursor, waiting for a message, watching the producer, and leaving.
 
 use crate::format::header::CLOSED_DONE;
-use std::cell::Cell;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::ConsumerBuilder;
 use crate::doorbells::ConsumerBells;
-use crate::error::{Corruption, OpenError};
+use crate::error::{Corruption, OpenErrorKind};
 use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
 use crate::memory::Fault;
@@ -18,22 +18,40 @@ use crate::shm::{OpenOptions, Segment, ShmName};
 use crate::wait::{self, Deadline, WaitConfig};
 
 /// The error of a join whose entry was taken from it before it became active.
-fn lost(entry: usize) -> OpenError {
+fn lost(entry: usize) -> OpenErrorKind {
     let reason = crate::ring::lease::evict_reason::NONE;
-    OpenError::Corrupt(Corruption::Ring(RingCorrupt::Evicted { entry: entry as u32, reason }))
+    OpenErrorKind::Corrupt(Corruption::Ring(RingCorrupt::Evicted { entry: entry as u32, reason }))
+}
+
+/// What receiving and releasing change, behind one lock: the protocol's consumer state is
+/// single-threaded (`ConsumerCore` is `!Sync`), and the lock is what lets threads and tasks
+/// share one consumer. It is held only for a pin or a release, never across a wait.
+struct Receiving {
+    core: ConsumerCore,
+    /// Damage found while releasing (in `Drop`), reported by the next receive.
+    deferred: Option<Corruption>,
 }
 
 /// The ring's side of a consumer. `Consumer<M>` (`super`) is this plus memory kind `M`'s side.
+///
+/// `Sync`: every `&self` method may run on several threads at once (pins and releases take
+/// `receiving`; the rest are atomics or read-only).
 pub(crate) struct ConsumerRing {
     map: MappedRing,
-    core: ConsumerCore,
+    receiving: Mutex<Receiving>,
+    /// Copies of the entry's fixed facts, read without the lock.
+    index: usize,
+    generation: u32,
+    mode: crate::ring::Mode,
     producer: ProcessId,
     /// Set once the producer was found dead; then the consumer drains and disconnects.
-    producer_dead: Cell<bool>,
-    /// When the producer's liveness was last checked.
-    last_check: Cell<Instant>,
-    /// Damage found while releasing (in `Drop`), reported by the next receive.
-    deferred: Cell<Option<Corruption>>,
+    /// Relaxed (every access): a flag this process sets from what `kill(2)` says; nothing
+    /// else is published with it.
+    producer_dead: AtomicBool,
+    /// When the producer's liveness was last checked, in nanoseconds since `opened`.
+    /// Relaxed (every access): it only paces the checks.
+    last_check: AtomicU64,
+    opened: Instant,
     wait: WaitConfig,
     /// Whether [`ConsumerRing::leave`] (or `step_aside`) ran.
     left: bool,
@@ -53,26 +71,26 @@ impl ConsumerRing {
     pub(crate) fn open<T>(
         b: &ConsumerBuilder,
         kind: MemoryKind,
-        setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenError>,
-    ) -> Result<(ConsumerRing, T), OpenError> {
-        let name = ShmName::new(&b.name).map_err(OpenError::InvalidName)?;
+        setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenErrorKind>,
+    ) -> Result<(ConsumerRing, T), OpenErrorKind> {
+        let name = ShmName::new(&b.name).map_err(OpenErrorKind::InvalidName)?;
         let opts = OpenOptions { allow_foreign_owner: b.allow_foreign_owner };
         let seg = Segment::open(&name, opts)?;
         let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
         if params.memory_kind != kind {
-            return Err(OpenError::WrongMemory { found: params.memory_kind });
+            return Err(OpenErrorKind::WrongMemory { found: params.memory_kind });
         }
         let map = MappedRing::new(seg, params, layout);
         let producer =
             ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
         // Acquire: pairs with the producer's Release store of `closed`.
         if map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive() {
-            return Err(OpenError::Disconnected);
+            return Err(OpenErrorKind::Disconnected);
         }
         let me = ProcessId::current();
         let ring = map.ring();
         let joining = ConsumerCore::claim(&ring, me.pid, me.start_time).map_err(|e| match e {
-            JoinError::Full => OpenError::TooManyConsumers { max: params.max_consumers },
+            JoinError::Full => OpenErrorKind::TooManyConsumers { max: params.max_consumers },
             JoinError::Lost => lost(0),
         })?;
         let joining_index = joining.index();
@@ -90,13 +108,17 @@ impl ConsumerRing {
             "consumer joined"
         );
         let join_wake = core.join_wake();
+        let (index, generation, mode) = (core.index(), core.generation(), core.mode());
         let consumer = ConsumerRing {
             map,
-            core,
+            receiving: Mutex::new(Receiving { core, deferred: None }),
+            index,
+            generation,
+            mode,
             producer,
-            producer_dead: Cell::new(false),
-            last_check: Cell::new(Instant::now()),
-            deferred: Cell::new(None),
+            producer_dead: AtomicBool::new(false),
+            last_check: AtomicU64::new(0),
+            opened: Instant::now(),
             wait: WaitConfig { spin: b.spin, tick: b.liveness },
             left: false,
             builder: b.clone(),
@@ -132,19 +154,25 @@ impl ConsumerRing {
 
     /// Its delivery mode.
     pub(crate) fn mode(&self) -> crate::ring::Mode {
-        self.core.mode()
+        self.mode
+    }
+
+    /// The receive state, locked. A panic while it was held (none is expected: the protocol
+    /// reports damage as errors) leaves it as consistent as the shared entry it mirrors.
+    fn receiving(&self) -> MutexGuard<'_, Receiving> {
+        self.receiving.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Its consumer table entry.
     #[cfg(any(feature = "cuda", feature = "tokio"))]
     pub(crate) fn entry(&self) -> usize {
-        self.core.index()
+        self.index
     }
 
     /// Its consumer table entry's generation while it owns it.
     #[cfg(feature = "cuda")]
     pub(crate) fn generation(&self) -> u32 {
-        self.core.generation()
+        self.generation
     }
 
     /// How waiting is configured.
@@ -182,7 +210,7 @@ impl ConsumerRing {
     pub(crate) fn ended(&self) -> Option<crate::Ended> {
         // Liveness first: a producer that closed, then exited, is seen closed by the read
         // below (it closed before it exited), never as dead.
-        let alive = !self.producer_dead.get() && self.producer.is_alive();
+        let alive = !self.producer_dead.load(Ordering::Relaxed) && self.producer.is_alive();
         // Acquire: pairs with the producer's Release store of `closed`.
         match self.map.header().closed.load(Ordering::Acquire) {
             CLOSED_DONE => Some(crate::Ended::Closed),
@@ -196,42 +224,50 @@ impl ConsumerRing {
     fn closed(&self) -> bool {
         // Acquire: pairs with the producer's Release store, so every message it published
         // before closing is visible to the pin that follows.
-        self.producer_dead.get() || self.map.header().closed.load(Ordering::Acquire) != 0
+        self.producer_dead.load(Ordering::Relaxed)
+            || self.map.header().closed.load(Ordering::Acquire) != 0
     }
 
     /// Looks after its link to the producer: the segment's size, the producer's liveness, its
     /// own cursor.
     fn check_producer(&self) {
-        self.last_check.set(Instant::now());
-        if self.map.segment().truncated() {
-            self.deferred.set(Some(Corruption::Truncated));
-        }
-        if !self.producer.is_alive() && !self.producer_dead.replace(true) {
+        self.last_check.store(self.since_opened(), Ordering::Relaxed);
+        let refreshed = {
+            let mut r = self.receiving();
+            if self.map.segment().truncated() {
+                r.deferred = Some(Corruption::Truncated);
+            }
+            // Our cursor in the entry may have been overwritten (a damaged segment): a lower
+            // value would hold a Block producer back while we wait for it. Put ours back.
+            r.core.refresh_cursor(&self.map.ring())
+        };
+        if !self.producer.is_alive() && !self.producer_dead.swap(true, Ordering::Relaxed) {
             tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
         }
-        // Our cursor in the entry may have been overwritten (a damaged segment): a lower value
-        // would hold a Block producer back while we wait for it. Put ours back.
-        if self.core.refresh_cursor(&self.map.ring()) {
+        if refreshed {
             self.wake_producer();
         }
+    }
+
+    /// Nanoseconds since it opened.
+    fn since_opened(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
     }
 
     /// Whether the producer still runs (checked now).
     #[cfg(feature = "cuda")]
     pub(crate) fn producer_alive(&self) -> bool {
         self.check_producer();
-        !self.producer_dead.get()
+        !self.producer_dead.load(Ordering::Relaxed)
     }
 
     /// One attempt: a message, an error (`Disconnected` included), or `None` (nothing yet).
     fn poll_once(&self) -> Option<Result<Pinned, Fault>> {
         // Once per liveness interval whatever happens, errors included: a consumer that gets
         // an error at every call must still learn that the segment was truncated.
-        if self.last_check.get().elapsed() >= self.wait.tick {
+        let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
+        if Duration::from_nanos(since) >= self.wait.tick {
             self.check_producer();
-        }
-        if let Some(c) = self.deferred.take() {
-            return Some(Err(Fault::Corrupt(c)));
         }
         if self.map.segment().faulted() {
             return Some(Err(Fault::Corrupt(Corruption::Truncated)));
@@ -245,13 +281,14 @@ impl ConsumerRing {
                 Ok(Some(m)) => Some(Ok(m)),
                 Ok(None) => {
                     let ring = self.map.ring();
-                    if !self.core.next_is_there(&ring) {
+                    let r = self.receiving();
+                    if !r.core.next_is_there(&ring) {
                         return Some(Err(Fault::Disconnected));
                     }
                     // Our next message is there, frozen by a recount (or thawed since): not
                     // "nothing left". Closed or dead, the producer recounts no more, and one
                     // killed mid-recount never thaws it: thaw it, then pin again.
-                    crate::ring::thaw(&ring, self.core.next_seq());
+                    crate::ring::thaw(&ring, r.core.next_seq());
                     None
                 }
                 Err(c) => Some(Err(Fault::Corrupt(c))),
@@ -259,12 +296,20 @@ impl ConsumerRing {
         }
     }
 
+    /// Damage found earlier (while releasing), then one pin attempt.
     fn pin(&self) -> Result<Option<Pinned>, Corruption> {
         let ring = self.map.ring();
-        let Some((m, wake)) = self.core.try_pin(&ring)? else {
-            return Ok(None);
+        let (m, wake) = {
+            let mut r = self.receiving();
+            if let Some(c) = r.deferred.take() {
+                return Err(c);
+            }
+            let Some((m, wake)) = r.core.try_pin(&ring)? else {
+                return Ok(None);
+            };
+            r.core.write_stats(&ring);
+            (m, wake)
         };
-        self.core.write_stats(&ring);
         if wake {
             self.wake_producer();
         }
@@ -290,12 +335,17 @@ impl ConsumerRing {
     /// Releases pinned slot `slot`.
     pub(crate) fn release(&self, slot: usize) {
         let ring = self.map.ring();
-        let released = self.core.release(&ring, slot);
-        self.core.write_stats(&ring);
-        match released {
-            Ok(true) => self.wake_producer(),
-            Ok(false) => {}
-            Err(c) => self.deferred.set(Some(c.into())),
+        let released = {
+            let mut r = self.receiving();
+            let released = r.core.release(&ring, slot);
+            r.core.write_stats(&ring);
+            if let Err(c) = released {
+                r.deferred = Some(c.into());
+            }
+            released
+        };
+        if released == Ok(true) {
+            self.wake_producer();
         }
     }
 
@@ -303,7 +353,8 @@ impl ConsumerRing {
     #[cfg(feature = "cuda")]
     pub(crate) fn step_aside(&mut self) -> bool {
         self.left = true;
-        self.core.step_aside(&self.map.ring())
+        let core = &self.receiving.get_mut().unwrap_or_else(PoisonError::into_inner).core;
+        core.step_aside(&self.map.ring())
     }
 
     /// Leaves the ring: gives back what it still holds (leaked read slots; the caller is done
@@ -313,7 +364,8 @@ impl ConsumerRing {
             return None;
         }
         let ring = self.map.ring();
-        let left = self.core.leave(&ring, how);
+        let core = &self.receiving.get_mut().unwrap_or_else(PoisonError::into_inner).core;
+        let left = core.leave(&ring, how);
         if left.wake {
             self.wake_producer();
         }

@@ -26,6 +26,10 @@ pub struct Stream {
 
 // SAFETY: a stream handle may be used from any thread with its context bound.
 unsafe impl Send for Stream {}
+// SAFETY: the driver API is thread-safe: threads may enqueue on one stream at once, and every
+// method binds the stream's context on the calling thread first; the struct itself is never
+// mutated through `&self`.
+unsafe impl Sync for Stream {}
 
 impl Stream {
     /// Creates a stream in `ctx`.

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::error::{Corruption, OpenError};
+use crate::error::{Corruption, OpenErrorKind};
 
 /// `b"GPURING1"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
@@ -188,28 +188,31 @@ impl Params {
 
     /// Reads and checks a header in a file of `file_size` bytes: magic, version, every field's
     /// range, and the laid-out size against the file.
-    pub fn read(h: &Header, file_size: u64) -> Result<(Params, Layout), OpenError> {
+    pub fn read(h: &Header, file_size: u64) -> Result<(Params, Layout), OpenErrorKind> {
         // Acquire: pairs with the producer's Release store of `magic`, after all other fields.
         let magic = h.magic.load(Ordering::Acquire);
         if magic == 0 {
-            return Err(OpenError::NotInitialized);
+            return Err(OpenErrorKind::NotInitialized);
         }
         if magic != MAGIC {
-            return Err(OpenError::BadMagic { found: magic });
+            return Err(OpenErrorKind::BadMagic { found: magic });
         }
         let version = h.version.load(Ordering::Relaxed);
         if version != LAYOUT_VERSION {
-            return Err(OpenError::VersionMismatch { found: version, expected: LAYOUT_VERSION });
+            return Err(OpenErrorKind::VersionMismatch {
+                found: version,
+                expected: LAYOUT_VERSION,
+            });
         }
         let header_size = h.header_size.load(Ordering::Relaxed);
         if header_size as usize != std::mem::size_of::<Header>() {
             let value = header_size as u64;
-            return Err(OpenError::Corrupt(Corruption::Field { field: "header_size", value }));
+            return Err(OpenErrorKind::Corrupt(Corruption::Field { field: "header_size", value }));
         }
         let raw_kind = h.memory_kind.load(Ordering::Relaxed);
         let Some(memory_kind) = MemoryKind::from_raw(raw_kind) else {
             let value = raw_kind as u64;
-            return Err(OpenError::Corrupt(Corruption::Field { field: "memory_kind", value }));
+            return Err(OpenErrorKind::Corrupt(Corruption::Field { field: "memory_kind", value }));
         };
         let p = Params {
             capacity: h.capacity.load(Ordering::Relaxed),
@@ -223,15 +226,15 @@ impl Params {
             producer_start_time: h.producer_start_time.load(Ordering::Relaxed),
             epoch: h.epoch.load(Ordering::Relaxed),
         };
-        p.check().map_err(OpenError::Corrupt)?;
+        p.check().map_err(OpenErrorKind::Corrupt)?;
         let layout = Layout::of(&p);
         let total = h.total_size.load(Ordering::Relaxed);
         if total != layout.total as u64 {
             let value = total;
-            return Err(OpenError::Corrupt(Corruption::Field { field: "total_size", value }));
+            return Err(OpenErrorKind::Corrupt(Corruption::Field { field: "total_size", value }));
         }
         if file_size < total {
-            return Err(OpenError::Truncated { needed: total, actual: file_size });
+            return Err(OpenErrorKind::Truncated { needed: total, actual: file_size });
         }
         Ok((p, layout))
     }
@@ -429,32 +432,32 @@ mod tests {
         let p = params();
         let total = Layout::of(&p).total as u64;
         p.write(&h, total);
-        assert!(matches!(Params::read(&h, total), Err(OpenError::NotInitialized)));
+        assert!(matches!(Params::read(&h, total), Err(OpenErrorKind::NotInitialized)));
         h.magic.store(MAGIC, Ordering::Release);
         assert_eq!(Params::read(&h, total).unwrap().0, p);
         assert!(matches!(
             Params::read(&h, total - 1),
-            Err(OpenError::Truncated { needed, actual }) if needed == total && actual == total - 1
+            Err(OpenErrorKind::Truncated { needed, actual }) if needed == total && actual == total - 1
         ));
         h.version.store(9, Ordering::Relaxed);
         assert!(matches!(
             Params::read(&h, total),
-            Err(OpenError::VersionMismatch { found: 9, expected: LAYOUT_VERSION })
+            Err(OpenErrorKind::VersionMismatch { found: 9, expected: LAYOUT_VERSION })
         ));
         h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
         h.capacity.store(0, Ordering::Relaxed);
         assert!(matches!(
             Params::read(&h, total),
-            Err(OpenError::Corrupt(Corruption::Field { field: "capacity", value: 0 }))
+            Err(OpenErrorKind::Corrupt(Corruption::Field { field: "capacity", value: 0 }))
         ));
         h.capacity.store(8, Ordering::Relaxed);
         h.total_size.store(total + 4096, Ordering::Relaxed);
         assert!(matches!(
             Params::read(&h, total),
-            Err(OpenError::Corrupt(Corruption::Field { field: "total_size", .. }))
+            Err(OpenErrorKind::Corrupt(Corruption::Field { field: "total_size", .. }))
         ));
         h.total_size.store(total, Ordering::Relaxed);
         h.magic.store(0xdead, Ordering::Relaxed);
-        assert!(matches!(Params::read(&h, total), Err(OpenError::BadMagic { found: 0xdead })));
+        assert!(matches!(Params::read(&h, total), Err(OpenErrorKind::BadMagic { found: 0xdead })));
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{ConsumerSide, Fault, Memory, ProducerSide, RxSettings, TxSettings};
 use crate::consumer::ConsumerRing;
-use crate::error::{CreateError, OpenError, PublishError};
+use crate::error::{CreateErrorKind, OpenErrorKind, PublishError};
 use crate::format::view::MappedRing;
 use crate::format::MemoryKind;
 use crate::producer::ProducerRing;
@@ -41,9 +41,9 @@ impl ProducerSide for HostTx {
 
     type Prepared = ();
 
-    fn prepare(settings: &TxSettings) -> Result<(), CreateError> {
+    fn prepare(settings: &TxSettings) -> Result<(), CreateErrorKind> {
         if settings.vmm.is_some() {
-            return Err(CreateError::InvalidConfig {
+            return Err(CreateErrorKind::InvalidConfig {
                 field: "sharing",
                 reason: "VMM sharing is for CUDA memory; a host ring shares its segment",
             });
@@ -51,7 +51,7 @@ impl ProducerSide for HostTx {
         Ok(())
     }
 
-    fn create(_: (), _: &TxSettings, _: &MappedRing) -> Result<Self, CreateError> {
+    fn create(_: (), _: &TxSettings, _: &MappedRing) -> Result<Self, CreateErrorKind> {
         Ok(HostTx)
     }
 
@@ -99,7 +99,7 @@ pub struct HostRx;
 impl ConsumerSide for HostRx {
     type Stream = ();
 
-    fn join(_: &RxSettings, _: &MappedRing, _: usize, _: u32) -> Result<Self, OpenError> {
+    fn join(_: &RxSettings, _: &MappedRing, _: usize, _: u32) -> Result<Self, OpenErrorKind> {
         Ok(HostRx)
     }
 

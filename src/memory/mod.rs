@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use crate::consumer::ConsumerRing;
-use crate::error::{CreateError, OpenError, PublishError};
+use crate::error::{CreateErrorKind, OpenErrorKind, PublishError};
 use crate::format::view::MappedRing;
 use crate::format::MemoryKind;
 use crate::producer::ProducerRing;
@@ -142,14 +142,14 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
 
     /// Makes what the kind needs first, so that a kind that cannot be had (no usable GPU) is
     /// refused before the segment is created (or a dead producer's replaced).
-    fn prepare(settings: &TxSettings) -> Result<Self::Prepared, CreateError>;
+    fn prepare(settings: &TxSettings) -> Result<Self::Prepared, CreateErrorKind>;
 
     /// Creates the kind's tables in the segment, which nobody sees yet.
     fn create(
         prepared: Self::Prepared,
         settings: &TxSettings,
         map: &MappedRing,
-    ) -> Result<Self, CreateError>;
+    ) -> Result<Self, CreateErrorKind>;
 
     /// How long the producer spins on a pending condition of this kind before it yields.
     fn spin(&self) -> Duration;
@@ -190,10 +190,11 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     fn close(&mut self, ring: &mut ProducerRing);
 }
 
-/// What a memory kind adds to a consumer.
-pub(crate) trait ConsumerSide: Sized + 'static {
+/// What a memory kind adds to a consumer. `Send + Sync`, as the consumer is: its `&self`
+/// methods may run on several threads at once.
+pub(crate) trait ConsumerSide: Sized + Send + Sync + 'static {
     /// The stream a message is read on (`()` for host memory).
-    type Stream: 'static;
+    type Stream: Send + Sync + 'static;
 
     /// Opens what the consumer of claimed entry `entry` (generation `generation`) needs, before
     /// it becomes active.
@@ -202,7 +203,7 @@ pub(crate) trait ConsumerSide: Sized + 'static {
         map: &MappedRing,
         entry: usize,
         generation: u32,
-    ) -> Result<Self, OpenError>;
+    ) -> Result<Self, OpenErrorKind>;
 
     /// Finds pinned message `m` and orders the next work on `stream` (or the kind's own) after
     /// its writer's. Returns where its bytes are: a host address in this process, or a device

@@ -10,8 +10,8 @@ use std::time::Duration;
 pub(crate) use ring::ProducerRing;
 
 use crate::error::{
-    AcquireError, AcquireTimeoutError, Corruption, CreateError, PublishError, SendError,
-    TryAcquireError,
+    AcquireError, AcquireTimeoutError, Corruption, CreateError, CreateErrorKind, PublishError,
+    SendError, TryAcquireError,
 };
 use crate::format::{Layout, MemoryKind, Params};
 use crate::memory::{Fault, Host, Memory, ProducerSide, TxSettings};
@@ -133,11 +133,11 @@ impl ProducerBuilder {
     /// Size of the consumer table. Default 64.
     ///
     /// ```
-    /// # use gpuring::{Consumer, OpenError, Producer};
+    /// # use gpuring::{Consumer, OpenErrorKind, Producer};
     /// let tx = Producer::builder("doc-producer-max-consumers").max_consumers(1).create()?;
     /// let first = Consumer::open("doc-producer-max-consumers")?;
     /// let second = Consumer::open("doc-producer-max-consumers");
-    /// assert!(matches!(second, Err(OpenError::TooManyConsumers { max: 1 })));
+    /// assert!(matches!(second.err().unwrap().kind(), OpenErrorKind::TooManyConsumers { max: 1 }));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn max_consumers(mut self, n: u32) -> Self {
@@ -222,8 +222,8 @@ impl ProducerBuilder {
         self
     }
 
-    fn params(&self, memory: MemoryKind) -> Result<Params, CreateError> {
-        let bad = |field, reason| Err(CreateError::InvalidConfig { field, reason });
+    fn params(&self, memory: MemoryKind) -> Result<Params, CreateErrorKind> {
+        let bad = |field, reason| Err(CreateErrorKind::InvalidConfig { field, reason });
         if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
             return bad("capacity", "must be 1..=65536");
         }
@@ -283,12 +283,12 @@ impl ProducerBuilder {
     /// its producer is dead, the stale segment is removed first.
     ///
     /// ```
-    /// # use gpuring::{CreateError, MemoryKind, Producer};
+    /// # use gpuring::{CreateErrorKind, MemoryKind, Producer};
     /// let tx = Producer::builder("doc-producer-create").create()?;
     /// assert_eq!(tx.memory(), MemoryKind::Host);
     /// // The name is taken while `tx` lives.
     /// let again = Producer::builder("doc-producer-create").create();
-    /// assert!(matches!(again, Err(CreateError::AlreadyExists { .. })));
+    /// assert!(matches!(again.err().unwrap().kind(), CreateErrorKind::AlreadyExists { .. }));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn create(self) -> Result<Producer<Host>, CreateError> {
@@ -312,7 +312,8 @@ impl ProducerBuilder {
     pub fn create_in<M: Memory>(self) -> Result<Producer<M>, CreateError> {
         let prepare = || M::Tx::prepare(&self.kind);
         let init = |prepared, map: &_| M::Tx::create(prepared, &self.kind, map);
-        let (ring, mem) = ProducerRing::build(&self, M::KIND, prepare, init)?;
+        let (ring, mem) = ProducerRing::build(&self, M::KIND, prepare, init)
+            .map_err(|e| CreateError::new(&self.name, e))?;
         Ok(Producer { ring, mem })
     }
 }
@@ -768,6 +769,24 @@ impl<M: Memory> Producer<M> {
     /// ```
     pub fn abort(mut self) {
         self.ring.mark_cut();
+    }
+}
+
+/// Shows the ring it writes.
+///
+/// ```
+/// let tx = gpuring::Producer::builder("doc-producer-debug").create()?;
+/// assert!(format!("{tx:?}").starts_with("Producer { ring: \"doc-producer-debug\""));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<M: Memory> std::fmt::Debug for Producer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("ring", &self.name())
+            .field("memory", &self.memory())
+            .field("capacity", &self.capacity())
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{monotonic_ns, ProducerBuilder};
 use crate::doorbells::ProducerBells;
-use crate::error::{Corruption, CreateError, PublishError};
+use crate::error::{Corruption, CreateErrorKind, PublishError};
 use crate::format::header::{CLOSED_CUT, CLOSED_DONE};
 use crate::format::view::MappedRing;
 use crate::format::{Layout, MemoryKind, MAGIC};
@@ -187,10 +187,10 @@ impl ProducerRing {
     pub(crate) fn build<P, T>(
         b: &ProducerBuilder,
         memory: MemoryKind,
-        prepare: impl FnOnce() -> Result<P, CreateError>,
-        init: impl FnOnce(P, &MappedRing) -> Result<T, CreateError>,
-    ) -> Result<(ProducerRing, T), CreateError> {
-        let name = ShmName::new(&b.name).map_err(CreateError::InvalidName)?;
+        prepare: impl FnOnce() -> Result<P, CreateErrorKind>,
+        init: impl FnOnce(P, &MappedRing) -> Result<T, CreateErrorKind>,
+    ) -> Result<(ProducerRing, T), CreateErrorKind> {
+        let name = ShmName::new(&b.name).map_err(CreateErrorKind::InvalidName)?;
         let params = b.params(memory)?;
         // Once the settings are known to be good, and before the segment exists.
         let prepared = prepare()?;

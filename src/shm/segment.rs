@@ -1,7 +1,7 @@
 //! Creating, opening, mapping and unlinking a POSIX shm segment.
 //!
 //! A created segment's pages are reserved on the file system at once (`fallocate`), so a full
-//! /dev/shm is a [`CreateError::NoSpace`] at create rather than a SIGBUS at some later write.
+//! /dev/shm is a [`CreateErrorKind::NoSpace`] at create rather than a SIGBUS at some later write.
 //! Its creator holds a `flock` on the file for as long as it lives: exclusive while it builds
 //! the segment, shared from [`Segment::mark_ready`]. That lock is how `stale.rs` tells a live
 //! ring from a dead producer's.
@@ -17,7 +17,7 @@ use rustix::shm;
 
 use super::guard::Guard;
 use super::name::ShmName;
-use crate::error::{CreateError, OpenError};
+use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::Header;
 
 /// How to open an existing segment.
@@ -60,8 +60,8 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(fd)
 }
 
-fn io_error(e: impl Into<io::Error>) -> CreateError {
-    CreateError::Io(e.into())
+fn io_error(e: impl Into<io::Error>) -> CreateErrorKind {
+    CreateErrorKind::Io(e.into())
 }
 
 /// Calls `f` again while it fails with EINTR.
@@ -94,10 +94,10 @@ fn free_bytes(fd: &OwnedFd) -> io::Result<Option<u64>> {
 /// take all of its free memory, from the machine's RAM, before failing. Where the file system
 /// cannot `fallocate`, the file stays sparse, as it always was before, and a warning is logged
 /// once per process.
-fn reserve(fd: &OwnedFd, size: u64) -> Result<(), CreateError> {
+fn reserve(fd: &OwnedFd, size: u64) -> Result<(), CreateErrorKind> {
     if let Some(available) = free_bytes(fd).map_err(io_error)? {
         if size > available {
-            return Err(CreateError::NoSpace { needed: size, available });
+            return Err(CreateErrorKind::NoSpace { needed: size, available });
         }
     }
     // EINTR: a signal came while tmpfs was allocating; the pages done stay done.
@@ -105,7 +105,7 @@ fn reserve(fd: &OwnedFd, size: u64) -> Result<(), CreateError> {
         Ok(()) => Ok(()),
         Err(Errno::NOSPC) => {
             let available = free_bytes(fd).ok().flatten().unwrap_or(0);
-            Err(CreateError::NoSpace { needed: size, available })
+            Err(CreateErrorKind::NoSpace { needed: size, available })
         }
         Err(Errno::OPNOTSUPP | Errno::NOSYS) => {
             static WARNED: Once = Once::new();
@@ -136,12 +136,12 @@ impl Segment {
     ///
     /// Once the file is locked, every failure unlinks it again. (If the `flock` itself fails,
     /// the empty, unlocked file stays, and the next create replaces it.)
-    pub fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateError> {
+    pub fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErrorKind> {
         let flags = shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR | nofollow();
         let mode = Mode::from_bits_truncate(mode);
         let fd = shm::open(name.shm(), flags, mode).map_err(|e| match e {
-            Errno::EXIST => CreateError::AlreadyExists { pid: 0 },
-            Errno::ACCESS | Errno::PERM => CreateError::PermissionDenied,
+            Errno::EXIST => CreateErrorKind::AlreadyExists { pid: 0 },
+            Errno::ACCESS | Errno::PERM => CreateErrorKind::PermissionDenied,
             e => io_error(e),
         })?;
         // Blocks only while a replacer that took our empty file for a dead creator's holds it:
@@ -150,14 +150,14 @@ impl Segment {
         let st = rustix::fs::fstat(&fd).map_err(io_error)?;
         let id = (st.st_dev, st.st_ino);
         if !names(name, id) {
-            return Err(CreateError::AlreadyExists { pid: 0 });
+            return Err(CreateErrorKind::AlreadyExists { pid: 0 });
         }
         // From here the name stays ours: a replacer unlinks only a file whose lock it holds.
         let made = (|| {
             rustix::fs::fchmod(&fd, mode).map_err(io_error)?;
             rustix::fs::ftruncate(&fd, size as u64).map_err(io_error)?;
             reserve(&fd, size as u64)?;
-            map(&fd, size).map_err(CreateError::Io)
+            map(&fd, size).map_err(CreateErrorKind::Io)
         })();
         match made {
             Ok(map) => {
@@ -199,20 +199,20 @@ impl Segment {
         name: &ShmName,
         flags: shm::OFlags,
         opts: OpenOptions,
-    ) -> Result<(OwnedFd, rustix::fs::Stat), OpenError> {
+    ) -> Result<(OwnedFd, rustix::fs::Stat), OpenErrorKind> {
         let fd = shm::open(name.shm(), flags | nofollow(), Mode::empty()).map_err(|e| match e {
-            Errno::NOENT => OpenError::NotFound,
-            Errno::ACCESS | Errno::PERM => OpenError::PermissionDenied,
-            Errno::LOOP => OpenError::NotASegment,
-            e => OpenError::Io(e.into()),
+            Errno::NOENT => OpenErrorKind::NotFound,
+            Errno::ACCESS | Errno::PERM => OpenErrorKind::PermissionDenied,
+            Errno::LOOP => OpenErrorKind::NotASegment,
+            e => OpenErrorKind::Io(e.into()),
         })?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| OpenError::Io(e.into()))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| OpenErrorKind::Io(e.into()))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(OpenError::NotASegment);
+            return Err(OpenErrorKind::NotASegment);
         }
         let me = rustix::process::geteuid().as_raw();
         if st.st_uid != me && !opts.allow_foreign_owner {
-            return Err(OpenError::ForeignOwner { uid: st.st_uid });
+            return Err(OpenErrorKind::ForeignOwner { uid: st.st_uid });
         }
         Ok((fd, st))
     }
@@ -220,15 +220,20 @@ impl Segment {
     /// Opens and maps an existing segment, after checking that it is a regular file owned by
     /// this user (unless allowed otherwise) and large enough for a header. The header itself is
     /// not checked here.
-    pub fn open(name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenError> {
+    pub fn open(name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenErrorKind> {
         let (fd, st) = Segment::open_file(name, shm::OFlags::RDWR, opts)?;
         let size = st.st_size.max(0) as u64;
         let needed = std::mem::size_of::<Header>() as u64;
-        if size < needed {
-            return Err(OpenError::Truncated { needed, actual: size });
+        // Empty: a producer between its `shm_open` and `ftruncate` (or one that died there).
+        if size == 0 {
+            return Err(OpenErrorKind::NotInitialized);
         }
-        let len = usize::try_from(size).map_err(|_| OpenError::Truncated { needed, actual: 0 })?;
-        let map = map(&fd, len).map_err(OpenError::Io)?;
+        if size < needed {
+            return Err(OpenErrorKind::Truncated { needed, actual: size });
+        }
+        let len =
+            usize::try_from(size).map_err(|_| OpenErrorKind::Truncated { needed, actual: 0 })?;
+        let map = map(&fd, len).map_err(OpenErrorKind::Io)?;
         // SAFETY: `map` is a shared mapping of the file, and the guard is declared before it
         // in `Segment`, so it unregisters before the unmap.
         let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
@@ -397,7 +402,7 @@ mod tests {
             let n = name("too-big");
             let size = usize::try_from(free + (1 << 20)).unwrap();
             match Segment::create(&n, size, 0o600) {
-                Err(CreateError::NoSpace { needed, available }) => {
+                Err(CreateErrorKind::NoSpace { needed, available }) => {
                     assert_eq!(needed, size as u64);
                     assert!(available < needed);
                 }

@@ -48,37 +48,37 @@ use rustix::shm;
 use super::name::ShmName;
 use super::process::ProcessId;
 use super::segment::{names, retry, OpenOptions, Segment};
-use crate::error::{CreateError, OpenError};
+use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::Header;
 
 /// Creates segment `name` as [`Segment::create`] does; if the name is taken by a segment whose
 /// producer is dead, replaces it (see the module docs). Fails with `AlreadyExists { pid }` if
 /// the segment there is alive, `pid` being its producer's (0 if it is not known, or not alive:
 /// another process is replacing it right now).
-pub(crate) fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateError> {
+pub(crate) fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErrorKind> {
     match Segment::create(name, size, mode) {
-        Err(CreateError::AlreadyExists { .. }) => replace(name, size, mode),
+        Err(CreateErrorKind::AlreadyExists { .. }) => replace(name, size, mode),
         made => made,
     }
 }
 
 /// Steps 2 to 5 of the module docs. Calls `Segment::create` at most once more, without looping.
-fn replace(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateError> {
+fn replace(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErrorKind> {
     let old = match open(name) {
         Ok(fd) => fd,
         // Removed since our create found it: the name is free, unless another is faster.
-        Err(OpenError::NotFound) => return Segment::create(name, size, mode),
+        Err(OpenErrorKind::NotFound) => return Segment::create(name, size, mode),
         Err(e) => return Err(open_to_create(e)),
     };
     match retry(|| rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive)) {
         Ok(()) => {}
         Err(Errno::WOULDBLOCK) => {
             let pid = owner(&old).filter(ProcessId::is_alive).map_or(0, |p| p.pid);
-            return Err(CreateError::AlreadyExists { pid });
+            return Err(CreateErrorKind::AlreadyExists { pid });
         }
-        Err(e) => return Err(CreateError::Io(e.into())),
+        Err(e) => return Err(CreateErrorKind::Io(e.into())),
     }
-    let st = rustix::fs::fstat(&old).map_err(|e| CreateError::Io(e.into()))?;
+    let st = rustix::fs::fstat(&old).map_err(|e| CreateErrorKind::Io(e.into()))?;
     if !names(name, (st.st_dev, st.st_ino)) {
         // Replaced (or removed) since we opened it: not the segment we found dead.
         return Segment::create(name, size, mode);
@@ -86,14 +86,14 @@ fn replace(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErro
     // Read under the lock: whoever held it before wrote the header before releasing it.
     let dead = owner(&old);
     if let Some(p) = dead.filter(|p| p.pid != 0 && p.is_alive()) {
-        return Err(CreateError::AlreadyExists { pid: p.pid });
+        return Err(CreateErrorKind::AlreadyExists { pid: p.pid });
     }
     let dead_pid = dead.map_or(0, |p| p.pid);
     tracing::info!(ring = %name.ring(), dead_pid, "replacing a dead producer's ring");
     match shm::unlink(name.shm()) {
         Ok(()) | Err(Errno::NOENT) => {}
-        Err(Errno::ACCESS | Errno::PERM) => return Err(CreateError::PermissionDenied),
-        Err(e) => return Err(CreateError::Io(e.into())),
+        Err(Errno::ACCESS | Errno::PERM) => return Err(CreateErrorKind::PermissionDenied),
+        Err(e) => return Err(CreateErrorKind::Io(e.into())),
     }
     // Close the old file before creating: its pages are freed only when nothing holds it any
     // more, and a /dev/shm with room for one ring must have room for the new one.
@@ -103,7 +103,7 @@ fn replace(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErro
 
 /// Opens the file at `name` read-only, with `Segment::open`'s checks (a regular file of this
 /// user, never through a symlink), without mapping it.
-fn open(name: &ShmName) -> Result<OwnedFd, OpenError> {
+fn open(name: &ShmName) -> Result<OwnedFd, OpenErrorKind> {
     let flags = shm::OFlags::from_bits_retain(rustix::fs::OFlags::RDONLY.bits());
     Ok(Segment::open_file(name, flags, OpenOptions::default())?.0)
 }
@@ -127,13 +127,13 @@ fn owner(fd: &OwnedFd) -> Option<ProcessId> {
 }
 
 /// What an error opening the existing segment means for the create that found it.
-fn open_to_create(e: OpenError) -> CreateError {
+fn open_to_create(e: OpenErrorKind) -> CreateErrorKind {
     match e {
-        OpenError::PermissionDenied | OpenError::ForeignOwner { .. } => {
-            CreateError::PermissionDenied
+        OpenErrorKind::PermissionDenied | OpenErrorKind::ForeignOwner { .. } => {
+            CreateErrorKind::PermissionDenied
         }
-        OpenError::Io(e) => CreateError::Io(e),
-        _ => CreateError::AlreadyExists { pid: 0 },
+        OpenErrorKind::Io(e) => CreateErrorKind::Io(e),
+        _ => CreateErrorKind::AlreadyExists { pid: 0 },
     }
 }
 
@@ -156,11 +156,11 @@ mod tests {
     /// `create`, once a child that another test forked has let go of our lock: until it execs,
     /// it shares every open file description, and with it the lock of a segment we dropped
     /// (`AlreadyExists { pid: 0 }`: locked, by nobody alive that the header names).
-    fn create_after_forks(n: &ShmName) -> Result<Segment, CreateError> {
+    fn create_after_forks(n: &ShmName) -> Result<Segment, CreateErrorKind> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
             match create(n, 4096, 0o600) {
-                Err(CreateError::AlreadyExists { pid: 0 })
+                Err(CreateErrorKind::AlreadyExists { pid: 0 })
                     if std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(5))
@@ -185,11 +185,11 @@ mod tests {
         claim(&seg, me);
         // Locked while built, and after.
         assert!(
-            matches!(create(&n, 4096, 0o600), Err(CreateError::AlreadyExists { pid }) if pid == me.pid)
+            matches!(create(&n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { pid }) if pid == me.pid)
         );
         seg.mark_ready();
         assert!(
-            matches!(create(&n, 4096, 0o600), Err(CreateError::AlreadyExists { pid }) if pid == me.pid)
+            matches!(create(&n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { pid }) if pid == me.pid)
         );
         assert_eq!(ino(&n), rustix::fs::fstat(seg.fd_for_tests()).unwrap().st_ino);
         seg.unlink();
@@ -226,7 +226,7 @@ mod tests {
         rustix::fs::flock(seg.fd_for_tests(), FlockOperation::Unlock).unwrap();
         let me = std::process::id();
         assert!(
-            matches!(create(&n, 4096, 0o600), Err(CreateError::AlreadyExists { pid }) if pid == me)
+            matches!(create(&n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { pid }) if pid == me)
         );
         seg.unlink();
     }

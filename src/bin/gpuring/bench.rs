@@ -19,7 +19,7 @@ use gpuring::StartAt;
 
 use crate::cli::{parse_mode, parse_policy};
 use crate::size::parse_size;
-use gpuring::{monotonic_ns, Consumer, Host, Mode, OpenError, Policy, Producer, RecvError};
+use gpuring::{monotonic_ns, Consumer, Host, Mode, Policy, Producer, RecvError};
 use serde::{Deserialize, Serialize};
 
 /// What a consumer process reports.
@@ -354,23 +354,12 @@ pub fn consumer(
 /// number follows from the previous one and the loss reported with it, and holds each for
 /// `hold` before releasing it.
 fn consume_in<M: Payload>(name: &str, hold: Duration, mode: Option<Mode>) -> Result<(), String> {
-    let t = Instant::now();
-    let rx = loop {
-        let builder = Consumer::builder(name).start_at(StartAt::Next);
-        let builder = match mode {
-            Some(mode) => builder.mode(mode),
-            None => builder,
-        };
-        match builder.open_in::<M>() {
-            Ok(rx) => break rx,
-            Err(OpenError::NotFound | OpenError::NotInitialized)
-                if t.elapsed() < Duration::from_secs(10) =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => return Err(format!("open {name}: {e}")),
-        }
+    let builder = Consumer::builder(name).start_at(StartAt::Next);
+    let builder = match mode {
+        Some(mode) => builder.mode(mode),
+        None => builder,
     };
+    let rx = builder.open_in_timeout::<M>(Duration::from_secs(10)).map_err(|e| e.to_string())?;
     let checker = M::checker(&rx).map_err(|e| e.to_string())?;
     let mut lat = Vec::new();
     let (mut frames, mut lost, mut accounting_errors) = (0u64, 0u64, 0u64);

@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpuring::inspect::{self, BlockedOn, RingStatus};
+use gpuring::inspect::{self, BlockedOn, RemoveError, RingStatus};
 use gpuring::{MemoryKind, Mode, Policy};
 use serde::Serialize;
 
@@ -354,7 +354,7 @@ fn print_stat(
 }
 
 fn stat(name: &str, watch: bool, json: bool) -> Result<(), String> {
-    let read = || inspect::status(name).map_err(|e| format!("{name}: {e}"));
+    let read = || inspect::status(name).map_err(|e| e.to_string());
     let mut before = read()?;
     let mut t = Instant::now();
     let interval = if watch { Duration::from_secs(1) } else { Duration::from_millis(250) };
@@ -376,7 +376,11 @@ fn stat(name: &str, watch: bool, json: bool) -> Result<(), String> {
 }
 
 fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
-    inspect::remove(name, force).map_err(|e| format!("{name}: {e}"))?;
+    inspect::remove(name, force).map_err(|e| match e {
+        RemoveError::NotFound => format!("no ring named {name:?}"),
+        RemoveError::Open(e) => e.to_string(),
+        e => format!("ring {name:?}: {e}"),
+    })?;
     if json {
         println!("{}", serde_json::json!({ "removed": name }));
     } else {

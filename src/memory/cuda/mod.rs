@@ -192,16 +192,18 @@ fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
 impl ProducerBuilder {
     /// Creates a CUDA-memory ring on device `ordinal`: one device allocation holds every
     /// buffer, each with a ready fence (legacy sharing: an interprocess event; VMM: a word in
-    /// the segment). Fails with [`CreateError::MemoryUnavailable`] where there is no usable CUDA
+    /// the segment). Fails with [`CreateErrorKind::MemoryUnavailable`] where there is no usable CUDA
     /// driver or device, or the device cannot do what [`sharing`](Self::sharing) asks.
     ///
     /// ```no_run
-    /// use gpuring::{CreateError, Producer};
+    /// use gpuring::{CreateErrorKind, Producer};
     ///
     /// let frame = 1920 * 1080 * 4; // one 1080p RGBA frame per slot
     /// match Producer::builder("cam0").capacity(8).slot_size(frame).create_gpu(0) {
     ///     Ok(tx) => println!("ring {} is on GPU 0", tx.name()),
-    ///     Err(CreateError::MemoryUnavailable { reason }) => eprintln!("no GPU: {reason}"),
+    ///     Err(e) if matches!(e.kind(), CreateErrorKind::MemoryUnavailable { .. }) => {
+    ///         eprintln!("no GPU: {e}")
+    ///     }
     ///     Err(e) => return Err(e.into()),
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -260,7 +262,7 @@ impl ProducerBuilder {
 
     /// CUDA rings: how the memory and fences reach consumers. Default [`Sharing::Legacy`].
     /// [`Sharing::Vmm`] cannot be combined with [`Fence::Memory`] (its fences are memory
-    /// words already); `create_gpu` refuses that with [`CreateError::InvalidConfig`].
+    /// words already); `create_gpu` refuses that with [`CreateErrorKind::InvalidConfig`].
     ///
     /// ```no_run
     /// use gpuring::{PeerPolicy, Producer, Sharing};
@@ -282,7 +284,7 @@ impl ConsumerBuilder {
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
     /// Maps the producer's pools (legacy: from their IPC handles; VMM: from the fds the
     /// producer's server sends, if its peer policy admits this process, else
-    /// [`OpenError::PeerRefused`]) and opens the buffers' fences once, here.
+    /// [`OpenErrorKind::PeerRefused`]) and opens the buffers' fences once, here.
     ///
     /// ```no_run
     /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}

@@ -1,9 +1,8 @@
 //! The consumer's side of a CUDA ring ([`CudaRx`]), and what only CUDA consumers and their
 //! messages have: the context and stream, device pointers, `recv_on`.
 
-use std::cell::RefCell;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use std::os::fd::AsFd;
@@ -14,7 +13,9 @@ use super::{same_device, Cuda};
 use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportError, VmmMapping};
-use crate::error::{Corruption, OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::error::{
+    Corruption, OpenError, OpenErrorKind, RecvError, RecvTimeoutError, TryRecvError,
+};
 use crate::format::gpu::{
     check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, release_bank,
     release_value, released_by, sharing_kind, KnownPool, MAX_POOLS,
@@ -48,13 +49,13 @@ impl OpenFault {
 
     /// As an error of `open`: the unreachable server of a producer that closed or died means
     /// `Disconnected` (so that `open_when_ready` waits for its successor).
-    fn opening(self, map: &MappedRing) -> OpenError {
+    fn opening(self, map: &MappedRing) -> OpenErrorKind {
         match self {
-            OpenFault::Corrupt(c) => OpenError::Corrupt(c),
+            OpenFault::Corrupt(c) => OpenErrorKind::Corrupt(c),
             OpenFault::Cuda(e) => cuda_err(e),
-            OpenFault::Refused(reason) => OpenError::PeerRefused { reason },
-            OpenFault::Fetch(_) if producer_gone(map) => OpenError::Disconnected,
-            OpenFault::Fetch(reason) => OpenError::MemoryUnavailable { reason },
+            OpenFault::Refused(reason) => OpenErrorKind::PeerRefused { reason },
+            OpenFault::Fetch(_) if producer_gone(map) => OpenErrorKind::Disconnected,
+            OpenFault::Fetch(reason) => OpenErrorKind::MemoryUnavailable { reason },
         }
     }
 
@@ -156,14 +157,16 @@ impl LegacyRx {
 pub struct CudaRx {
     stream: Stream,
     share: RxShare,
-    pools: RefCell<Vec<Option<OpenPool>>>,
+    /// Locked while a pool is looked up or mapped, so threads sharing the consumer map each
+    /// pool once.
+    pools: Mutex<Vec<Option<OpenPool>>>,
     ctx: Arc<Context>,
     /// How long to poll a ready fence before a GPU-side wait.
     poll: Duration,
 }
 
-fn cuda_err(e: impl Into<CudaError>) -> OpenError {
-    OpenError::MemoryUnavailable { reason: e.into().to_string() }
+fn cuda_err(e: impl Into<CudaError>) -> OpenErrorKind {
+    OpenErrorKind::MemoryUnavailable { reason: e.into().to_string() }
 }
 
 fn uuid_hex(u: &[u8; 16]) -> String {
@@ -172,12 +175,12 @@ fn uuid_hex(u: &[u8; 16]) -> String {
 
 /// The device this consumer reads on: `settings.device`, which must be the ring's, or the one
 /// with the ring's UUID.
-fn pick_device(settings: &RxSettings, ring_uuid: [u8; 16]) -> Result<i32, OpenError> {
+fn pick_device(settings: &RxSettings, ring_uuid: [u8; 16]) -> Result<i32, OpenErrorKind> {
     match settings.device {
         Some(d) => {
             let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
             if uuid != ring_uuid {
-                return Err(OpenError::MemoryUnavailable {
+                return Err(OpenErrorKind::MemoryUnavailable {
                     reason: format!(
                         "the ring's memory is on GPU {}, not on device {d} ({}); consumers on \
                          another GPU are not supported yet",
@@ -191,7 +194,7 @@ fn pick_device(settings: &RxSettings, ring_uuid: [u8; 16]) -> Result<i32, OpenEr
         None => {
             let n = driver::device_count().map_err(cuda_err)?;
             (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
-                || OpenError::MemoryUnavailable {
+                || OpenErrorKind::MemoryUnavailable {
                     reason: format!(
                         "the ring's memory is on GPU {}, which this process cannot see",
                         uuid_hex(&ring_uuid)
@@ -212,9 +215,9 @@ impl CudaRx {
         entry: usize,
         generation: u32,
         settings: &RxSettings,
-    ) -> Result<CudaRx, OpenError> {
+    ) -> Result<CudaRx, OpenErrorKind> {
         let tables = map.gpu();
-        let bad = |field, value| OpenError::Corrupt(Corruption::Field { field, value });
+        let bad = |field, value| OpenErrorKind::Corrupt(Corruption::Field { field, value });
         // Relaxed (both): written before `magic`, which the open acquired.
         let vmm = match tables.header.sharing.load(Ordering::Relaxed) {
             sharing_kind::LEGACY => false,
@@ -228,7 +231,7 @@ impl CudaRx {
         let ordinal = pick_device(settings, load_uuid(&tables.header.device_uuid))?;
         if !vmm && map.params().producer_pid == std::process::id() {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
-            return Err(OpenError::MemoryUnavailable {
+            return Err(OpenErrorKind::MemoryUnavailable {
                 reason: "CUDA IPC handles cannot be opened in the process that made them: \
                          consume a legacy-sharing CUDA ring from another process than its \
                          producer's, or create it with Sharing::Vmm"
@@ -242,7 +245,7 @@ impl CudaRx {
         fence(Ordering::SeqCst);
         // Acquire: pairs with the producer's Release store of `closed`.
         if map.header().closed.load(Ordering::Acquire) != 0 {
-            return Err(OpenError::Disconnected);
+            return Err(OpenErrorKind::Disconnected);
         }
         let share = if vmm {
             let words = SegmentWords::register(&ctx, map).map_err(cuda_err)?;
@@ -260,11 +263,11 @@ impl CudaRx {
         let mut side = CudaRx {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
             share,
-            pools: RefCell::new((0..MAX_POOLS).map(|_| None).collect()),
+            pools: Mutex::new((0..MAX_POOLS).map(|_| None).collect()),
             ctx,
             poll: settings.gpu_poll,
         };
-        side.open_pools(map, None).map_err(|e| e.opening(map))?;
+        side.open_pools(&mut side.pools(), map, None).map_err(|e| e.opening(map))?;
         let words = side.fence_words(map)?;
         if let RxShare::Legacy(legacy) = &mut side.share {
             legacy.words = words;
@@ -274,15 +277,15 @@ impl CudaRx {
 
     /// The fence words, if the segment says `Fence::Memory`: checks the kind, that the named
     /// pool is one we mapped, and that it is large enough for every word we may touch.
-    fn fence_words(&self, map: &MappedRing) -> Result<Option<CUdeviceptr>, OpenError> {
+    fn fence_words(&self, map: &MappedRing) -> Result<Option<CUdeviceptr>, OpenErrorKind> {
         let header = &map.gpu().header;
-        let bad = |field, value| OpenError::Corrupt(Corruption::Field { field, value });
+        let bad = |field, value| OpenErrorKind::Corrupt(Corruption::Field { field, value });
         // Relaxed (both): written before `magic`, which the open acquired.
         match header.fence.load(Ordering::Relaxed) {
             fence_kind::EVENTS => Ok(None),
             fence_kind::MEMORY => {
                 let p = header.fence_pool.load(Ordering::Relaxed) as usize;
-                let pools = self.pools.borrow();
+                let pools = self.pools();
                 let Some(Some(pool)) = pools.get(p) else {
                     return Err(bad("gpu.fence_pool", p as u64));
                 };
@@ -320,12 +323,22 @@ impl CudaRx {
     /// Maps the live pools we have not mapped yet (`only`: just that one), the ring's way:
     /// legacy, from each entry's IPC handle; VMM, from the fds of one fetch from the
     /// producer's server, each checked against the pool table and imported on our device.
-    fn open_pools(&self, map: &MappedRing, only: Option<usize>) -> Result<(), OpenFault> {
-        let wanted = |p: usize| only.is_none_or(|o| o == p) && self.pools.borrow()[p].is_none();
+    fn open_pools(
+        &self,
+        pools: &mut [Option<OpenPool>],
+        map: &MappedRing,
+        only: Option<usize>,
+    ) -> Result<(), OpenFault> {
+        let wanted = |pools: &[Option<OpenPool>], p: usize| {
+            only.is_none_or(|o| o == p) && pools[p].is_none()
+        };
         let bad = |field, value| OpenFault::Corrupt(Corruption::Field { field, value });
         match &self.share {
             RxShare::Legacy(_) => {
-                for p in (0..MAX_POOLS).filter(|&p| wanted(p)) {
+                for p in 0..MAX_POOLS {
+                    if !wanted(pools, p) {
+                        continue;
+                    }
                     let Some(known) = CudaRx::check_entry(map, p)? else { continue };
                     let handle = driver::mem_handle_from_bytes(&map.gpu().pools[p].handle.load());
                     let size = known.size as usize;
@@ -334,8 +347,7 @@ impl CudaRx {
                     if mapping.mapped_size().map_err(OpenFault::cuda)? < size {
                         return Err(bad("pool.size", known.size));
                     }
-                    self.pools.borrow_mut()[p] =
-                        Some(OpenPool { known, mapping: Mapping::Ipc(mapping) });
+                    pools[p] = Some(OpenPool { known, mapping: Mapping::Ipc(mapping) });
                 }
             }
             RxShare::Vmm(_) => {
@@ -367,7 +379,7 @@ impl CudaRx {
                 // Every fd we do not map is closed when `fds` drops.
                 for (offer, fd) in offered.iter().zip(&fds) {
                     let p = offer.pool as usize;
-                    if !wanted(p) {
+                    if !wanted(pools, p) {
                         continue;
                     }
                     // An offered pool not LIVE yet is mapped when a message first names it.
@@ -386,12 +398,17 @@ impl CudaRx {
                             VmmImportError::Size(_) => bad("pool.size", known.size),
                             VmmImportError::Driver(e) => OpenFault::cuda(e),
                         })?;
-                    self.pools.borrow_mut()[p] =
-                        Some(OpenPool { known, mapping: Mapping::Vmm(mapping) });
+                    pools[p] = Some(OpenPool { known, mapping: Mapping::Vmm(mapping) });
                 }
             }
         }
         Ok(())
+    }
+
+    /// The mapped pools, locked. The lock guards only the table: a panic while it was held
+    /// leaves each entry mapped or not, both valid.
+    fn pools(&self) -> MutexGuard<'_, Vec<Option<OpenPool>>> {
+        self.pools.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The device address of pinned message `m`, after checking its descriptor. Maps a pool
@@ -402,14 +419,14 @@ impl CudaRx {
         let pool = line.pool.load(Ordering::Relaxed);
         let generation = line.pool_generation.load(Ordering::Relaxed);
         let offset = line.offset.load(Ordering::Relaxed);
-        let known = |pools: &Vec<Option<OpenPool>>| -> Vec<Option<KnownPool>> {
+        let known = |pools: &[Option<OpenPool>]| -> Vec<Option<KnownPool>> {
             pools.iter().map(|o| o.as_ref().map(|o| o.known)).collect()
         };
-        let unmapped = (pool as usize) < MAX_POOLS && self.pools.borrow()[pool as usize].is_none();
+        let mut pools = self.pools();
+        let unmapped = (pool as usize) < MAX_POOLS && pools[pool as usize].is_none();
         if unmapped {
-            self.open_pools(map, Some(pool as usize)).map_err(OpenFault::receiving)?;
+            self.open_pools(&mut pools, map, Some(pool as usize)).map_err(OpenFault::receiving)?;
         }
-        let pools = self.pools.borrow();
         let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
             .map_err(Fault::Corrupt)?;
         let base = pools[d.pool].as_ref().expect("checked: mapped").mapping.ptr();
@@ -425,7 +442,7 @@ impl LegacyRx {
         map: &MappedRing,
         entry: usize,
         generation: u32,
-    ) -> Result<LegacyRx, OpenError> {
+    ) -> Result<LegacyRx, OpenErrorKind> {
         let tables = map.gpu();
         // Our release lines: the producer reads them only once our entry is ACTIVE in this
         // generation, so nobody reads them while we write.
@@ -461,8 +478,8 @@ impl ConsumerSide for CudaRx {
         map: &MappedRing,
         entry: usize,
         generation: u32,
-    ) -> Result<Self, OpenError> {
-        driver::available().map_err(|why| OpenError::MemoryUnavailable {
+    ) -> Result<Self, OpenErrorKind> {
+        driver::available().map_err(|why| OpenErrorKind::MemoryUnavailable {
             reason: format!("CUDA unavailable: {why}"),
         })?;
         CudaRx::join(map, entry, generation, settings)
@@ -541,7 +558,7 @@ impl ConsumerSide for CudaRx {
             } else {
                 ring.leave(Leave::Free);
             }
-            let pools = std::mem::replace(&mut self.pools, RefCell::new(Vec::new()));
+            let pools = std::mem::replace(&mut self.pools, Mutex::new(Vec::new()));
             std::mem::forget(pools);
             std::mem::forget(std::mem::replace(
                 &mut self.share,
@@ -550,7 +567,7 @@ impl ConsumerSide for CudaRx {
             return;
         }
         let (entry, generation) = (ring.entry(), ring.generation());
-        self.pools.borrow_mut().clear();
+        self.pools.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
         let legacy = match std::mem::replace(&mut self.share, RxShare::Legacy(LegacyRx::empty())) {
             RxShare::Vmm(words) => {
                 drop(words);

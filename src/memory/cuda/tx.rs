@@ -13,7 +13,9 @@ use crate::cuda::driver::{self, CUdeviceptr};
 use crate::cuda::{
     export_raw_fd, Context, CudaError, DevicePool, DriverError, IpcEvent, Stream, VmmPool,
 };
-use crate::error::{AcquireError, AcquireTimeoutError, CreateError, PublishError, RegisterError};
+use crate::error::{
+    AcquireError, AcquireTimeoutError, CreateErrorKind, PublishError, RegisterError,
+};
 use crate::format::gpu::{
     fence_bytes, fence_kind, pool_state, ready_word, release_bank, released_by, sharing_kind,
     store_uuid, MAX_POOLS,
@@ -54,8 +56,8 @@ pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 const WRITES_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A CUDA failure while creating a ring: the memory kind cannot be had.
-fn unavailable(e: CudaError) -> CreateError {
-    CreateError::MemoryUnavailable { reason: e.to_string() }
+fn unavailable(e: CudaError) -> CreateErrorKind {
+    CreateErrorKind::MemoryUnavailable { reason: e.to_string() }
 }
 
 /// A pool table entry of a CUDA producer: the slots' own allocation (0) or one registered
@@ -474,9 +476,9 @@ fn consumers_gone(ring: &Ring<'_>) -> bool {
 /// device that shares `cuMemCreate` memory by fd and 64-bit stream memory operations (its
 /// fences), and is not combined with `Fence::Memory`; that fence needs the memory operations
 /// too.
-fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateError> {
+fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateErrorKind> {
     if settings.vmm.is_some() && settings.memory_fence {
-        return Err(CreateError::InvalidConfig {
+        return Err(CreateErrorKind::InvalidConfig {
             field: "fence",
             reason: "Fence::Memory cannot be combined with Sharing::Vmm, whose fences are \
                      memory words already",
@@ -486,14 +488,14 @@ fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateErro
     let mem_ops = driver::can_use_64_bit_stream_mem_ops(dev).map_err(|e| unavailable(e.into()))?;
     if (settings.vmm.is_some() || settings.memory_fence) && !mem_ops {
         let what = if settings.memory_fence { "Fence::Memory" } else { "Sharing::Vmm" };
-        return Err(CreateError::MemoryUnavailable {
+        return Err(CreateErrorKind::MemoryUnavailable {
             reason: format!(
                 "{what} needs 64-bit stream memory operations, which this device does not support"
             ),
         });
     }
     if settings.vmm.is_some() && !driver::vmm_supported(dev).map_err(|e| unavailable(e.into()))? {
-        return Err(CreateError::MemoryUnavailable {
+        return Err(CreateErrorKind::MemoryUnavailable {
             reason: "Sharing::Vmm needs a device that shares cuMemCreate memory by POSIX file \
                      descriptor, which this one does not"
                 .into(),
@@ -508,7 +510,7 @@ impl ProducerSide for CudaTx {
     /// The device's context.
     type Prepared = Arc<Context>;
 
-    fn prepare(settings: &TxSettings) -> Result<Arc<Context>, CreateError> {
+    fn prepare(settings: &TxSettings) -> Result<Arc<Context>, CreateErrorKind> {
         let ctx = Context::new(settings.device).map_err(unavailable)?;
         check_settings(&ctx, settings)?;
         Ok(ctx)
@@ -518,7 +520,7 @@ impl ProducerSide for CudaTx {
         ctx: Arc<Context>,
         settings: &TxSettings,
         map: &MappedRing,
-    ) -> Result<Self, CreateError> {
+    ) -> Result<Self, CreateErrorKind> {
         let params = map.params();
         let (slot_size, buffers) = (params.slot_size as usize, params.buffers() as usize);
         CudaTx::build(&ctx, map, slot_size, buffers, settings).map_err(unavailable)

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuring::testing::payload::Payload;
-use gpuring::{Consumer, Host, OpenError, Producer, RecvTimeoutError, StartAt};
+use gpuring::{Consumer, Host, OpenErrorKind, Producer, RecvTimeoutError, StartAt};
 
 /// Bytes per frame: small, so that the figure is the handoff, not the copy.
 const FRAME: usize = 4096;
@@ -112,15 +112,20 @@ fn open_retrying<M: Payload>(
         match Consumer::builder(name).start_at(StartAt::Next).open_in::<M>() {
             Ok(rx) => return Ok(rx),
             // Not there yet, or half-built (between the echo's shm_open and its ftruncate).
-            Err(OpenError::NotFound | OpenError::NotInitialized | OpenError::Truncated { .. })
-                if t.elapsed() < PATIENCE =>
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    OpenErrorKind::NotFound
+                        | OpenErrorKind::NotInitialized
+                        | OpenErrorKind::Truncated { .. }
+                ) && t.elapsed() < PATIENCE =>
             {
                 if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
                     return Err(format!("the echo process exited early ({status})"));
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(e) => return Err(format!("opening ring {name}: {e}")),
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
