@@ -103,7 +103,7 @@ impl fmt::Display for NameError {
 
 impl std::error::Error for NameError {}
 
-/// What went wrong creating a ring: the [`kind`](CreateErrorKind::kind) of a [`CreateError`].
+/// What went wrong creating a ring: the [`kind`](CreateError::kind) of a [`CreateError`].
 ///
 /// A ring name can have only one live producer:
 ///
@@ -298,7 +298,7 @@ impl std::error::Error for CreateError {
     }
 }
 
-/// What went wrong opening a ring: the [`kind`](OpenErrorKind::kind) of an [`OpenError`].
+/// What went wrong opening a ring: the [`kind`](OpenError::kind) of an [`OpenError`].
 ///
 /// ```
 /// use gpuring::{Consumer, OpenErrorKind};

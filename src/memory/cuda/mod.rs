@@ -192,7 +192,7 @@ fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
 impl ProducerBuilder {
     /// Creates a CUDA-memory ring on device `ordinal`: one device allocation holds every
     /// buffer, each with a ready fence (legacy sharing: an interprocess event; VMM: a word in
-    /// the segment). Fails with [`CreateErrorKind::MemoryUnavailable`] where there is no usable CUDA
+    /// the segment). Fails with [`CreateErrorKind::MemoryUnavailable`](crate::CreateErrorKind::MemoryUnavailable) where there is no usable CUDA
     /// driver or device, or the device cannot do what [`sharing`](Self::sharing) asks.
     ///
     /// ```no_run
@@ -262,7 +262,7 @@ impl ProducerBuilder {
 
     /// CUDA rings: how the memory and fences reach consumers. Default [`Sharing::Legacy`].
     /// [`Sharing::Vmm`] cannot be combined with [`Fence::Memory`] (its fences are memory
-    /// words already); `create_gpu` refuses that with [`CreateErrorKind::InvalidConfig`].
+    /// words already); `create_gpu` refuses that with [`CreateErrorKind::InvalidConfig`](crate::CreateErrorKind::InvalidConfig).
     ///
     /// ```no_run
     /// use gpuring::{PeerPolicy, Producer, Sharing};
@@ -284,7 +284,7 @@ impl ConsumerBuilder {
     /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
     /// Maps the producer's pools (legacy: from their IPC handles; VMM: from the fds the
     /// producer's server sends, if its peer policy admits this process, else
-    /// [`OpenErrorKind::PeerRefused`]) and opens the buffers' fences once, here.
+    /// [`OpenErrorKind::PeerRefused`](crate::OpenErrorKind::PeerRefused)) and opens the buffers' fences once, here.
     ///
     /// ```no_run
     /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
