@@ -128,6 +128,16 @@ class Consumer:
         """Iterating yields messages until the producer closes the ring (or dies: `ended`
         tells which)."""
 
+    async def recv_async(self, timeout: float | None = None) -> Slot:
+        """`recv` for asyncio: awaits the next message without blocking the event loop or
+        starting a thread (the running loop watches the consumer's doorbell). Raises as `recv`
+        does; cancelling it loses no message."""
+
+    def __aiter__(self) -> Self: ...
+    async def __anext__(self) -> Slot:
+        """`async for` yields messages until the producer closes the ring (or dies: `ended`
+        tells which)."""
+
     @property
     def ended(self) -> Literal["closed", "died"] | None:
         """How the stream ended: None while the producer is live, "closed" if it closed the

@@ -2,16 +2,16 @@
 //!
 //! The producer keeps its own doorbell (which parked async producers await) and a knocker for
 //! ringing parked consumers; a consumer keeps a knocker for ringing a parked producer and,
-//! once it waits asynchronously, its own doorbell.
+//! once it waits asynchronously (tokio, or an outside event loop), its own doorbell.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::sync::OnceLock;
 
 use rustix::net::SocketAddrUnix;
 
 use crate::ring::{park, Ring};
-use crate::shm::doorbell::{consumer_address, producer_address, Doorbell, Knocker};
+use crate::shm::doorbell::{consumer_address, new_token, producer_address, Doorbell, Knocker};
 
 /// A consumer doorbell's address, remembered by the producer.
 struct Known {
@@ -83,6 +83,43 @@ impl ProducerBells {
                 knocker.knock(&k.at);
             }
         }
+    }
+}
+
+/// A consumer's own doorbell, made by its first async wait.
+#[derive(Default)]
+pub(crate) struct BellCell {
+    /// `None` if no doorbell could be bound: waits then fall back to a timer.
+    bell: OnceLock<Option<Doorbell>>,
+}
+
+impl BellCell {
+    /// The doorbell of the consumer of ring `name` (instance `epoch`) whose entry's doorbell
+    /// token is `token_at`, bound on first use at the address named by a fresh token, which is
+    /// then published in `token_at` for the producer to find.
+    pub(crate) fn get(&self, name: &str, epoch: u64, token_at: &AtomicU64) -> Option<&Doorbell> {
+        self.bell
+            .get_or_init(|| {
+                let token = new_token().ok()?;
+                let at = consumer_address(name, epoch, token).ok()?;
+                let bell = match Doorbell::bind(&at) {
+                    Ok(bell) => bell,
+                    Err(e) => {
+                        tracing::warn!(ring = %name, error = %e, "no doorbell: async receive polls on a timer");
+                        return None;
+                    }
+                };
+                // Relaxed: the producer reads it only after seeing us parked, and `park`'s
+                // SeqCst fence comes after this store.
+                token_at.store(token, Ordering::Relaxed);
+                Some(bell)
+            })
+            .as_ref()
+    }
+
+    /// The doorbell, if one was bound.
+    pub(crate) fn bound(&self) -> Option<&Doorbell> {
+        self.bell.get().and_then(Option::as_ref)
     }
 }
 

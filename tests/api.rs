@@ -354,3 +354,49 @@ fn threads_share_one_consumer_and_release_on_any_thread() {
     got.sort_unstable();
     assert_eq!(got, (0..N).collect::<Vec<_>>());
 }
+
+/// Whether `fd` is readable now.
+fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fds = [libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    // SAFETY: one valid pollfd; no wait.
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) == 1 }
+}
+
+/// Issue 22, item 9 (the Rust half): an outside event loop's wait. An armed consumer's
+/// doorbell is knocked by a publish and by the close; a disarmed one is not, and disarming
+/// empties it; the producer sees the consumer parked exactly while it is armed (twice armed is
+/// once), and a consumer dropped while armed stops counting as parked.
+#[test]
+fn an_armed_doorbell_rings_on_publish_and_close() {
+    let name = unique_name("api-doorbell");
+    let mut tx = Producer::builder(&name).capacity(4).create().unwrap();
+    let rx = Consumer::builder(&name).start_at(StartAt::Next).open().unwrap();
+    let fd = rx.doorbell_fd().expect("a doorbell");
+    let parked = |tx: &Producer| tx.consumers()[0].parked;
+    assert!(!readable(fd) && !parked(&tx));
+    tx.send(b"a", b"").unwrap();
+    assert!(!readable(fd), "not armed: no knock");
+    rx.arm_doorbell();
+    rx.arm_doorbell();
+    assert!(parked(&tx));
+    tx.send(b"b", b"").unwrap();
+    assert!(readable(fd), "armed: the publish knocked");
+    rx.disarm_doorbell();
+    assert!(!readable(fd) && !parked(&tx), "disarmed once, and emptied");
+    assert_eq!(&*rx.try_recv().unwrap(), b"a");
+    assert_eq!(&*rx.try_recv().unwrap(), b"b");
+    rx.arm_doorbell();
+    drop(tx);
+    assert!(readable(fd), "armed: the close knocked");
+    assert_eq!(rx.try_recv().err(), Some(TryRecvError::Disconnected));
+
+    let tx = Producer::builder(&unique_name("api-doorbell-drop")).create().unwrap();
+    let rx = Consumer::open(tx.name()).unwrap();
+    rx.arm_doorbell();
+    assert!(tx.consumers()[0].parked);
+    drop(rx);
+    let other = Consumer::open(tx.name()).unwrap();
+    assert!(!tx.consumers()[0].parked, "the dropped consumer's park went with it");
+    drop(other);
+}

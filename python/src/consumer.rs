@@ -11,6 +11,7 @@ use gpuring::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::aio;
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, open_error, timeout, Disconnected};
 use crate::held::{Held, Reader, Receiver};
@@ -150,6 +151,62 @@ impl Consumer {
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
+    }
+
+    /// recv_async(timeout=None) -> Slot (a coroutine)
+    ///
+    /// `recv` for asyncio: awaits the next message without blocking the event loop or
+    /// starting a thread. The consumer's doorbell (a socket the producer knocks on after a
+    /// publish) is watched by the running loop (`loop.add_reader`). Raises `TimeoutError` and
+    /// `gpuring.Disconnected` as `recv` does. Cancelling it loses no message. Call it on the
+    /// thread that opened the consumer (the loop's).
+    #[pyo3(signature = (timeout=None))]
+    fn recv_async<'py>(
+        slf: &Bound<'py, Self>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        deadline(timeout)?; // checks the value now, not at the first await
+        aio::module(slf.py())?.getattr("recv")?.call1((slf, timeout))
+    }
+
+    /// `async for slot in consumer`: yields messages until the producer closes the ring (or
+    /// dies: then `consumer.ended` says so).
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        aio::module(py)?.getattr("anext")?.call1((slf, py.get_type::<Disconnected>()))
+    }
+
+    /// The doorbell's descriptor (-1: none could be bound), for `aio.py`.
+    fn _doorbell(&self) -> PyResult<i32> {
+        Ok(self.shared()?.doorbell_fd().unwrap_or(-1))
+    }
+
+    /// Arms the doorbell, for `aio.py`.
+    fn _arm(&self) -> PyResult<()> {
+        self.shared()?.arm();
+        Ok(())
+    }
+
+    /// Disarms and empties the doorbell, for `aio.py`. A closed consumer has nothing to disarm.
+    fn _disarm(&self) -> PyResult<()> {
+        if let Ok(rx) = self.shared() {
+            rx.disarm();
+        }
+        Ok(())
+    }
+
+    /// Seconds between the producer liveness checks of a wait, for `aio.py`.
+    fn _liveness(&self) -> PyResult<f64> {
+        Ok(self.shared()?.liveness().as_secs_f64())
+    }
+
+    /// The `TimeoutError` of a wait of `timeout` seconds, worded as `recv`'s, for `aio.py`.
+    fn _timeout(&self, timeout: Option<f64>) -> PyErr {
+        timeout_error(&self.name, timeout)
     }
 
     /// How the stream ended: None while the producer is live, "closed" if it closed the ring

@@ -4,6 +4,7 @@
 //! (which cannot borrow) can hold it. All of it is bound to the consumer's thread
 //! (`crate::bound`).
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -26,6 +27,14 @@ pub trait Receiver {
     fn device(&self) -> Option<i32>;
     /// How the stream ended, if it did.
     fn ended(&self) -> Option<gpuring::Ended>;
+    /// The doorbell's descriptor, bound on first use (None: none could be bound).
+    fn doorbell_fd(&self) -> Option<RawFd>;
+    /// Arms the doorbell (`Consumer::arm_doorbell`).
+    fn arm(&self);
+    /// Disarms and empties it.
+    fn disarm(&self);
+    /// How often a wait should look at the producer's liveness.
+    fn liveness(&self) -> Duration;
 }
 
 /// A received message of either memory kind.
@@ -89,6 +98,22 @@ impl<K: Kind> Receiver for Reader<K> {
 
     fn ended(&self) -> Option<gpuring::Ended> {
         self.rx.ended()
+    }
+
+    fn doorbell_fd(&self) -> Option<RawFd> {
+        self.rx.doorbell_fd().map(|fd| fd.as_raw_fd())
+    }
+
+    fn arm(&self) {
+        self.rx.arm_doorbell();
+    }
+
+    fn disarm(&self) {
+        self.rx.disarm_doorbell();
+    }
+
+    fn liveness(&self) -> Duration {
+        self.rx.liveness_interval()
     }
 }
 

@@ -5,6 +5,7 @@
 //! - `kind`: what differs between host and CUDA memory, and nothing else; the rest is written
 //!   once over it;
 //! - `consumer`: `gpuring.Consumer`, which opens a ring of either memory kind and receives;
+//! - `aio`: its asyncio coroutines (`aio.py`), on the event loop's reader for its doorbell;
 //! - `held`: the consumer and its messages over either kind, and a received message together
 //!   with the consumer it borrows;
 //! - `bound`: objects bound to their thread and process, and how they are dropped when
@@ -17,6 +18,7 @@
 
 use pyo3::prelude::*;
 
+mod aio;
 mod bound;
 mod consumer;
 mod dlpack;

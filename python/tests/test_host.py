@@ -1,4 +1,5 @@
 """gpuring's Python package on host-memory rings: runs on any Linux machine."""
+import asyncio
 import gc
 import os
 import pathlib
@@ -591,3 +592,87 @@ def test_delivery_modes_and_spare_buffers(ring_name):
     with pytest.raises(TimeoutError):
         tx.send(np.full(8, 2, np.uint8), timeout=0.05)   # the recorder gates the producer
     assert [rec.recv(timeout=5).seq for _ in range(2)] == [0, 1]
+
+
+# ---- asyncio (issue 22, item 9) ----------------------------------------------------------
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_recv_async_awaits_on_the_event_loop_without_a_thread(ring_name):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with gpuring.Producer(ring_name, 64, memory="host") as tx, \
+                gpuring.Consumer(ring_name, start="next") as rx:
+            threads = _threads()
+            waiting = asyncio.create_task(rx.recv_async(timeout=20))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            # The loop itself watches the consumer's doorbell; no thread was started for it.
+            assert loop._selector.get_key(rx._doorbell()) is not None
+            assert _threads() == threads
+            tx.send(b"hello")
+            slot = await waiting
+            assert bytes(slot)[:5] == b"hello"
+            with pytest.raises(KeyError):  # the wait ended: the reader is gone
+                loop._selector.get_key(rx._doorbell())
+    asyncio.run(main())
+
+
+def test_async_for_gets_every_message_from_another_process(ring_name):
+    n = 2000
+    code = (f"import gpuring; p = gpuring.Producer({ring_name!r}, 4096, memory='host', capacity=8);"
+            "p.wait_for_consumers(1, timeout=20);"
+            f"[p.send(bytes([i % 251]) * (1 + i % 4000)) for i in range({n})]; p.close()")
+    child = subprocess.Popen([sys.executable, "-c", code])
+
+    async def main():
+        rx = gpuring.Consumer(ring_name, wait=20, start="oldest", mode="lossless")
+        got = 0
+        async for slot in rx:
+            body = bytes(slot)
+            assert body == bytes([got % 251]) * (1 + got % 4000), f"message {got}"
+            assert slot.seq == got
+            got += 1
+        assert rx.ended == "closed"
+        return got
+
+    assert asyncio.run(main()) == n
+    assert child.wait(timeout=20) == 0
+
+
+def test_async_for_ends_when_the_producer_is_killed(ring_name):
+    code = (f"import gpuring, os, signal; p = gpuring.Producer({ring_name!r}, 64, memory='host');"
+            "p.wait_for_consumers(1, timeout=20); p.send(b'only'); os.kill(os.getpid(), signal.SIGKILL)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+
+    async def main():
+        rx = gpuring.Consumer(ring_name, wait=20, start="oldest")
+        got = [bytes(s)[:4] async for s in rx]
+        return got, rx.ended
+
+    assert asyncio.run(main()) == ([b"only"], "died")
+    child.wait()
+    os.remove(f"/dev/shm/gpuring.{ring_name}")  # a killed producer leaves its segment
+
+
+def test_recv_async_times_out_and_a_cancelled_one_loses_nothing(ring_name):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with gpuring.Producer(ring_name, 64, memory="host") as tx, \
+                gpuring.Consumer(ring_name, start="next") as rx:
+            with pytest.raises(TimeoutError, match="within 0.05 s"):
+                await rx.recv_async(timeout=0.05)
+            waiting = asyncio.create_task(rx.recv_async())
+            await asyncio.sleep(0.02)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            with pytest.raises(KeyError):  # cancelled: no reader left behind
+                loop._selector.get_key(rx._doorbell())
+            tx.send(b"kept")
+            assert bytes(await rx.recv_async(timeout=5))[:4] == b"kept"
+            with pytest.raises(ValueError):  # checked at the call, as recv checks it
+                rx.recv_async(timeout=float("nan"))
+    asyncio.run(main())

@@ -2,50 +2,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
 
-use crate::consumer::{Attempt, Consumer, ConsumerBuilder, ConsumerRing, ReadSlot};
+use crate::consumer::{Attempt, Consumer, ConsumerBuilder, ReadSlot};
 use crate::error::{OpenError, RecvError};
 use crate::memory::{Fault, Memory};
 use crate::ring::Pinned;
-use crate::shm::doorbell::{consumer_address, new_token, Doorbell};
-
-/// A consumer's doorbell, made by its first async wait.
-#[derive(Default)]
-pub(crate) struct BellCell {
-    /// `None` if no doorbell could be bound: waits then fall back to the timer.
-    bell: OnceLock<Option<Doorbell>>,
-}
-
-impl BellCell {
-    /// The doorbell, bound on first use at the address named by a fresh token, which is then
-    /// published in the consumer's entry for the producer to find.
-    pub(crate) fn get(&self, consumer: &ConsumerRing) -> Option<&Doorbell> {
-        self.bell
-            .get_or_init(|| {
-                let token = new_token().ok()?;
-                let at = consumer_address(consumer.name(), consumer.map().params().epoch, token).ok()?;
-                let bell = match Doorbell::bind(&at) {
-                    Ok(bell) => bell,
-                    Err(e) => {
-                        tracing::warn!(ring = %consumer.name(), error = %e, "no doorbell: async receive polls on a timer");
-                        return None;
-                    }
-                };
-                let ring = consumer.map().ring();
-                // Relaxed: the producer reads it only after seeing us parked, and `park`'s
-                // SeqCst fence comes after this store.
-                ring.consumers[consumer.entry()].bell.store(token, Ordering::Relaxed);
-                Some(bell)
-            })
-            .as_ref()
-    }
-}
 
 impl ConsumerBuilder {
     /// [`open_timeout`](ConsumerBuilder::open_timeout) without blocking the thread: the

@@ -32,7 +32,6 @@ use crate::ring::{park, WakeLine};
 use crate::shm::doorbell::Doorbell;
 use crate::wait::{WaitConfig, YIELD_PHASE};
 
-pub(crate) use consumer::BellCell;
 pub use consumer::Messages;
 
 /// How long a waiter with no doorbell sleeps between looks.

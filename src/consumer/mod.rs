@@ -2,6 +2,7 @@
 //! memory kind: [`Consumer<M>`] is the ring's consumer state ([`ring`]) plus what memory kind
 //! `M` adds ([`crate::memory`]).
 
+mod event_loop;
 mod ring;
 
 use std::ops::Deref;

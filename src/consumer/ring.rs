@@ -7,12 +7,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::ConsumerBuilder;
-use crate::doorbells::ConsumerBells;
+use crate::doorbells::{BellCell, ConsumerBells};
 use crate::error::{Corruption, OpenErrorKind};
 use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
 use crate::memory::Fault;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
+use crate::shm::doorbell::Doorbell;
 use crate::shm::process::ProcessId;
 use crate::shm::{OpenOptions, Segment, ShmName};
 use crate::wait::{self, Deadline, WaitConfig};
@@ -41,6 +42,7 @@ pub(crate) struct ConsumerRing {
     receiving: Mutex<Receiving>,
     /// Copies of the entry's fixed facts, read without the lock.
     index: usize,
+    #[cfg(feature = "cuda")]
     generation: u32,
     mode: crate::ring::Mode,
     producer: ProcessId,
@@ -60,8 +62,10 @@ pub(crate) struct ConsumerRing {
     /// For ringing the producer's doorbell.
     bells: ConsumerBells,
     /// Its own doorbell, made by the first async wait.
-    #[cfg(feature = "tokio")]
-    pub(crate) bell: crate::asynch::BellCell,
+    bell: BellCell,
+    /// Whether an outside event loop parked it ([`ConsumerRing::arm`]). Relaxed (every
+    /// access): its swaps only pair each park with one unpark; `park` fences by itself.
+    armed: AtomicBool,
 }
 
 impl ConsumerRing {
@@ -108,12 +112,15 @@ impl ConsumerRing {
             "consumer joined"
         );
         let join_wake = core.join_wake();
-        let (index, generation, mode) = (core.index(), core.generation(), core.mode());
+        let (index, mode) = (core.index(), core.mode());
+        #[cfg(feature = "cuda")]
+        let core_generation = core.generation();
         let consumer = ConsumerRing {
             map,
             receiving: Mutex::new(Receiving { core, deferred: None }),
             index,
-            generation,
+            #[cfg(feature = "cuda")]
+            generation: core_generation,
             mode,
             producer,
             producer_dead: AtomicBool::new(false),
@@ -123,8 +130,8 @@ impl ConsumerRing {
             left: false,
             builder: b.clone(),
             bells: ConsumerBells::default(),
-            #[cfg(feature = "tokio")]
-            bell: Default::default(),
+            bell: BellCell::default(),
+            armed: AtomicBool::new(false),
         };
         if join_wake {
             consumer.wake_producer();
@@ -199,9 +206,36 @@ impl ConsumerRing {
         let wake = Wake {
             line: ring.consumer_wake,
             flag: Some(&ring.consumers[self.entry()].parked),
-            bell: self.bell.get(self),
+            bell: self.doorbell(),
         };
         wait_async(Some(wake), self.wait, |_| self.poll_once()).await
+    }
+
+    /// Its doorbell, bound on first use (`None` if none could be bound).
+    pub(crate) fn doorbell(&self) -> Option<&Doorbell> {
+        let entry = &self.map.ring().consumers[self.index];
+        self.bell.get(self.name(), self.map.params().epoch, &entry.bell)
+    }
+
+    /// Parks it for an outside event loop, once however often it is called: from here on the
+    /// producer's publishes and close knock on its doorbell. Binds the doorbell first.
+    pub(crate) fn arm(&self) {
+        self.doorbell();
+        if !self.armed.swap(true, Ordering::Relaxed) {
+            let ring = self.map.ring();
+            park::park(ring.consumer_wake, Some(&ring.consumers[self.index].parked));
+        }
+    }
+
+    /// Undoes [`arm`](Self::arm) (if armed) and empties the doorbell.
+    pub(crate) fn disarm(&self) {
+        if self.armed.swap(false, Ordering::Relaxed) {
+            let ring = self.map.ring();
+            park::unpark(ring.consumer_wake, Some(&ring.consumers[self.index].parked));
+        }
+        if let Some(bell) = self.bell.bound() {
+            bell.quiet();
+        }
     }
 
     /// How the stream ended, if it did: closed (the producer's clean close, which it makes
@@ -353,6 +387,7 @@ impl ConsumerRing {
     #[cfg(feature = "cuda")]
     pub(crate) fn step_aside(&mut self) -> bool {
         self.left = true;
+        self.disarm();
         let core = &self.receiving.get_mut().unwrap_or_else(PoisonError::into_inner).core;
         core.step_aside(&self.map.ring())
     }
@@ -363,6 +398,8 @@ impl ConsumerRing {
         if std::mem::replace(&mut self.left, true) {
             return None;
         }
+        // An outside event loop's park ends with us: wakers must not ring a freed entry.
+        self.disarm();
         let ring = self.map.ring();
         let core = &self.receiving.get_mut().unwrap_or_else(PoisonError::into_inner).core;
         let left = core.leave(&ring, how);
