@@ -21,7 +21,6 @@
 mod consumer;
 mod producer;
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
@@ -111,23 +110,19 @@ impl Drop for Parked<'_> {
     }
 }
 
-/// A doorbell's descriptor, lent to the reactor for one wait.
-struct Lent(RawFd);
-
-impl AsRawFd for Lent {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
-}
-
 /// Awaits `bell` becoming readable, for at most `nap`, then empties it; without a doorbell (or
 /// if the reactor refuses it), sleeps `nap` capped at [`FALLBACK_NAP`]. Returns whether it
 /// rang. Panics outside a tokio runtime with IO and time enabled, as tokio's own types do.
+///
+/// The reactor gets a duplicate of the doorbell's descriptor for this wait: tasks sharing a
+/// consumer wait at once, and epoll takes each descriptor once. Every duplicate is woken by a
+/// knock (each is its own registration of the one socket).
 async fn ring_or_nap(bell: Option<&Doorbell>, nap: Duration) -> bool {
-    // SAFETY: the descriptor belongs to `bell`, which outlives `fd`: both live in this call,
-    // and `fd` is dropped (deregistering it) before it returns. `Lent` always returns it.
-    let fd = bell.and_then(|b| unsafe {
-        AsyncFd::register_with_interest(Lent(b.as_raw_fd()), Interest::READABLE).ok()
+    let fd = bell.and_then(|b| {
+        let dup = rustix::io::fcntl_dupfd_cloexec(b, 0).ok()?;
+        // SAFETY: `dup` is an open descriptor that the `AsyncFd` owns: it stays open, on the
+        // same socket, until the `AsyncFd` drops, and `OwnedFd` always returns it.
+        unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE).ok() }
     });
     let (Some(bell), Some(fd)) = (bell, fd) else {
         tokio::time::sleep(nap.min(FALLBACK_NAP)).await;
