@@ -8,6 +8,7 @@ next look checks that the producer still runs), disarm.
 """
 
 import asyncio
+import os
 
 
 def _wake(done):
@@ -38,14 +39,18 @@ async def recv(rx, timeout=None):
                     raise rx._timeout(timeout)
             done = loop.create_future()
             timer = loop.call_later(wait, _wake, done)
-            if fd >= 0:
-                loop.add_reader(fd, _wake, done)
+            # The loop watches a duplicate: tasks sharing the consumer wait at once, and a
+            # loop keeps one reader per descriptor. A knock wakes every duplicate.
+            watched = os.dup(fd) if fd >= 0 else -1
             try:
+                if watched >= 0:
+                    loop.add_reader(watched, _wake, done)
                 await done
             finally:
                 timer.cancel()
-                if fd >= 0:
-                    loop.remove_reader(fd)
+                if watched >= 0:
+                    loop.remove_reader(watched)
+                    os.close(watched)
         finally:
             rx._disarm()
 
