@@ -4,7 +4,7 @@
 //! ringing parked consumers; a consumer keeps a knocker for ringing a parked producer and,
 //! once it waits asynchronously (tokio, or an outside event loop), its own doorbell.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::sync::OnceLock;
 
@@ -87,10 +87,20 @@ impl ProducerBells {
 }
 
 /// A consumer's own doorbell, made by its first async wait.
+///
+/// Several waiters of one consumer (tasks sharing it, an event loop's waits) share the
+/// doorbell, so one may empty knocks meant for another, which then sleeps until its liveness
+/// tick. To prevent that, a wait that empties knocks sets `owed`, and the next receive that
+/// gets something (a message, an error, the end) rings the doorbell once more if a waiter is
+/// still parked ([`settle`](Self::settle)); a waiter woken for nothing rings nobody, so two
+/// idle waiters cannot wake each other in turn.
 #[derive(Default)]
 pub(crate) struct BellCell {
     /// `None` if no doorbell could be bound: waits then fall back to a timer.
     bell: OnceLock<Option<Doorbell>>,
+    /// Knocks were emptied since the last relay. Relaxed (every access): a hint whose swap
+    /// hands one relay to one receiver; `settle` fences before it looks for waiters.
+    owed: AtomicBool,
 }
 
 impl BellCell {
@@ -120,6 +130,36 @@ impl BellCell {
     /// The doorbell, if one was bound.
     pub(crate) fn bound(&self) -> Option<&Doorbell> {
         self.bell.get().and_then(Option::as_ref)
+    }
+
+    /// Empties the doorbell (after a wait), noting whether it held knocks.
+    pub(crate) fn quiet(&self) {
+        if self.bound().is_some_and(|b| b.quiet() > 0) {
+            self.owed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The flag [`quiet`](Self::quiet) sets, for a wait that empties the doorbell itself.
+    pub(crate) fn owed(&self) -> &AtomicBool {
+        &self.owed
+    }
+
+    /// After a receive got something: if knocks were emptied since the last relay and
+    /// `parked()` says a waiter of this consumer is still parked, rings the doorbell once, so
+    /// that it looks again.
+    pub(crate) fn settle(&self, parked: impl FnOnce() -> bool) {
+        if !self.owed.load(Ordering::Relaxed) || !self.owed.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        // SeqCst fence: orders our receive before the look at the park counts, as a
+        // producer's fence orders its publish before its look (ring/park.rs): a waiter that
+        // parks after this look re-checks and finds what we left.
+        fence(Ordering::SeqCst);
+        if parked() {
+            if let Some(bell) = self.bound() {
+                bell.ring();
+            }
+        }
     }
 }
 

@@ -349,3 +349,31 @@ fn spawned_tasks_own_or_share_a_consumer() {
         assert_eq!(all, (0..N).collect::<Vec<_>>(), "the sharers got each message once");
     });
 }
+
+/// Review of item 5, finding F1: waiters of one consumer share its doorbell, so one may empty
+/// knocks meant for another. Here task B is parked on the doorbell when two messages are
+/// published; before B's runtime turns, another waiter of the consumer (the test, as an event
+/// loop would) empties the doorbell and takes the first message. The receive that took it
+/// rings the doorbell once more for B, which then gets the second within the deadline; without
+/// that relay B slept until its liveness tick (a minute here).
+#[test]
+fn a_waiter_that_empties_the_doorbell_passes_the_wake_on() {
+    let (mut tx, rx) = ring("async-relay");
+    let rx = std::sync::Arc::new(rx);
+    runtime().block_on(async {
+        let b = tokio::spawn({
+            let rx = rx.clone();
+            async move { rx.recv_async().await.map(|m| m.to_vec()) }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await; // B parks and awaits its doorbell
+        }
+        assert!(!b.is_finished());
+        tx.send(b"one", b"").unwrap();
+        tx.send(b"two", b"").unwrap();
+        rx.disarm_doorbell(); // another waiter empties the doorbell...
+        assert_eq!(&*rx.try_recv().unwrap(), b"one"); // ...and takes the first message
+        let got = in_time("the task whose knocks were emptied", b).await.unwrap();
+        assert_eq!(got.unwrap(), b"two");
+    });
+}

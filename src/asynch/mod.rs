@@ -21,7 +21,7 @@
 mod consumer;
 mod producer;
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
@@ -46,6 +46,8 @@ pub(crate) struct Wake<'a> {
     pub line: &'a WakeLine,
     pub flag: Option<&'a AtomicU32>,
     pub bell: Option<&'a Doorbell>,
+    /// Set when a wait empties knocks from `bell` (a consumer's: see `doorbells::BellCell`).
+    pub emptied: Option<&'a AtomicBool>,
 }
 
 /// The async twin of `wait::wait_until`, without a deadline: awaits until `step` returns
@@ -74,7 +76,10 @@ pub(crate) async fn wait_async<T>(
                 if let Some(v) = step(false) {
                     return v;
                 }
-                ring_or_nap(w.bell, cfg.tick.saturating_sub(last_tick.elapsed())).await;
+                let rang = ring_or_nap(w.bell, cfg.tick.saturating_sub(last_tick.elapsed())).await;
+                if let (true, Some(emptied)) = (rang, w.emptied) {
+                    emptied.store(true, Ordering::Relaxed);
+                }
             }
             None if start.elapsed() < cfg.spin.saturating_add(YIELD_PHASE) => {
                 tokio::task::yield_now().await
@@ -112,7 +117,7 @@ impl Drop for Parked<'_> {
 
 /// Awaits `bell` becoming readable, for at most `nap`, then empties it; without a doorbell (or
 /// if the reactor refuses it), sleeps `nap` capped at [`FALLBACK_NAP`]. Returns whether it
-/// rang. Panics outside a tokio runtime with IO and time enabled, as tokio's own types do.
+/// rang (it emptied knocks). Panics outside a tokio runtime with IO and time enabled, as tokio's own types do.
 ///
 /// The reactor gets a duplicate of the doorbell's descriptor for this wait: tasks sharing a
 /// consumer wait at once, and epoll takes each descriptor once. Every duplicate is woken by a
@@ -132,8 +137,7 @@ async fn ring_or_nap(bell: Option<&Doorbell>, nap: Duration) -> bool {
         Ok(Ok(mut ready)) => {
             // Clearing before emptying is safe: a knock after the clear raises readiness again.
             ready.clear_ready();
-            bell.quiet();
-            true
+            bell.quiet() > 0
         }
         // The reactor failed this fd: nap, so that the caller does not spin.
         Ok(Err(_)) => {

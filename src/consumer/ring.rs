@@ -207,6 +207,7 @@ impl ConsumerRing {
             line: ring.consumer_wake,
             flag: Some(&ring.consumers[self.entry()].parked),
             bell: self.doorbell(),
+            emptied: Some(self.bell.owed()),
         };
         wait_async(Some(wake), self.wait, |_| self.poll_once()).await
     }
@@ -233,9 +234,7 @@ impl ConsumerRing {
             let ring = self.map.ring();
             park::unpark(ring.consumer_wake, Some(&ring.consumers[self.index].parked));
         }
-        if let Some(bell) = self.bell.bound() {
-            bell.quiet();
-        }
+        self.bell.quiet();
     }
 
     /// How the stream ended, if it did: closed (the producer's clean close, which it makes
@@ -296,7 +295,19 @@ impl ConsumerRing {
     }
 
     /// One attempt: a message, an error (`Disconnected` included), or `None` (nothing yet).
+    /// Something got passes on a wake-up that a wait of ours took from another (`BellCell`).
     fn poll_once(&self) -> Option<Result<Pinned, Fault>> {
+        let got = self.look_once();
+        if got.is_some() {
+            let parked = &self.map.ring().consumers[self.index].parked;
+            // Relaxed: after `settle`'s fence.
+            self.bell.settle(|| parked.load(Ordering::Relaxed) > 0);
+        }
+        got
+    }
+
+    /// [`poll_once`](Self::poll_once) without the relay.
+    fn look_once(&self) -> Option<Result<Pinned, Fault>> {
         // Once per liveness interval whatever happens, errors included: a consumer that gets
         // an error at every call must still learn that the segment was truncated.
         let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
@@ -374,7 +385,7 @@ impl ConsumerRing {
             let released = r.core.release(&ring, slot);
             r.core.write_stats(&ring);
             if let Err(c) = released {
-                r.deferred = Some(c.into());
+                r.deferred.get_or_insert(c.into());
             }
             released
         };

@@ -63,6 +63,10 @@ impl Stream {
     /// # Safety
     /// 1. `raw` must be a live stream of `ctx`'s device's primary context (the one the CUDA
     ///    runtime uses), and stay live while the wrapper and anything enqueued through it are.
+    /// 2. `raw` must not be the per-thread default stream (`CU_STREAM_PER_THREAD`, 0x2) if the
+    ///    wrapper is used on more than one thread: that handle names a different stream on each
+    ///    thread, so a message received on it and released (dropped) on another thread would
+    ///    record its release on the wrong stream, before the reads it must follow.
     pub unsafe fn from_raw(ctx: &Arc<Context>, raw: CUstream) -> Stream {
         Stream { ctx: ctx.clone(), raw, owned: false }
     }

@@ -297,7 +297,7 @@ impl ProducerRing {
         }
         // Dropped with the future if it is cancelled: its time is counted all the same.
         let mut stall = Stall::begin(&ring);
-        let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own() };
+        let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own(), emptied: None };
         let claimed = wait_async(Some(wake), *wait, |tick| {
             if tick {
                 stall.account();

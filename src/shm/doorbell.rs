@@ -65,6 +65,8 @@ pub fn new_token() -> io::Result<u64> {
 #[derive(Debug)]
 pub struct Doorbell {
     socket: OwnedFd,
+    /// Where it is bound.
+    at: SocketAddrUnix,
 }
 
 impl Doorbell {
@@ -72,7 +74,12 @@ impl Doorbell {
     pub fn bind(addr: &SocketAddrUnix) -> io::Result<Doorbell> {
         let socket = datagram_socket()?;
         bind(&socket, addr)?;
-        Ok(Doorbell { socket })
+        Ok(Doorbell { socket, at: addr.clone() })
+    }
+
+    /// Rings itself (from its own socket), as [`Knocker::knock`] would.
+    pub fn ring(&self) {
+        let _ = sendto(&self.socket, &[1], SendFlags::DONTWAIT, &self.at);
     }
 
     /// Reads and drops up to [`QUIET_MAX`] waiting datagrams. Returns how many there were.
@@ -144,6 +151,8 @@ mod tests {
         knocker.knock(&at);
         assert_eq!(bell.quiet(), 2);
         assert_eq!(bell.quiet(), 0);
+        bell.ring();
+        assert_eq!(bell.quiet(), 1, "a doorbell rings itself");
     }
 
     #[test]
