@@ -140,6 +140,7 @@ impl BellCell {
     }
 
     /// The flag [`quiet`](Self::quiet) sets, for a wait that empties the doorbell itself.
+    #[cfg(feature = "tokio")]
     pub(crate) fn owed(&self) -> &AtomicBool {
         &self.owed
     }
