@@ -482,6 +482,26 @@ impl<M: Memory> Producer<M> {
         self.ring.map().policy()
     }
 
+    /// Declares `n` messages lost before the next one this producer publishes: for a producer
+    /// that relays a stream (a network bridge, a capture card's dropped frames) and knows of a
+    /// gap upstream. Every consumer counts them in the [`lag`](crate::ReadSlot::lag) of that
+    /// message (or of its next message, if it skips that one), as if the ring had lost them.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let mut tx = Producer::builder("doc-producer-declare-lost").create()?;
+    /// let rx = Consumer::open("doc-producer-declare-lost")?;
+    /// tx.send(b"frame 1", b"")?;
+    /// tx.declare_lost(3); // frames 2 to 4 never arrived
+    /// tx.send(b"frame 5", b"")?;
+    /// assert_eq!(rx.recv()?.lag(), 0);
+    /// assert_eq!(rx.recv()?.lag(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn declare_lost(&mut self, n: u64) {
+        self.ring.declare_lost(n);
+    }
+
     /// Messages published so far.
     ///
     /// ```

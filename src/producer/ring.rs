@@ -249,6 +249,11 @@ impl ProducerRing {
     }
 
     /// Messages published so far = sequence number of the next one.
+    /// See `ProducerCore::declare_lost`.
+    pub(crate) fn declare_lost(&mut self, n: u64) {
+        self.core.declare_lost(n);
+    }
+
     pub(crate) fn published(&self) -> u64 {
         self.core.next_seq()
     }

@@ -91,6 +91,9 @@ pub struct ConsumerCore {
     /// Set once the lease is found no longer ours: from then on every pin and release fails
     /// with it at once, without touching shared buffer state.
     lost_lease: Cell<Option<RingCorrupt>>,
+    /// The producer's count of upstream losses at our last message (`BufferLine::upstream_lost`);
+    /// `None` before the first, whose count is where we start.
+    upstream_seen: Cell<Option<u64>>,
     /// Whether the producer slept when this consumer joined and must be woken by the caller.
     join_wake: bool,
 }
@@ -186,6 +189,7 @@ impl Joining {
             lost: Cell::new(0),
             holding: Cell::new(0),
             lost_lease: Cell::new(None),
+            upstream_seen: Cell::new(None),
             join_wake,
         })
     }
@@ -507,12 +511,17 @@ impl ConsumerCore {
                 }
                 return Err(lost);
             }
+            // Relaxed: written before the publish stamp store, which our pin acquired. A count
+            // that went back (a damaged segment) adds nothing.
+            let upstream = line.upstream_lost.load(Ordering::Relaxed);
+            let prev = self.upstream_seen.replace(Some(upstream));
+            let upstream_lag = prev.map_or(0, |p| upstream.saturating_sub(p));
             let pinned = Pinned {
                 buffer,
                 seq: c,
                 len: line.len.load(Ordering::Relaxed),
                 timestamp_ns: line.timestamp_ns.load(Ordering::Relaxed),
-                lag: self.lag.replace(0),
+                lag: self.lag.replace(0).saturating_add(upstream_lag),
             };
             let next = c.wrapping_add(1);
             self.cursor.set(next);

@@ -105,6 +105,10 @@ pub struct BufferLine {
     pub len: AtomicU64,
     /// CLOCK_MONOTONIC nanoseconds at publish.
     pub timestamp_ns: AtomicU64,
+    /// Messages the producer declared lost upstream before this one, in all since it started
+    /// (`ProducerCore::declare_lost`: a bridge's network losses). A consumer adds the increase
+    /// between two of its messages to its lag. 0 from a producer that never declares any.
+    pub upstream_lost: AtomicU64,
 }
 
 impl ProducerLine {
@@ -174,6 +178,7 @@ impl BufferLine {
             stamp: AtomicU64::new(stamp),
             len: AtomicU64::new(0),
             timestamp_ns: AtomicU64::new(0),
+            upstream_lost: AtomicU64::new(0),
         }
     }
 }

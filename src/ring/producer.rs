@@ -68,6 +68,9 @@ pub struct ProducerCore {
     min_cursor: u64,
     /// The last `joins` value seen.
     joins_seen: u64,
+    /// Messages declared lost upstream so far ([`declare_lost`](Self::declare_lost)), written
+    /// into each published buffer's line.
+    upstream_lost: u64,
 }
 
 impl ProducerCore {
@@ -84,7 +87,15 @@ impl ProducerCore {
             held_wait: false,
             min_cursor: 0,
             joins_seen: 0,
+            upstream_lost: 0,
         }
+    }
+
+    /// Declares `n` messages lost before the next one this producer publishes (upstream of it:
+    /// a bridge that saw a gap in what it relays). Consumers count them in that message's lag
+    /// (in the lag of their next message, if they skip it).
+    pub fn declare_lost(&mut self, n: u64) {
+        self.upstream_lost = self.upstream_lost.saturating_add(n);
     }
 
     /// Sequence number of the next message to publish.
@@ -218,7 +229,8 @@ impl ProducerCore {
         let line = &ring.buffers[claimed.buffer];
         line.len.store(len, Ordering::Relaxed);
         line.timestamp_ns.store(timestamp_ns, Ordering::Relaxed);
-        // Release: makes the payload, len and timestamp visible to a consumer whose pin CAS
+        line.upstream_lost.store(self.upstream_lost, Ordering::Relaxed);
+        // Release: makes the payload, len, timestamp and upstream count visible to a consumer whose pin CAS
         // (Acquire) reads this stamp.
         line.stamp.store(stamp::ready(s, 0), Ordering::Release);
         // Release: a consumer that Acquire-loads this word finds the stamp above (or a later

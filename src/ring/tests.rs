@@ -392,6 +392,41 @@ fn latest_skips_to_the_newest_and_counts_the_skipped_as_lag() {
     assert_eq!(publish(&mut p, &ring, &mut payload), Ok(24));
 }
 
+/// Losses the producer declares upstream (a bridge's gaps) come in the lag of the next message
+/// each consumer takes, on top of what it skipped itself; a consumer starts from the total it
+/// finds at its first message.
+#[test]
+fn declared_upstream_losses_add_to_the_lag_of_the_next_message_taken() {
+    let heap = HeapRing::new(4, 0, 2, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new(&ring);
+    let mut payload = [u64::MAX; 4];
+    p.declare_lost(7); // before any consumer: its first message is where it starts
+    publish(&mut p, &ring, &mut payload).unwrap();
+    let every = join_as(&ring, StartAt::Oldest, Mode::Queue, 1);
+    let newest = join_as(&ring, StartAt::Oldest, Mode::Latest, 2);
+    assert_eq!(take(&every, &ring, &payload), (0, 0));
+    p.declare_lost(2);
+    publish(&mut p, &ring, &mut payload).unwrap();
+    p.declare_lost(1);
+    publish(&mut p, &ring, &mut payload).unwrap();
+    assert_eq!(take(&every, &ring, &payload), (1, 2));
+    assert_eq!(take(&every, &ring, &payload), (2, 1));
+    // The Latest consumer skips 0 and 1; message 2 is its first, where it starts counting.
+    assert_eq!(take(&newest, &ring, &payload), (2, 2));
+    // Then it skips 3, and the 4 declared before 3 and 4 count for it all the same.
+    p.declare_lost(4);
+    publish(&mut p, &ring, &mut payload).unwrap();
+    publish(&mut p, &ring, &mut payload).unwrap();
+    assert_eq!(take(&newest, &ring, &payload), (4, 1 + 4));
+    assert_eq!(take(&every, &ring, &payload), (3, 4));
+    // A total that goes back (damage) adds nothing.
+    ring.buffers[payload.iter().position(|&s| s == 4).unwrap()]
+        .upstream_lost
+        .store(0, Ordering::Relaxed);
+    assert_eq!(take(&every, &ring, &payload), (4, 0));
+}
+
 /// Lossless, Queue and Latest consumers on one ring: only the Lossless one's cursor gates the
 /// producer; the others make it wait only for the buffers they hold.
 #[test]
