@@ -55,6 +55,8 @@ pub mod shm;
 
 #[cfg(all(feature = "tokio", not(loom)))]
 mod asynch;
+#[cfg(all(feature = "zenoh", not(loom)))]
+pub mod bridge;
 #[cfg(not(loom))]
 mod consumer;
 #[cfg(not(loom))]

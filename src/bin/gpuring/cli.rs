@@ -71,6 +71,10 @@ enum Cmd {
     Doctor(doctor::Options),
     /// Serve Prometheus metrics of every ring (or of NAMES) at http://ADDR/metrics.
     Exporter(exporter::Options),
+    /// Carry a ring to other hosts over Zenoh: export a ring, or import a key into a ring.
+    #[cfg(feature = "zenoh")]
+    #[command(subcommand)]
+    Bridge(crate::bridge::Options),
     /// The echo process of `doctor`'s handoff measurement (started by it).
     #[command(hide = true)]
     DoctorEcho(doctor::EchoOptions),
@@ -408,6 +412,8 @@ pub fn main() -> ExitCode {
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Doctor(o) => return doctor::run(&o),
         Cmd::Exporter(o) => return exporter::run(&o),
+        #[cfg(feature = "zenoh")]
+        Cmd::Bridge(o) => return crate::bridge::run(&o),
         Cmd::DoctorEcho(o) => doctor::echo(&o),
         Cmd::BenchConsumer { name, memory, hold_ms, mode } => {
             bench::consumer(&name, &memory, Duration::from_millis(hold_ms), mode)

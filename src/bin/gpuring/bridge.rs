@@ -1,0 +1,142 @@
+//! `gpuring bridge export|import` (feature `zenoh`): carries a ring to other hosts over Zenoh
+//! ([`gpuring::bridge`], docs/bridge.md). Runs until SIGINT or SIGTERM; logs with `tracing`
+//! (`RUST_LOG=gpuring=debug` for more).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gpuring::bridge::{self, ExportOptions, ImportOptions, ZenohMode, ZenohOptions};
+use gpuring::{Mode, StartAt};
+
+/// `gpuring bridge`'s subcommands.
+#[derive(clap::Subcommand)]
+pub enum Options {
+    /// Join ring RING as a consumer and publish each message on a Zenoh key.
+    Export {
+        /// The ring.
+        ring: String,
+        /// The key (default: gpuring/HOST/RING).
+        #[arg(long)]
+        key: Option<String>,
+        /// The exporter's delivery mode: latest (live streams), lossless (recordings: nothing
+        /// is lost end to end) or queue.
+        #[arg(long, default_value = "latest", value_parser = crate::cli::parse_mode)]
+        mode: Mode,
+        /// Where to start when joining: newest, next or oldest.
+        #[arg(long, default_value = "newest", value_parser = parse_start)]
+        start: StartAt,
+        #[command(flatten)]
+        zenoh: ZenohArgs,
+    },
+    /// Subscribe to a Zenoh key and produce what arrives into local ring --ring.
+    Import {
+        /// The key (as `export` printed it; wildcards allowed, for one source).
+        key: String,
+        /// The local ring to produce into.
+        #[arg(long)]
+        ring: String,
+        /// Each time the ring is made, wait for N consumers before publishing into it.
+        #[arg(long, default_value_t = 0)]
+        wait_for_consumers: usize,
+        #[command(flatten)]
+        zenoh: ZenohArgs,
+    },
+}
+
+/// The Zenoh session's options, shared by both subcommands.
+#[derive(clap::Args)]
+pub struct ZenohArgs {
+    /// An endpoint to connect to, e.g. tcp/10.0.0.5:7447 (repeatable).
+    #[arg(long)]
+    connect: Vec<String>,
+    /// An endpoint to listen on, e.g. tcp/0.0.0.0:7447 (repeatable).
+    #[arg(long)]
+    listen: Vec<String>,
+    /// peer (default) or client (through a Zenoh router).
+    #[arg(long, default_value = "peer", value_parser = parse_zenoh_mode)]
+    zenoh_mode: ZenohMode,
+    /// A Zenoh configuration file (JSON5) to start from.
+    #[arg(long)]
+    zenoh_config: Option<PathBuf>,
+    /// Do not look for peers by multicast: meet only through --connect/--listen.
+    #[arg(long)]
+    no_multicast_scouting: bool,
+}
+
+impl ZenohArgs {
+    fn options(&self) -> ZenohOptions {
+        ZenohOptions {
+            mode: self.zenoh_mode,
+            connect: self.connect.clone(),
+            listen: self.listen.clone(),
+            config_file: self.zenoh_config.clone(),
+            no_multicast_scouting: self.no_multicast_scouting,
+        }
+    }
+}
+
+fn parse_start(s: &str) -> Result<StartAt, String> {
+    match s {
+        "newest" => Ok(StartAt::Newest),
+        "next" => Ok(StartAt::Next),
+        "oldest" => Ok(StartAt::Oldest),
+        _ => Err(format!("{s}: expected newest, next or oldest")),
+    }
+}
+
+fn parse_zenoh_mode(s: &str) -> Result<ZenohMode, String> {
+    match s {
+        "peer" => Ok(ZenohMode::Peer),
+        "client" => Ok(ZenohMode::Client),
+        _ => Err(format!("{s}: expected peer or client")),
+    }
+}
+
+/// Set by SIGINT and SIGTERM: the bridge stops at its next tick and closes its ring cleanly.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Relaxed: a flag polled each tick; an atomic store is async-signal-safe.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Runs the bridge until SIGINT or SIGTERM.
+pub fn run(o: &Options) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gpuring=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let done = match o {
+        Options::Export { ring, key, mode, start, zenoh } => {
+            let mut e = ExportOptions::new(ring).mode(*mode).start_at(*start);
+            if let Some(key) = key {
+                e = e.key(key);
+            }
+            eprintln!("gpuring bridge: exporting ring {ring:?} on key {}", e.key_or_default());
+            bridge::export(&e, &zenoh.options(), &STOP).map(|n| format!("{n} messages sent"))
+        }
+        Options::Import { key, ring, wait_for_consumers, zenoh } => {
+            eprintln!("gpuring bridge: importing key {key} into ring {ring:?}");
+            let i = ImportOptions::new(key, ring).wait_for_consumers(*wait_for_consumers);
+            bridge::import(&i, &zenoh.options(), &STOP).map(|n| format!("{n} messages published"))
+        }
+    };
+    match done {
+        Ok(what) => {
+            eprintln!("gpuring bridge: stopped, {what}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpuring bridge: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

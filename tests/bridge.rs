@@ -1,0 +1,297 @@
+//! The Zenoh bridge over loopback (feature `zenoh`): a producer -> `export` (a child process)
+//! -> Zenoh over TCP on 127.0.0.1 -> `import` (another child) -> two consumers, every byte,
+//! header and sequence number checked; a lossless chain loses nothing; the exporter and the
+//! importer are killed and restarted mid-stream, and what was lost shows exactly in `lag`.
+#![cfg(feature = "zenoh")]
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{env, role, spawn, unique_name};
+use gpuring::bridge::{self, ExportOptions, ImportOptions, ZenohOptions};
+use gpuring::{Consumer, Ended, Mode, Policy, Producer, RecvTimeoutError, StartAt};
+
+const SLOT: usize = 70_000;
+const HEADER: u32 = 16;
+const LONG: Duration = Duration::from_secs(120);
+
+/// Message `seq`'s length: 1 byte to a full slot.
+fn len_of(seq: u64) -> usize {
+    1 + (seq.wrapping_mul(7919) as usize) % SLOT
+}
+
+/// Message `seq`'s byte `i`.
+fn byte(seq: u64, i: usize) -> u8 {
+    (seq as usize).wrapping_mul(31).wrapping_add(i) as u8
+}
+
+/// Publishes message `seq`: its bytes, and a header of its seq and length.
+fn send(tx: &mut Producer, seq: u64) {
+    let len = len_of(seq);
+    let mut slot = tx.acquire_timeout(LONG).expect("a slot");
+    assert_eq!(slot.seq(), seq);
+    for (i, b) in slot[..len].iter_mut().enumerate() {
+        *b = byte(seq, i);
+    }
+    let mut header = [0u8; HEADER as usize];
+    header[..8].copy_from_slice(&seq.to_le_bytes());
+    header[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    slot.publish(len, &header).unwrap();
+}
+
+/// Checks a received message against the source's message it carries; returns that seq.
+fn check(m: &[u8], header: &[u8]) -> u64 {
+    let seq = u64::from_le_bytes(header[..8].try_into().unwrap());
+    let len = u64::from_le_bytes(header[8..16].try_into().unwrap()) as usize;
+    assert_eq!((m.len(), len), (len_of(seq), len_of(seq)), "length of message {seq}");
+    let bad = m.iter().enumerate().filter(|&(i, &b)| b != byte(seq, i)).count();
+    assert_eq!(bad, 0, "bad bytes in message {seq}");
+    seq
+}
+
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The test's Zenoh sessions meet only through the given endpoints.
+fn zenoh(listen: Option<String>, connect: Option<String>) -> ZenohOptions {
+    ZenohOptions {
+        listen: listen.into_iter().collect(),
+        connect: connect.into_iter().collect(),
+        no_multicast_scouting: true,
+        ..ZenohOptions::default()
+    }
+}
+
+/// Set by SIGTERM in a bridge child: it stops cleanly (an importer closes its ring).
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Runs this child's bridge side, if it is one; true if it was.
+fn bridge_child() -> bool {
+    let Some(role) = role() else { return false };
+    // SAFETY: the handler only stores to an atomic.
+    unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
+    let endpoint = env::<String>("ENDPOINT");
+    match role.as_str() {
+        "export" => {
+            let start =
+                if env::<String>("START") == "oldest" { StartAt::Oldest } else { StartAt::Next };
+            let o = ExportOptions::new(&env::<String>("RING"))
+                .key(&env::<String>("KEY"))
+                .mode(Mode::Lossless)
+                .start_at(start);
+            bridge::export(&o, &zenoh(Some(endpoint), None), &STOP).unwrap();
+        }
+        "import" => {
+            let o = ImportOptions::new(&env::<String>("KEY"), &env::<String>("RING"))
+                .wait_for_consumers(env("CONSUMERS"));
+            bridge::import(&o, &zenoh(None, Some(endpoint)), &STOP).unwrap();
+        }
+        other => panic!("unknown role {other}"),
+    }
+    true
+}
+
+/// The two children's settings.
+struct Chain {
+    test: &'static str,
+    src: String,
+    dst: String,
+    key: String,
+    endpoint: String,
+}
+
+impl Chain {
+    fn new(test: &'static str) -> Chain {
+        let src = unique_name("bridge-src");
+        Chain {
+            test,
+            dst: format!("{src}-imported"),
+            key: format!("gpuring-test/{src}"),
+            endpoint: format!("tcp/127.0.0.1:{}", free_port()),
+            src,
+        }
+    }
+
+    fn exporter(&self, start: &str) -> Child {
+        let env = [
+            ("RING", self.src.clone()),
+            ("KEY", self.key.clone()),
+            ("ENDPOINT", self.endpoint.clone()),
+            ("START", start.to_owned()),
+        ];
+        spawn(self.test, "export", &env)
+    }
+
+    fn importer(&self) -> Child {
+        let env = [
+            ("RING", self.dst.clone()),
+            ("KEY", self.key.clone()),
+            ("ENDPOINT", self.endpoint.clone()),
+            ("CONSUMERS", "2".to_owned()),
+        ];
+        spawn(self.test, "import", &env)
+    }
+}
+
+/// Stops a bridge child cleanly and checks that it exited well.
+fn stop(mut child: Child, what: &str) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{what}: {status}");
+}
+
+/// A consumer of the imported ring, reconnecting when the importer restarts. Within each
+/// instance of the ring, the lag of every message must be exactly the number of source
+/// messages missing before it. Returns (messages received, lag counted).
+fn consume(name: &str, last: u64, received: &AtomicU64) -> (u64, u64) {
+    let open = || {
+        Consumer::builder(name)
+            .mode(Mode::Lossless)
+            .start_at(StartAt::Oldest)
+            .open_timeout(LONG)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut rx = open();
+    let (mut got, mut lagged) = (0, 0);
+    let mut prev: Option<u64> = None;
+    let deadline = Instant::now() + LONG;
+    loop {
+        assert!(Instant::now() < deadline, "the stream did not finish");
+        let r = rx.recv_timeout(Duration::from_millis(100));
+        let m = match r {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                drop(r);
+                assert_eq!(rx.ended(), Some(Ended::Died), "only a killed importer ends it");
+                rx = rx.reconnect(LONG).unwrap_or_else(|e| panic!("{e}"));
+                prev = None; // a new instance: its first message is where counting starts
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let seq = check(&m, m.header());
+        if let Some(p) = prev {
+            assert!(seq > p, "message {seq} after {p}");
+            assert_eq!(m.lag(), seq - p - 1, "lag of message {seq} after {p}");
+        }
+        lagged += m.lag();
+        prev = Some(seq);
+        got += 1;
+        received.fetch_add(1, Ordering::Relaxed);
+        if seq == last {
+            return (got, lagged);
+        }
+    }
+}
+
+/// A lossless chain: 10 000 messages of 1 byte to 70 000, every one received by both far
+/// consumers, in order, with no lag.
+#[test]
+fn a_lossless_chain_over_loopback_loses_nothing() {
+    if bridge_child() {
+        return;
+    }
+    const N: u64 = 10_000;
+    let chain = Chain::new("a_lossless_chain_over_loopback_loses_nothing");
+    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let mut tx = b.policy(Policy::Block).create().unwrap();
+    let exporter = chain.exporter("oldest");
+    let importer = chain.importer();
+    let received = AtomicU64::new(0);
+    let results = std::thread::scope(|s| {
+        let consumers: Vec<_> =
+            (0..2).map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received))).collect();
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        for seq in 0..N {
+            send(&mut tx, seq);
+        }
+        consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (got, lagged) in results {
+        eprintln!("far consumer: {got} messages, lag {lagged}");
+        assert_eq!((got, lagged), (N, 0));
+    }
+    stop(exporter, "the exporter");
+    stop(importer, "the importer");
+}
+
+/// The exporter and then the importer are killed (SIGKILL) mid-stream and started again: the
+/// far consumers reconnect, every message they get is intact, and within each instance of the
+/// imported ring, lag is exactly the source messages missing.
+#[test]
+fn the_exporter_and_the_importer_restart_mid_stream() {
+    if bridge_child() {
+        return;
+    }
+    const N: u64 = 10_000;
+    const GAP: u64 = 50;
+    let chain = Chain::new("the_exporter_and_the_importer_restart_mid_stream");
+    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let mut tx =
+        b.policy(Policy::Block).liveness_interval(Duration::from_millis(50)).create().unwrap();
+    let mut exporter = chain.exporter("oldest");
+    let mut importer = chain.importer();
+    let received = AtomicU64::new(0);
+    let kill = |child: &mut Child| {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    };
+    let results = std::thread::scope(|s| {
+        let consumers: Vec<_> =
+            (0..2).map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received))).collect();
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        let (mut killed_exporter, mut killed_importer) = (false, false);
+        let mut seq = 0;
+        while seq < N {
+            send(&mut tx, seq);
+            seq += 1;
+            let far = received.load(Ordering::Relaxed);
+            if !killed_exporter && far >= 2 * 2_000 {
+                kill(&mut exporter);
+                // Once the dead exporter is reaped, 50 messages go to nobody: the next exporter
+                // starts at the next message, so the far side sees a gap of at least 50.
+                let t = Instant::now();
+                while tx.consumer_count() > 0 {
+                    assert!(t.elapsed() < LONG, "the dead exporter was not reaped");
+                    tx.reap().unwrap();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                for _ in 0..GAP {
+                    send(&mut tx, seq);
+                    seq += 1;
+                }
+                exporter = chain.exporter("next");
+                tx.wait_for_consumers(1, LONG).expect("the new exporter joins");
+                killed_exporter = true;
+            }
+            if !killed_importer && far >= 2 * 5_000 {
+                // The lossless exporter waits for the next importer, and the source ring for
+                // it: the far consumers reconnect to the new ring and the stream goes on.
+                kill(&mut importer);
+                importer = chain.importer();
+                killed_importer = true;
+            }
+        }
+        assert!(killed_exporter && killed_importer, "both restarts happened");
+        consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (got, lagged) in results {
+        eprintln!("far consumer: {got} messages, lag {lagged} (within ring instances)");
+        assert!(lagged >= GAP, "the messages sent while no exporter ran show as lag");
+        assert!(got + lagged <= N);
+    }
+    stop(exporter, "the restarted exporter");
+    stop(importer, "the restarted importer");
+}
