@@ -133,43 +133,19 @@ pub fn export(
         if lossless && !wait_for_importer(&publisher, stop)? {
             break;
         }
-        let Some(rx) = join(opts, last_epoch, stop)? else { break };
-        last_epoch = Some(rx.epoch());
-        let geometry = Geometry {
-            memory: rx.memory(),
-            policy: rx.policy(),
-            capacity: rx.capacity(),
-            user_header_size: rx.user_header_size() as u32,
-            slot_size: rx.slot_size() as u64,
-        };
-        tracing::info!(ring = %opts.ring, epoch = rx.epoch(), "joined the ring");
-        while !stop.load(Ordering::Relaxed) {
-            if lossless && !wait_for_importer(&publisher, stop)? {
-                break;
+        let Some(source) = join(opts, last_epoch, stop)? else { break };
+        let out = Out { publisher: &publisher, lossless, stop, ring: &opts.ring };
+        last_epoch = Some(match &source {
+            Source::Host(rx) => {
+                sent += out.host(rx)?;
+                rx.epoch()
             }
-            let m = match rx.recv_timeout(TICK) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => {
-                    tracing::info!(ring = %opts.ring, ended = ?rx.ended(), "the ring's producer is gone: waiting for the next");
-                    break;
-                }
-                Err(e) => return Err(BridgeError::Ring(format!("ring {:?}: {e}", opts.ring))),
-            };
-            let header = wire::Header {
-                geometry,
-                epoch: rx.epoch(),
-                seq: m.seq(),
-                timestamp_ns: m.timestamp_ns(),
-                user_header: m.header().to_vec(),
-            };
-            publisher
-                .put(&m[..])
-                .attachment(wire::encode(&header))
-                .wait()
-                .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
-            sent += 1;
-        }
+            #[cfg(feature = "cuda")]
+            Source::Cuda(rx) => {
+                sent += out.cuda(rx)?;
+                rx.epoch()
+            }
+        });
     }
     tracing::info!(ring = %opts.ring, sent, "export stopped");
     Ok(sent)
@@ -198,17 +174,31 @@ fn wait_for_importer(
     Ok(false)
 }
 
+/// The ring exported, in either memory kind.
+enum Source {
+    Host(Consumer<Host>),
+    #[cfg(feature = "cuda")]
+    Cuda(Consumer<crate::Cuda>),
+}
+
 /// Joins the ring, waiting for it to exist (and, after `old_epoch`'s producer went, for a new
 /// one); `None` once `stop` is set.
 fn join(
     opts: &ExportOptions,
     old_epoch: Option<u64>,
     stop: &AtomicBool,
-) -> Result<Option<Consumer<Host>>, BridgeError> {
+) -> Result<Option<Source>, BridgeError> {
     let b = Consumer::builder(&opts.ring).mode(opts.mode).start_at(opts.start);
     while !stop.load(Ordering::Relaxed) {
-        match b.clone().open_in_when_ready::<Host>(old_epoch, TICK) {
-            Ok(rx) => return Ok(Some(rx)),
+        let opened = match b.clone().open_in_when_ready::<Host>(old_epoch, TICK) {
+            #[cfg(feature = "cuda")]
+            Err(e) if matches!(e.kind(), OpenErrorKind::WrongMemory { .. }) => {
+                b.clone().open_in_when_ready::<crate::Cuda>(old_epoch, TICK).map(Source::Cuda)
+            }
+            other => other.map(Source::Host),
+        };
+        match opened {
+            Ok(source) => return Ok(Some(source)),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -219,3 +209,138 @@ fn join(
     }
     Ok(None)
 }
+
+/// Where one joined ring's messages go.
+struct Out<'a> {
+    publisher: &'a zenoh::pubsub::Publisher<'a>,
+    lossless: bool,
+    stop: &'a AtomicBool,
+    ring: &'a str,
+}
+
+impl Out<'_> {
+    /// The attachment of message `m` of `rx`.
+    fn header<M: crate::Memory>(rx: &Consumer<M>, m: &crate::ReadSlot<'_, M>) -> wire::Header {
+        wire::Header {
+            geometry: Geometry {
+                memory: rx.memory(),
+                policy: rx.policy(),
+                capacity: rx.capacity(),
+                user_header_size: rx.user_header_size() as u32,
+                slot_size: rx.slot_size() as u64,
+            },
+            epoch: rx.epoch(),
+            seq: m.seq(),
+            timestamp_ns: m.timestamp_ns(),
+            user_header: m.header().to_vec(),
+        }
+    }
+
+    fn put(&self, payload: &[u8], header: &wire::Header) -> Result<(), BridgeError> {
+        self.publisher
+            .put(payload)
+            .attachment(wire::encode(header))
+            .wait()
+            .map_err(|e| BridgeError::Zenoh(e.to_string()))
+    }
+
+    /// The next message, or `None` when the producer is gone or `stop` is set.
+    fn next<'r, M: crate::Memory>(
+        &self,
+        rx: &'r Consumer<M>,
+        recv: impl Fn(&'r Consumer<M>) -> Result<crate::ReadSlot<'r, M>, RecvTimeoutError>,
+    ) -> Result<Option<crate::ReadSlot<'r, M>>, BridgeError> {
+        // Relaxed (every load): a request to stop, polled each tick.
+        while !self.stop.load(Ordering::Relaxed) {
+            if self.lossless && !wait_for_importer(self.publisher, self.stop)? {
+                break;
+            }
+            match recv(rx) {
+                Ok(m) => return Ok(Some(m)),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    tracing::info!(ring = %self.ring, ended = ?rx.ended(), "the ring's producer is gone: waiting for the next");
+                    break;
+                }
+                Err(e) => return Err(BridgeError::Ring(format!("ring {:?}: {e}", self.ring))),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Publishes a host ring's messages until its producer goes or `stop` is set.
+    fn host(&self, rx: &Consumer<Host>) -> Result<u64, BridgeError> {
+        tracing::info!(ring = %self.ring, epoch = rx.epoch(), "joined the ring");
+        let mut sent = 0;
+        while let Some(m) = self.next(rx, |rx| rx.recv_timeout(TICK))? {
+            self.put(&m, &Self::header(rx, &m))?;
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Publishes a CUDA ring's messages until its producer goes or `stop` is set. Each is
+    /// copied on the bridge's own stream into one of [`STAGES`] page-locked buffers and released
+    /// at once (the release is ordered after the copy on the GPU); another thread waits for
+    /// the copy and sends it, so the copy of a message overlaps the send of the one before.
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, rx: &Consumer<crate::Cuda>) -> Result<u64, BridgeError> {
+        use crate::cuda::{StagingBuffer, Stream};
+        use std::sync::mpsc;
+
+        let cuda =
+            |e: crate::cuda::CudaError| BridgeError::Ring(format!("ring {:?}: {e}", self.ring));
+        tracing::info!(ring = %self.ring, epoch = rx.epoch(), "joined the ring (CUDA: staged)");
+        let stream = Stream::new(rx.context()).map_err(|e| cuda(e.into()))?;
+        let (free_tx, free) = mpsc::channel();
+        for _ in 0..STAGES {
+            free_tx.send(StagingBuffer::new(rx.context(), rx.slot_size()).map_err(cuda)?).ok();
+        }
+        let (work, todo) = mpsc::sync_channel::<(StagingBuffer, usize, wire::Header)>(STAGES);
+        std::thread::scope(|s| {
+            let sender = s.spawn(move || -> Result<u64, BridgeError> {
+                let mut sent = 0;
+                for (buf, len, header) in todo {
+                    buf.wait().map_err(|e| cuda(e.into()))?;
+                    self.put(&buf.host()[..len], &header)?;
+                    sent += 1;
+                    let _ = free_tx.send(buf);
+                }
+                Ok(sent)
+            });
+            let staged = (|| {
+                while let Some(m) = self.next(rx, |rx| rx.recv_on_timeout(&stream, TICK))? {
+                    let buf = loop {
+                        match free.recv_timeout(TICK) {
+                            Ok(buf) => break Some(buf),
+                            Err(mpsc::RecvTimeoutError::Timeout)
+                                if !self.stop.load(Ordering::Relaxed) => {}
+                            Err(_) => break None, // stopping, or the sender failed
+                        }
+                    };
+                    let Some(buf) = buf else { break };
+                    // SAFETY: the slot's `len <= slot_size` bytes are ordered before the copy
+                    // (`recv_on` made `stream` wait for the producer's writes) and stay until
+                    // the release, which the drop below queues on `stream` after the copy. The
+                    // buffer is ours alone: the sender gave it back after waiting for it.
+                    unsafe { buf.copy_from_device(m.ptr(), m.len(), &stream) }.map_err(cuda)?;
+                    buf.record(&stream).map_err(|e| cuda(e.into()))?;
+                    let (len, header) = (m.len(), Self::header(rx, &m));
+                    drop(m);
+                    if work.send((buf, len, header)).is_err() {
+                        break; // the sender failed: its error is returned below
+                    }
+                }
+                Ok::<(), BridgeError>(())
+            })();
+            drop(work);
+            let sent = sender.join().expect("the sender thread does not panic")?;
+            staged.map(|()| sent)
+        })
+    }
+}
+
+/// Page-locked buffers a CUDA export stages messages through: one being copied into while
+/// another is sent, and one spare.
+#[cfg(feature = "cuda")]
+const STAGES: usize = 3;

@@ -14,6 +14,7 @@
 pub mod driver;
 mod ipc;
 mod pool;
+mod staging;
 mod stream;
 mod vmm;
 
@@ -29,6 +30,7 @@ pub use driver::{
 pub use ipc::{IpcEvent, IpcMapping};
 // The VMM owners likewise, for rings that share their memory as fds (`Sharing::Vmm`).
 pub use pool::{DevicePool, POOL_ALIGN};
+pub use staging::StagingBuffer;
 pub use stream::Stream;
 #[doc(hidden)]
 pub use vmm::{export_raw_fd, HostRegistration, VmmImportError, VmmMapping, VmmPool};

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuring::bridge::{self, ExportOptions, ImportOptions, ZenohMode, ZenohOptions};
-use gpuring::{Mode, StartAt};
+use gpuring::{MemoryKind, Mode, StartAt};
 
 /// `gpuring bridge`'s subcommands.
 #[derive(clap::Subcommand)]
@@ -39,6 +39,12 @@ pub enum Options {
         /// Each time the ring is made, wait for N consumers before publishing into it.
         #[arg(long, default_value_t = 0)]
         wait_for_consumers: usize,
+        /// The local ring's memory: host or cuda (whatever the source's is).
+        #[arg(long, default_value = "host", value_parser = parse_memory)]
+        memory: MemoryKind,
+        /// The GPU of a CUDA local ring.
+        #[arg(long, default_value_t = 0)]
+        device: i32,
         #[command(flatten)]
         zenoh: ZenohArgs,
     },
@@ -85,6 +91,14 @@ fn parse_start(s: &str) -> Result<StartAt, String> {
     }
 }
 
+fn parse_memory(s: &str) -> Result<MemoryKind, String> {
+    match s {
+        "host" => Ok(MemoryKind::Host),
+        "cuda" => Ok(MemoryKind::Cuda),
+        _ => Err(format!("{s}: expected host or cuda")),
+    }
+}
+
 fn parse_zenoh_mode(s: &str) -> Result<ZenohMode, String> {
     match s {
         "peer" => Ok(ZenohMode::Peer),
@@ -123,9 +137,12 @@ pub fn run(o: &Options) -> ExitCode {
             eprintln!("gpuring bridge: exporting ring {ring:?} on key {}", e.key_or_default());
             bridge::export(&e, &zenoh.options(), &STOP).map(|n| format!("{n} messages sent"))
         }
-        Options::Import { key, ring, wait_for_consumers, zenoh } => {
+        Options::Import { key, ring, wait_for_consumers, memory, device, zenoh } => {
             eprintln!("gpuring bridge: importing key {key} into ring {ring:?}");
-            let i = ImportOptions::new(key, ring).wait_for_consumers(*wait_for_consumers);
+            let i = ImportOptions::new(key, ring)
+                .wait_for_consumers(*wait_for_consumers)
+                .memory(*memory)
+                .device(*device);
             bridge::import(&i, &zenoh.options(), &STOP).map(|n| format!("{n} messages published"))
         }
     };
