@@ -37,6 +37,10 @@ struct Args {
 
 const LONG: Duration = Duration::from_secs(120);
 
+/// The bench runs both ends of the bridge in one process, so its CUDA rings share by VMM.
+#[cfg(feature = "cuda")]
+const VMM: gpuring::Sharing = gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid);
+
 fn endpoint() -> String {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     format!("tcp/127.0.0.1:{port}")
@@ -118,7 +122,9 @@ fn through_bridge(size: usize, n: u64, memory: MemoryKind) -> Duration {
         }
         #[cfg(feature = "cuda")]
         MemoryKind::Cuda => {
-            let mut tx = b.create_gpu(0).unwrap();
+            // VMM sharing: the exporter reads it in this process (legacy IPC handles cannot
+            // be opened by the process that made them).
+            let mut tx = b.sharing(VMM).create_gpu(0).unwrap();
             tx.wait_for_consumers(1, LONG).expect("the exporter joins");
             Box::new(move || {
                 let slot = tx.acquire_timeout(LONG).unwrap();
@@ -181,6 +187,8 @@ fn start(
 ) -> (std::thread::JoinHandle<()>, std::thread::JoinHandle<()>) {
     let e = ExportOptions::new(src).key(key).mode(Mode::Lossless).start_at(StartAt::Oldest);
     let i = ImportOptions::new(key, dst).wait_for_consumers(1).memory(memory);
+    #[cfg(feature = "cuda")]
+    let i = i.sharing(VMM);
     let (ez, iz) = (zenoh(Some(at), None), zenoh(None, Some(at)));
     let (s1, s2) = (stop.clone(), stop.clone());
     let exporter = std::thread::spawn(move || {

@@ -173,6 +173,7 @@ fn consume(name: &str, last: u64, received: &AtomicU64) -> (u64, u64) {
             .unwrap_or_else(|e| panic!("{e}"))
     };
     let mut rx = open();
+    assert_eq!(rx.policy(), Policy::Block, "the source ring's policy");
     let (mut got, mut lagged) = (0, 0);
     let mut prev: Option<u64> = None;
     let deadline = Instant::now() + LONG;

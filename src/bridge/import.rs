@@ -22,6 +22,8 @@ pub struct ImportOptions {
     consumers: usize,
     memory: MemoryKind,
     device: i32,
+    #[cfg(feature = "cuda")]
+    sharing: crate::Sharing,
 }
 
 impl ImportOptions {
@@ -34,7 +36,29 @@ impl ImportOptions {
     /// ```
     pub fn new(key: &str, ring: &str) -> ImportOptions {
         let (key, ring) = (key.to_owned(), ring.to_owned());
-        ImportOptions { key, ring, consumers: 0, memory: MemoryKind::Host, device: 0 }
+        ImportOptions {
+            key,
+            ring,
+            consumers: 0,
+            memory: MemoryKind::Host,
+            device: 0,
+            #[cfg(feature = "cuda")]
+            sharing: crate::Sharing::Legacy,
+        }
+    }
+
+    /// How a CUDA local ring shares its memory (default legacy IPC; `Sharing::Vmm` also lets
+    /// consumers in the importer's own process read it).
+    ///
+    /// ```
+    /// use gpuring::{PeerPolicy, Sharing};
+    /// let o = gpuring::bridge::ImportOptions::new("k", "cam0").sharing(Sharing::Vmm(PeerPolicy::SameUid));
+    /// # let _ = o;
+    /// ```
+    #[cfg(feature = "cuda")]
+    pub fn sharing(mut self, sharing: crate::Sharing) -> Self {
+        self.sharing = sharing;
+        self
     }
 
     /// The local ring's memory: host (default) or CUDA (on GPU [`device`](Self::device),
@@ -178,7 +202,8 @@ fn create(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> 
         MemoryKind::Host => Tx::Host(Box::new(b.create().map_err(BridgeError::Create)?)),
         #[cfg(feature = "cuda")]
         MemoryKind::Cuda => {
-            let tx = b.create_gpu(opts.device).map_err(BridgeError::Create)?;
+            let tx = b.sharing(opts.sharing.clone()).create_gpu(opts.device);
+            let tx = tx.map_err(BridgeError::Create)?;
             let stage = |_| crate::cuda::StagingBuffer::new(tx.context(), g.slot_size as usize);
             let staging = (0..STAGES).map(stage).collect::<Result<Vec<_>, _>>();
             let staging =

@@ -90,7 +90,10 @@ pub fn encode(h: &Header) -> Vec<u8> {
         MemoryKind::Host => 0,
         MemoryKind::Cuda => 1,
     });
-    out.push(g.policy as u8);
+    out.push(match g.policy {
+        Policy::Block => 0,
+        Policy::Overwrite => 1,
+    });
     for v in [h.epoch, h.seq, h.timestamp_ns] {
         out.extend_from_slice(&v.to_le_bytes());
     }

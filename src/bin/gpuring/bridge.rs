@@ -45,6 +45,10 @@ pub enum Options {
         /// The GPU of a CUDA local ring.
         #[arg(long, default_value_t = 0)]
         device: i32,
+        /// How a CUDA local ring shares its memory: legacy or vmm (same-uid consumers).
+        #[cfg(feature = "cuda")]
+        #[arg(long, default_value = "legacy", value_parser = parse_sharing)]
+        sharing: gpuring::Sharing,
         #[command(flatten)]
         zenoh: ZenohArgs,
     },
@@ -99,6 +103,11 @@ fn parse_memory(s: &str) -> Result<MemoryKind, String> {
     }
 }
 
+#[cfg(feature = "cuda")]
+fn parse_sharing(s: &str) -> Result<gpuring::Sharing, String> {
+    gpuring::Sharing::from_name(s).ok_or_else(|| format!("{s}: expected legacy or vmm"))
+}
+
 fn parse_zenoh_mode(s: &str) -> Result<ZenohMode, String> {
     match s {
         "peer" => Ok(ZenohMode::Peer),
@@ -137,12 +146,23 @@ pub fn run(o: &Options) -> ExitCode {
             eprintln!("gpuring bridge: exporting ring {ring:?} on key {}", e.key_or_default());
             bridge::export(&e, &zenoh.options(), &STOP).map(|n| format!("{n} messages sent"))
         }
-        Options::Import { key, ring, wait_for_consumers, memory, device, zenoh } => {
+        Options::Import {
+            key,
+            ring,
+            wait_for_consumers,
+            memory,
+            device,
+            #[cfg(feature = "cuda")]
+            sharing,
+            zenoh,
+        } => {
             eprintln!("gpuring bridge: importing key {key} into ring {ring:?}");
             let i = ImportOptions::new(key, ring)
                 .wait_for_consumers(*wait_for_consumers)
                 .memory(*memory)
                 .device(*device);
+            #[cfg(feature = "cuda")]
+            let i = i.sharing(sharing.clone());
             bridge::import(&i, &zenoh.options(), &STOP).map(|n| format!("{n} messages published"))
         }
     };
