@@ -161,10 +161,11 @@ fn stop(mut child: Child, what: &str) {
     assert!(status.success(), "{what}: {status}");
 }
 
-/// A consumer of the imported ring, reconnecting when the importer restarts. Within each
+/// A consumer of the imported ring, reconnecting when the importer restarts; it sleeps
+/// `pause` after its 100th message. Within each
 /// instance of the ring, the lag of every message must be exactly the number of source
 /// messages missing before it. Returns (messages received, lag counted).
-fn consume(name: &str, last: u64, received: &AtomicU64) -> (u64, u64) {
+fn consume(name: &str, last: u64, received: &AtomicU64, pause: Duration) -> (u64, u64) {
     let open = || {
         Consumer::builder(name)
             .mode(Mode::Lossless)
@@ -200,6 +201,9 @@ fn consume(name: &str, last: u64, received: &AtomicU64) -> (u64, u64) {
         lagged += m.lag();
         prev = Some(seq);
         got += 1;
+        if got == 100 {
+            std::thread::sleep(pause);
+        }
         received.fetch_add(1, Ordering::Relaxed);
         if seq == last {
             return (got, lagged);
@@ -222,13 +226,47 @@ fn a_lossless_chain_over_loopback_loses_nothing() {
     let importer = chain.importer();
     let received = AtomicU64::new(0);
     let results = std::thread::scope(|s| {
-        let consumers: Vec<_> =
-            (0..2).map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received))).collect();
+        let consumers: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO)))
+            .collect();
         tx.wait_for_consumers(1, LONG).expect("the exporter joins");
         for seq in 0..N {
             send(&mut tx, seq);
         }
         consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (got, lagged) in results {
+        eprintln!("far consumer: {got} messages, lag {lagged}");
+        assert_eq!((got, lagged), (N, 0));
+    }
+    stop(exporter, "the exporter");
+    stop(importer, "the importer");
+}
+
+/// A far consumer that pauses 8 s holds the whole lossless chain back without loss: the
+/// importer's queue never fills (the exporter keeps a window unacknowledged), so it never
+/// blocks Zenoh, which would close the link after 5 s and lose what was in flight (review H1:
+/// the importer then published ~370 of 3000 and stopped).
+#[test]
+fn a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss() {
+    if bridge_child() {
+        return;
+    }
+    const N: u64 = 3_000;
+    let chain = Chain::new("a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss");
+    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let mut tx = b.policy(Policy::Block).create().unwrap();
+    let exporter = chain.exporter("oldest");
+    let importer = chain.importer();
+    let received = AtomicU64::new(0);
+    let results = std::thread::scope(|s| {
+        let slow = s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::from_secs(8)));
+        let fast = s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO));
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        for seq in 0..N {
+            send(&mut tx, seq);
+        }
+        [slow.join().unwrap(), fast.join().unwrap()]
     });
     for (got, lagged) in results {
         eprintln!("far consumer: {got} messages, lag {lagged}");
@@ -260,8 +298,9 @@ fn the_exporter_and_the_importer_restart_mid_stream() {
         child.wait().unwrap();
     };
     let results = std::thread::scope(|s| {
-        let consumers: Vec<_> =
-            (0..2).map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received))).collect();
+        let consumers: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO)))
+            .collect();
         tx.wait_for_consumers(1, LONG).expect("the exporter joins");
         let (mut killed_exporter, mut killed_importer) = (false, false);
         let mut seq = 0;
@@ -333,14 +372,13 @@ fn a_lossless_cuda_chain_over_loopback_loses_nothing() {
                         .start_at(StartAt::Oldest)
                         .open_in_timeout::<gpuring::Cuda>(LONG)
                         .unwrap_or_else(|e| panic!("{e}"));
-                    let buf = StagingBuffer::new(rx.context(), SLOT).unwrap();
+                    let mut buf = StagingBuffer::new(rx.context(), SLOT).unwrap();
                     let (mut got, mut lagged) = (0, 0);
                     loop {
                         let m = rx.recv_timeout(LONG).expect("a message");
                         // SAFETY: the slot's bytes are ordered before the copy on its stream
                         // and held until the drop below, after the wait.
                         unsafe { buf.copy_from_device(m.ptr(), m.len(), m.stream()) }.unwrap();
-                        buf.record(m.stream()).unwrap();
                         buf.wait().unwrap();
                         let seq = check(&buf.host()[..m.len()], m.header());
                         assert_eq!(seq, got, "in order");

@@ -1,11 +1,13 @@
 //! The exporting side: a consumer of a local ring that publishes each message on a Zenoh key.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use zenoh::qos::CongestionControl;
 use zenoh::Wait;
 
+use super::flow;
 use super::wire::{self, Geometry};
 use super::{BridgeError, ZenohOptions};
 use crate::{Consumer, Host, Mode, OpenErrorKind, RecvTimeoutError, StartAt};
@@ -122,8 +124,26 @@ pub fn export(
         .congestion_control(congestion)
         .wait()
         .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
-    tracing::info!(ring = %opts.ring, %key, mode = ?opts.mode, "exporting");
+    let exporter = flow::new_id();
+    tracing::info!(ring = %opts.ring, %key, mode = ?opts.mode, exporter, "exporting");
     let lossless = opts.mode == Mode::Lossless;
+    // A lossless export keeps at most a window of messages unacknowledged (`flow`).
+    let acks = Arc::new(flow::Acks::default());
+    let _ack_subscriber = if lossless {
+        let acks = acks.clone();
+        let s = session.declare_subscriber(format!("{key}/ack")).callback(move |sample| {
+            let bytes = sample.payload().to_bytes();
+            if let Some((to, importer, handled)) = flow::decode(&bytes) {
+                if to == exporter {
+                    acks.record(importer, handled);
+                }
+            }
+        });
+        Some(s.wait().map_err(|e| BridgeError::Zenoh(e.to_string()))?)
+    } else {
+        None
+    };
+    let credit = lossless.then(|| Mutex::new(flow::Credit::new(acks.clone(), 2)));
     let mut sent = 0u64;
     let mut last_epoch = None;
     // Relaxed (every load): a request to stop, polled each tick; nothing is published with it.
@@ -134,7 +154,15 @@ pub fn export(
             break;
         }
         let Some(source) = join(opts, last_epoch, stop)? else { break };
-        let out = Out { publisher: &publisher, lossless, stop, ring: &opts.ring };
+        let out = Out {
+            publisher: &publisher,
+            lossless,
+            stop,
+            ring: &opts.ring,
+            exporter,
+            credit: credit.as_ref(),
+            acks: &acks,
+        };
         last_epoch = Some(match &source {
             Source::Host(rx) => {
                 sent += out.host(rx)?;
@@ -216,12 +244,22 @@ struct Out<'a> {
     lossless: bool,
     stop: &'a AtomicBool,
     ring: &'a str,
+    /// This exporter's id, in every message (acknowledgements name it).
+    exporter: u64,
+    /// A lossless export's window.
+    credit: Option<&'a Mutex<flow::Credit>>,
+    acks: &'a flow::Acks,
 }
 
 impl Out<'_> {
     /// The attachment of message `m` of `rx`.
-    fn header<M: crate::Memory>(rx: &Consumer<M>, m: &crate::ReadSlot<'_, M>) -> wire::Header {
+    fn header<M: crate::Memory>(
+        &self,
+        rx: &Consumer<M>,
+        m: &crate::ReadSlot<'_, M>,
+    ) -> wire::Header {
         wire::Header {
+            exporter: self.exporter,
             geometry: Geometry {
                 memory: rx.memory(),
                 policy: rx.policy(),
@@ -236,12 +274,27 @@ impl Out<'_> {
         }
     }
 
-    fn put(&self, payload: &[u8], header: &wire::Header) -> Result<(), BridgeError> {
+    /// Publishes one message: for a lossless export, once the window has room (false if
+    /// `stop` was set first).
+    fn put(&self, payload: &[u8], header: &wire::Header) -> Result<bool, BridgeError> {
+        if let Some(credit) = self.credit {
+            let mut credit = credit.lock().unwrap_or_else(PoisonError::into_inner);
+            credit.set_window(flow::window_for(header.geometry.slot_size));
+            while !credit.open() {
+                // Relaxed: a request to stop, polled while waiting.
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                self.acks.wait_change(TICK);
+            }
+            credit.sent();
+        }
         self.publisher
             .put(payload)
             .attachment(wire::encode(header))
             .wait()
-            .map_err(|e| BridgeError::Zenoh(e.to_string()))
+            .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
+        Ok(true)
     }
 
     /// The next message, or `None` when the producer is gone or `stop` is set.
@@ -273,7 +326,9 @@ impl Out<'_> {
         tracing::info!(ring = %self.ring, epoch = rx.epoch(), "joined the ring");
         let mut sent = 0;
         while let Some(m) = self.next(rx, |rx| rx.recv_timeout(TICK))? {
-            self.put(&m, &Self::header(rx, &m))?;
+            if !self.put(&m, &self.header(rx, &m))? {
+                break;
+            }
             sent += 1;
         }
         Ok(sent)
@@ -302,7 +357,9 @@ impl Out<'_> {
                 let mut sent = 0;
                 for (buf, len, header) in todo {
                     buf.wait().map_err(|e| cuda(e.into()))?;
-                    self.put(&buf.host()[..len], &header)?;
+                    if !self.put(&buf.host()[..len], &header)? {
+                        break;
+                    }
                     sent += 1;
                     let _ = free_tx.send(buf);
                 }
@@ -318,14 +375,13 @@ impl Out<'_> {
                             Err(_) => break None, // stopping, or the sender failed
                         }
                     };
-                    let Some(buf) = buf else { break };
+                    let Some(mut buf) = buf else { break };
                     // SAFETY: the slot's `len <= slot_size` bytes are ordered before the copy
                     // (`recv_on` made `stream` wait for the producer's writes) and stay until
                     // the release, which the drop below queues on `stream` after the copy. The
                     // buffer is ours alone: the sender gave it back after waiting for it.
                     unsafe { buf.copy_from_device(m.ptr(), m.len(), &stream) }.map_err(cuda)?;
-                    buf.record(&stream).map_err(|e| cuda(e.into()))?;
-                    let (len, header) = (m.len(), Self::header(rx, &m));
+                    let (len, header) = (m.len(), self.header(rx, &m));
                     drop(m);
                     if work.send((buf, len, header)).is_err() {
                         break; // the sender failed: its error is returned below

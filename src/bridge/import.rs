@@ -1,13 +1,23 @@
 //! The importing side: a Zenoh subscriber that produces what it receives into a local ring.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use zenoh::Wait;
 
 use super::export::TICK;
+use super::flow;
 use super::wire::{self, Geometry};
 use super::{BridgeError, ZenohOptions};
 use crate::{AcquireTimeoutError, Host, MemoryKind, Producer};
+
+/// The default [`ImportOptions::max_ring_bytes`]: 4 GiB.
+///
+/// ```
+/// assert_eq!(gpuring::bridge::DEFAULT_MAX_RING_BYTES, 4 << 30);
+/// ```
+pub const DEFAULT_MAX_RING_BYTES: u64 = 4 << 30;
 
 /// What to import, and into which ring.
 ///
@@ -22,6 +32,7 @@ pub struct ImportOptions {
     consumers: usize,
     memory: MemoryKind,
     device: i32,
+    max_ring_bytes: u64,
     #[cfg(feature = "cuda")]
     sharing: crate::Sharing,
 }
@@ -42,6 +53,7 @@ impl ImportOptions {
             consumers: 0,
             memory: MemoryKind::Host,
             device: 0,
+            max_ring_bytes: DEFAULT_MAX_RING_BYTES,
             #[cfg(feature = "cuda")]
             sharing: crate::Sharing::Legacy,
         }
@@ -71,6 +83,19 @@ impl ImportOptions {
     /// ```
     pub fn memory(mut self, memory: MemoryKind) -> Self {
         self.memory = memory;
+        self
+    }
+
+    /// The largest local ring it makes, in bytes of buffers: a source's geometry comes from the
+    /// network, so a larger one is refused (its messages dropped, with a warning). Default
+    /// [`DEFAULT_MAX_RING_BYTES`].
+    ///
+    /// ```
+    /// let o = gpuring::bridge::ImportOptions::new("k", "cam0").max_ring_bytes(1 << 30);
+    /// # let _ = o;
+    /// ```
+    pub fn max_ring_bytes(mut self, bytes: u64) -> Self {
+        self.max_ring_bytes = bytes;
         self
     }
 
@@ -115,6 +140,12 @@ struct Local {
     geometry: Geometry,
     /// The source sequence number expected next.
     next: u64,
+    /// Messages in a row from before `next`.
+    behind: u32,
+    /// When a message of this source last came.
+    last_seen: Instant,
+    /// Other sources seen on the key (warned about once each).
+    strangers: Vec<u64>,
 }
 
 /// Imports a key until `stop` is set: creates the local ring at the first message, publishes
@@ -138,18 +169,26 @@ pub fn import(
     stop: &AtomicBool,
 ) -> Result<u64, BridgeError> {
     let session = zenoh.open()?;
+    // A ring channel: when full it drops the oldest message (declared lost through the gap
+    // it leaves) rather than block Zenoh's receive thread, which Zenoh would take for a dead
+    // peer. A lossless exporter's window keeps it from filling (`flow`).
     let subscriber = session
         .declare_subscriber(opts.key.clone())
+        .with(zenoh::handlers::RingChannel::new(flow::QUEUE))
         .wait()
         .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
     tracing::info!(key = %opts.key, ring = %opts.ring, "importing");
     let mut local: Option<Local> = None;
+    let mut acks = Acker::new();
     let mut published = 0u64;
     // Relaxed (every load): a request to stop, polled each tick; nothing is published with it.
     while !stop.load(Ordering::Relaxed) {
         let sample = match subscriber.recv_timeout(TICK) {
             Ok(Some(sample)) => sample,
-            Ok(None) => continue,
+            Ok(None) => {
+                acks.heartbeat(&session);
+                continue;
+            }
             Err(e) => return Err(BridgeError::Zenoh(e.to_string())),
         };
         let payload = sample.payload().to_bytes();
@@ -161,28 +200,50 @@ pub fn import(
                 continue;
             }
         };
-        let same = local.as_ref().is_some_and(|l| l.epoch == h.epoch && l.geometry == h.geometry);
-        if !same {
-            if let Some(old) = local.take() {
-                tracing::info!(ring = %opts.ring, old_epoch = old.epoch, epoch = h.epoch, "the source ring restarted: making the ring again");
-            }
-            let mut made = create(opts, &h)?;
-            while !made.consumers_joined(opts.consumers) {
-                if stop.load(Ordering::Relaxed) {
-                    return Ok(published);
+        acks.handled(&session, &h, sample.key_expr().as_str());
+        let current = local.as_ref().map(|l| (l.epoch, l.geometry, l.last_seen));
+        match current {
+            Some((epoch, geometry, _)) if epoch == h.epoch && geometry == h.geometry => {}
+            // Another source on the key while ours is live: keep ours (a key is one source).
+            Some((epoch, _, seen)) if seen.elapsed() < SWITCH_QUIET => {
+                if local.as_mut().is_some_and(|l| l.note_stranger(h.epoch)) {
+                    tracing::warn!(ring = %opts.ring, epoch, stranger = h.epoch, "another source publishes on the key: ignoring it while ours is live");
                 }
+                continue;
             }
-            local = Some(made);
+            _ => {
+                if let Some(old) = local.take() {
+                    tracing::info!(ring = %opts.ring, old_epoch = old.epoch, epoch = h.epoch, "the source ring restarted: making the ring again");
+                }
+                let Some(mut made) = create(opts, &h) else { continue };
+                while !made.consumers_joined(opts.consumers) {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(published);
+                    }
+                    acks.heartbeat(&session);
+                }
+                local = Some(made);
+            }
         }
         let l = local.as_mut().expect("made above");
+        l.last_seen = Instant::now();
         if h.seq < l.next {
-            continue; // a message from before a gap we already declared (reordering)
+            // From before a gap already declared (reordering), or our `next` came from a
+            // message that was not the source's: after a run of them, follow the source.
+            l.behind += 1;
+            if l.behind < RESYNC {
+                continue;
+            }
+            tracing::warn!(ring = %opts.ring, next = l.next, seq = h.seq, "the source's sequence numbers went back: following them");
+            l.next = h.seq;
         }
+        l.behind = 0;
         if h.seq > l.next {
             l.declare_lost(h.seq - l.next);
         }
-        l.next = h.seq + 1;
-        if l.publish(&payload, &h.user_header, stop, &opts.ring)? {
+        l.next = h.seq + 1; // `decode` refuses u64::MAX
+        if l.publish(&payload, &h.user_header, stop, &opts.ring, &mut || acks.heartbeat(&session))?
+        {
             published += 1;
         }
     }
@@ -190,9 +251,73 @@ pub fn import(
     Ok(published)
 }
 
-/// The local ring for source instance `h.epoch`.
-fn create(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> {
+/// The importer's acknowledgements (`flow`): its id, and how many messages of the current
+/// exporter it handled, sent on `<key>/ack` every few messages and at each idle tick.
+struct Acker {
+    id: u64,
+    /// The exporter counted for, its count, and the key to answer on.
+    exporter: Option<(u64, u64, String)>,
+}
+
+impl Acker {
+    fn new() -> Acker {
+        Acker { id: flow::new_id(), exporter: None }
+    }
+
+    /// Counts message `h` (published or not: the exporter's window counts what arrived).
+    fn handled(&mut self, session: &zenoh::Session, h: &wire::Header, key: &str) {
+        let count = match &mut self.exporter {
+            Some((exporter, count, _)) if *exporter == h.exporter => {
+                *count += 1;
+                *count
+            }
+            _ => {
+                self.exporter = Some((h.exporter, 1, format!("{key}/ack")));
+                1
+            }
+        };
+        if count % 8 == 0 {
+            self.heartbeat(session);
+        }
+    }
+
+    /// Sends the current count.
+    fn heartbeat(&self, session: &zenoh::Session) {
+        if let Some((exporter, count, key)) = &self.exporter {
+            let ack = flow::encode(*exporter, self.id, *count);
+            if let Err(e) = session.put(key.as_str(), ack.to_vec()).wait() {
+                tracing::debug!(error = %e, "an acknowledgement was not sent");
+            }
+        }
+    }
+}
+
+/// The local ring for source instance `h.epoch`, or `None` (with a warning) if it is larger
+/// than allowed or cannot be made: the message is dropped, and the next one tries again.
+fn create(opts: &ImportOptions, h: &wire::Header) -> Option<Local> {
+    let made = make(opts, h);
+    if let Err(e) = &made {
+        // At most one warning a second: every message of a refused source comes here.
+        static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+        let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            tracing::warn!(ring = %opts.ring, error = %e, "cannot make the ring: dropping messages");
+            *last = Some(Instant::now());
+        }
+    }
+    made.ok()
+}
+
+fn make(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> {
     let g = h.geometry;
+    let bytes = g.slot_size.saturating_mul(g.capacity as u64 + crate::DEFAULT_SPARES as u64);
+    if bytes > opts.max_ring_bytes {
+        return Err(BridgeError::Ring(format!(
+            "ring {:?}: the source's ring ({} slots of {} bytes) is larger than the {} bytes \
+             allowed (ImportOptions::max_ring_bytes, --max-ring-bytes)",
+            opts.ring, g.capacity, g.slot_size, opts.max_ring_bytes
+        )));
+    }
     let b = Producer::builder(&opts.ring)
         .capacity(g.capacity)
         .slot_size(g.slot_size as usize)
@@ -215,7 +340,15 @@ fn create(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> 
             return Err(BridgeError::Ring("CUDA rings need gpuring's `cuda` feature".into()))
         }
     };
-    let local = Local { tx, epoch: h.epoch, geometry: g, next: h.seq };
+    let local = Local {
+        tx,
+        epoch: h.epoch,
+        geometry: g,
+        next: h.seq,
+        behind: 0,
+        last_seen: Instant::now(),
+        strangers: Vec::new(),
+    };
     tracing::info!(ring = %opts.ring, source_epoch = h.epoch, epoch = local.epoch(), "made the ring");
     Ok(local)
 }
@@ -225,7 +358,23 @@ fn create(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> 
 #[cfg(feature = "cuda")]
 const STAGES: usize = 3;
 
+/// How long the current source must be quiet before messages of another epoch replace it.
+const SWITCH_QUIET: Duration = Duration::from_secs(1);
+
+/// Messages in a row from before the expected sequence number after which the importer
+/// follows the source's numbers again.
+const RESYNC: u32 = 64;
+
 impl Local {
+    /// Notes another source's epoch; whether it is new.
+    fn note_stranger(&mut self, epoch: u64) -> bool {
+        let new = !self.strangers.contains(&epoch) && self.strangers.len() < 64;
+        if new {
+            self.strangers.push(epoch);
+        }
+        new
+    }
+
     fn epoch(&self) -> u64 {
         match &self.tx {
             Tx::Host(tx) => tx.epoch(),
@@ -260,6 +409,7 @@ impl Local {
         header: &[u8],
         stop: &AtomicBool,
         ring: &str,
+        tick: &mut dyn FnMut(),
     ) -> Result<bool, BridgeError> {
         let failed = |e: &dyn std::fmt::Display| BridgeError::Ring(format!("ring {ring:?}: {e}"));
         // Relaxed (every load): a request to stop, polled each tick.
@@ -268,7 +418,10 @@ impl Local {
                 Tx::Host(tx) => {
                     let mut slot = match tx.acquire_timeout(TICK) {
                         Ok(slot) => slot,
-                        Err(AcquireTimeoutError::Timeout) => continue,
+                        Err(AcquireTimeoutError::Timeout) => {
+                            tick(); // still here: the exporter must not take this for a loss
+                            continue;
+                        }
                         Err(e) => return Err(failed(&e)),
                     };
                     slot[..payload.len()].copy_from_slice(payload);
@@ -282,7 +435,10 @@ impl Local {
                     buf.host_mut()[..payload.len()].copy_from_slice(payload);
                     let slot = match tx.acquire_timeout(TICK) {
                         Ok(slot) => slot,
-                        Err(AcquireTimeoutError::Timeout) => continue,
+                        Err(AcquireTimeoutError::Timeout) => {
+                            tick(); // still here: the exporter must not take this for a loss
+                            continue;
+                        }
                         Err(e) => return Err(failed(&e)),
                     };
                     // SAFETY: the buffer's device-mapped bytes are device memory of this
@@ -290,7 +446,7 @@ impl Local {
                     // written again before `wait` says the copy (recorded next) has run.
                     unsafe { slot.copy_from(buf.device_ptr(), payload.len()) }
                         .map_err(|e| failed(&e))?;
-                    buf.record(slot.stream()).map_err(|e| failed(&e))?;
+                    buf.record_or_settle(slot.stream()).map_err(|e| failed(&e))?;
                     slot.publish(payload.len(), header).map_err(|e| failed(&e))?;
                     *turn = (*turn + 1) % staging.len();
                 }

@@ -21,16 +21,26 @@
 mod wire;
 
 mod export;
+mod flow;
 mod import;
 mod session;
 
 pub use export::{export, ExportOptions};
-pub use import::{import, ImportOptions};
+pub use import::{import, ImportOptions, DEFAULT_MAX_RING_BYTES};
 pub use session::{ZenohMode, ZenohOptions};
 
 use std::fmt;
 
 /// Why a bridge stopped.
+///
+/// ```
+/// use gpuring::bridge::{BridgeError, ZenohOptions};
+///
+/// let bad = ZenohOptions { connect: vec!["nonsense".into()], ..Default::default() };
+/// let stop = std::sync::atomic::AtomicBool::new(true);
+/// let e = gpuring::bridge::export(&gpuring::bridge::ExportOptions::new("x"), &bad, &stop);
+/// assert!(matches!(e, Err(BridgeError::Zenoh(_))));
+/// ```
 #[derive(Debug)]
 pub enum BridgeError {
     /// Zenoh refused the configuration, or the session or a declaration failed.

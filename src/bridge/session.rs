@@ -6,6 +6,12 @@ use std::path::PathBuf;
 use super::BridgeError;
 
 /// How the session joins the Zenoh network.
+///
+/// ```
+/// use gpuring::bridge::{ZenohMode, ZenohOptions};
+/// let o = ZenohOptions { mode: ZenohMode::Client, connect: vec!["tcp/router:7447".into()], ..Default::default() };
+/// # let _ = o;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ZenohMode {
     /// Talks to other peers directly (and finds them by scouting unless endpoints are given).

@@ -13,7 +13,8 @@
 //! | 32 | 4 | the ring's capacity |
 //! | 36 | 4 | its user header size |
 //! | 40 | 8 | its slot size |
-//! | 48 | user header size | the message's user header |
+//! | 48 | 8 | the exporter's id (random, per exporter process: acknowledgements name it) |
+//! | 56 | user header size | the message's user header |
 //!
 //! The geometry rides on every message (40 bytes), so an importer that starts mid-stream
 //! builds a ring like the source at once. An importer trusts nothing here: [`decode`] checks
@@ -25,31 +26,32 @@ use crate::{MemoryKind, Policy};
 const MAGIC: [u8; 4] = *b"GRZ1";
 const VERSION: u16 = 1;
 /// Bytes before the user header.
-pub const FIXED: usize = 48;
+pub(crate) const FIXED: usize = 56;
 
 /// The source ring's shape, which an importer's ring copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Geometry {
-    pub memory: MemoryKind,
-    pub policy: Policy,
-    pub capacity: u32,
-    pub user_header_size: u32,
-    pub slot_size: u64,
+pub(crate) struct Geometry {
+    pub(crate) memory: MemoryKind,
+    pub(crate) policy: Policy,
+    pub(crate) capacity: u32,
+    pub(crate) user_header_size: u32,
+    pub(crate) slot_size: u64,
 }
 
 /// One message's header.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Header {
-    pub geometry: Geometry,
-    pub epoch: u64,
-    pub seq: u64,
-    pub timestamp_ns: u64,
-    pub user_header: Vec<u8>,
+pub(crate) struct Header {
+    pub(crate) geometry: Geometry,
+    pub(crate) exporter: u64,
+    pub(crate) epoch: u64,
+    pub(crate) seq: u64,
+    pub(crate) timestamp_ns: u64,
+    pub(crate) user_header: Vec<u8>,
 }
 
 /// Why an attachment was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WireError {
+pub(crate) enum WireError {
     /// Shorter than its fixed part, or than its user header.
     Short(usize),
     /// Not a gpuring bridge message.
@@ -81,7 +83,7 @@ impl std::fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 /// The attachment of message `h`.
-pub fn encode(h: &Header) -> Vec<u8> {
+pub(crate) fn encode(h: &Header) -> Vec<u8> {
     let g = &h.geometry;
     let mut out = Vec::with_capacity(FIXED + h.user_header.len());
     out.extend_from_slice(&MAGIC);
@@ -100,12 +102,13 @@ pub fn encode(h: &Header) -> Vec<u8> {
     out.extend_from_slice(&g.capacity.to_le_bytes());
     out.extend_from_slice(&g.user_header_size.to_le_bytes());
     out.extend_from_slice(&g.slot_size.to_le_bytes());
+    out.extend_from_slice(&h.exporter.to_le_bytes());
     out.extend_from_slice(&h.user_header);
     out
 }
 
 /// Reads and checks an attachment, for a payload of `payload_len` bytes.
-pub fn decode(a: &[u8], payload_len: usize) -> Result<Header, WireError> {
+pub(crate) fn decode(a: &[u8], payload_len: usize) -> Result<Header, WireError> {
     if a.len() < FIXED {
         return Err(WireError::Short(a.len()));
     }
@@ -145,9 +148,14 @@ pub fn decode(a: &[u8], payload_len: usize) -> Result<Header, WireError> {
     if payload_len as u64 > slot_size {
         return Err(WireError::Payload { len: payload_len, slot_size });
     }
+    // The importer expects `seq + 1` next.
+    if u64_at(16) == u64::MAX {
+        return Err(WireError::Field("sequence number", u64::MAX));
+    }
     let geometry = Geometry { memory, policy, capacity, user_header_size, slot_size };
     Ok(Header {
         geometry,
+        exporter: u64_at(48),
         epoch: u64_at(8),
         seq: u64_at(16),
         timestamp_ns: u64_at(24),
@@ -167,7 +175,8 @@ mod tests {
             user_header_size: 3,
             slot_size: 1 << 20,
         };
-        Header { geometry, epoch: 7, seq: 42, timestamp_ns: 99, user_header: vec![1, 2, 3] }
+        let user_header = vec![1, 2, 3];
+        Header { geometry, exporter: 5, epoch: 7, seq: 42, timestamp_ns: 99, user_header }
     }
 
     #[test]
@@ -199,6 +208,9 @@ mod tests {
         let mut bad = good.clone();
         bad[36..40].copy_from_slice(&(u32::MAX).to_le_bytes());
         assert!(matches!(decode(&bad, 0), Err(WireError::Field("user header size", _))));
+        let mut bad = good.clone();
+        bad[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode(&bad, 0), Err(WireError::Field("sequence number", u64::MAX)));
         assert_eq!(
             decode(&good, (1 << 20) + 1),
             Err(WireError::Payload { len: (1 << 20) + 1, slot_size: 1 << 20 })

@@ -823,7 +823,9 @@ impl<'a, M: Memory> ReadSlot<'a, M> {
         self.m.timestamp_ns
     }
 
-    /// Messages this consumer lost (overwritten unread) just before this one.
+    /// Messages this consumer lost just before this one: overwritten unread, skipped for a newer
+    /// one (`Latest`), or declared lost upstream by the producer
+    /// ([`Producer::declare_lost`](crate::Producer::declare_lost): a bridge's gaps).
     ///
     /// ```
     /// # use gpuring::{Consumer, Policy, Producer};

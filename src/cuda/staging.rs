@@ -120,17 +120,29 @@ impl StagingBuffer {
         &mut self.map
     }
 
-    /// Queues on `stream` a copy of `len` bytes of device memory at `src` into this buffer.
+    /// Queues on `stream` a copy of `len` bytes of device memory at `src` into this buffer,
+    /// and records its event after it: [`wait`](Self::wait) returns once the copy has run.
+    ///
+    /// ```no_run
+    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+    /// let mut buf = gpuring::cuda::StagingBuffer::new(rx.context(), rx.slot_size())?;
+    /// let msg = rx.recv()?;
+    /// // SAFETY: the message's bytes are ordered before the copy on its stream and held until
+    /// // the wait; nothing else uses the buffer.
+    /// unsafe { buf.copy_from_device(msg.ptr(), msg.len(), msg.stream()) }?;
+    /// buf.wait()?;
+    /// let bytes = &buf.host()[..msg.len()];
+    /// # let _ = bytes;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Safety
     /// 1. `src..src + len` must be device memory readable in this buffer's context, ordered
     ///    before the copy (written by work done or queued before on `stream`), and unchanged
     ///    until the copy has run.
-    /// 2. No copy into or out of this buffer may be running or queued on another stream, and
-    ///    the CPU must not read the bytes before [`wait`](Self::wait) after a later
-    ///    [`record`](Self::record).
+    /// 2. No other copy into or out of this buffer may be running or queued.
     pub unsafe fn copy_from_device(
-        &self,
+        &mut self,
         src: CUdeviceptr,
         len: usize,
         stream: &Stream,
@@ -142,7 +154,26 @@ impl StagingBuffer {
         // SAFETY: the buffer holds `len` bytes at its device address (checked above); `src`
         // by (1), the buffer's other users by (2); the stream is live, its context current.
         unsafe { driver::memcpy_dtod_async(self.device_ptr(), src, len, stream.raw()) }?;
+        self.record_or_settle(stream)?;
         Ok(())
+    }
+
+    /// [`record`](Self::record) after a copy into or out of this buffer was queued on
+    /// `stream`; if the record fails, waits for `stream` instead, so that no copy can still be
+    /// running when the error makes the caller drop the buffer.
+    ///
+    /// ```no_run
+    /// # let ctx = gpuring::cuda::Context::new(0)?;
+    /// # let stream = gpuring::cuda::Stream::new(&ctx)?;
+    /// let buf = gpuring::cuda::StagingBuffer::new(&ctx, 4096)?;
+    /// // ... a copy out of buf.device_ptr() queued on `stream` ...
+    /// buf.record_or_settle(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_or_settle(&self, stream: &Stream) -> Result<(), DriverError> {
+        self.record(stream).inspect_err(|_| {
+            let _ = stream.synchronize();
+        })
     }
 
     /// Records its event on `stream`, after the copies queued there so far.

@@ -248,12 +248,12 @@ impl ProducerRing {
         self.core.lapped_buffer(&self.map.ring())
     }
 
-    /// Messages published so far = sequence number of the next one.
     /// See `ProducerCore::declare_lost`.
     pub(crate) fn declare_lost(&mut self, n: u64) {
         self.core.declare_lost(n);
     }
 
+    /// Messages published so far = sequence number of the next one.
     pub(crate) fn published(&self) -> u64 {
         self.core.next_seq()
     }

@@ -514,8 +514,10 @@ impl ConsumerCore {
             // Relaxed: written before the publish stamp store, which our pin acquired. A count
             // that went back (a damaged segment) adds nothing.
             let upstream = line.upstream_lost.load(Ordering::Relaxed);
-            let prev = self.upstream_seen.replace(Some(upstream));
+            let prev = self.upstream_seen.get();
             let upstream_lag = prev.map_or(0, |p| upstream.saturating_sub(p));
+            // The highest total seen: one that went back must not count its losses twice.
+            self.upstream_seen.set(Some(prev.map_or(upstream, |p| p.max(upstream))));
             let pinned = Pinned {
                 buffer,
                 seq: c,

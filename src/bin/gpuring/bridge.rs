@@ -45,6 +45,10 @@ pub enum Options {
         /// The GPU of a CUDA local ring.
         #[arg(long, default_value_t = 0)]
         device: i32,
+        /// The largest ring to make, in bytes of buffers (the source's shape comes from the
+        /// network); a larger source's messages are dropped with a warning.
+        #[arg(long, default_value_t = bridge::DEFAULT_MAX_RING_BYTES)]
+        max_ring_bytes: u64,
         /// How a CUDA local ring shares its memory: legacy or vmm (same-uid consumers).
         #[cfg(feature = "cuda")]
         #[arg(long, default_value = "legacy", value_parser = parse_sharing)]
@@ -152,6 +156,7 @@ pub fn run(o: &Options) -> ExitCode {
             wait_for_consumers,
             memory,
             device,
+            max_ring_bytes,
             #[cfg(feature = "cuda")]
             sharing,
             zenoh,
@@ -160,7 +165,8 @@ pub fn run(o: &Options) -> ExitCode {
             let i = ImportOptions::new(key, ring)
                 .wait_for_consumers(*wait_for_consumers)
                 .memory(*memory)
-                .device(*device);
+                .device(*device)
+                .max_ring_bytes(*max_ring_bytes);
             #[cfg(feature = "cuda")]
             let i = i.sharing(sharing.clone());
             bridge::import(&i, &zenoh.options(), &STOP).map(|n| format!("{n} messages published"))
