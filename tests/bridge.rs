@@ -166,11 +166,22 @@ fn stop(mut child: Child, what: &str) {
 /// instance of the ring, the lag of every message must be exactly the number of source
 /// messages missing before it. Returns (messages received, lag counted).
 fn consume(name: &str, last: u64, received: &AtomicU64, pause: Duration) -> (u64, u64) {
+    consume_in::<gpuring::Host>(name, last, received, pause, |_, m| m.to_vec())
+}
+
+/// [`consume`] in memory kind `M`, reading each message's bytes with `read`.
+fn consume_in<M: gpuring::Memory>(
+    name: &str,
+    last: u64,
+    received: &AtomicU64,
+    pause: Duration,
+    mut read: impl FnMut(&Consumer<M>, &gpuring::ReadSlot<'_, M>) -> Vec<u8>,
+) -> (u64, u64) {
     let open = || {
         Consumer::builder(name)
             .mode(Mode::Lossless)
             .start_at(StartAt::Oldest)
-            .open_timeout(LONG)
+            .open_in_timeout::<M>(LONG)
             .unwrap_or_else(|e| panic!("{e}"))
     };
     let mut rx = open();
@@ -193,7 +204,7 @@ fn consume(name: &str, last: u64, received: &AtomicU64, pause: Duration) -> (u64
             }
             Err(e) => panic!("{e}"),
         };
-        let seq = check(&m, m.header());
+        let seq = check(&read(&rx, &m), m.header());
         if let Some(p) = prev {
             assert!(seq > p, "message {seq} after {p}");
             assert_eq!(m.lag(), seq - p - 1, "lag of message {seq} after {p}");
@@ -284,27 +295,40 @@ fn the_exporter_and_the_importer_restart_mid_stream() {
     if bridge_child() {
         return;
     }
-    const N: u64 = 10_000;
-    const GAP: u64 = 50;
     let chain = Chain::new("the_exporter_and_the_importer_restart_mid_stream");
     let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
-    let mut tx =
-        b.policy(Policy::Block).liveness_interval(Duration::from_millis(50)).create().unwrap();
+    let tx = b.policy(Policy::Block).liveness_interval(Duration::from_millis(50)).create();
+    let consume =
+        |received: &AtomicU64| consume(&chain.dst, N_RESTART - 1, received, Duration::ZERO);
+    restart_mid_stream(&chain, "host", tx.unwrap(), send, consume);
+}
+
+/// Messages of the restart tests.
+const N_RESTART: u64 = 10_000;
+
+/// Runs a chain in which the exporter and then the importer (of `memory`) are killed and
+/// started again; `send` publishes message `seq`, `consume` is one far consumer.
+fn restart_mid_stream<M: gpuring::Memory>(
+    chain: &Chain,
+    memory: &str,
+    mut tx: Producer<M>,
+    mut send: impl FnMut(&mut Producer<M>, u64),
+    consume: impl Fn(&AtomicU64) -> (u64, u64) + Sync,
+) {
+    const GAP: u64 = 50;
     let mut exporter = chain.exporter("oldest");
-    let mut importer = chain.importer();
+    let mut importer = chain.importer_in(memory);
     let received = AtomicU64::new(0);
     let kill = |child: &mut Child| {
         child.kill().unwrap();
         child.wait().unwrap();
     };
     let results = std::thread::scope(|s| {
-        let consumers: Vec<_> = (0..2)
-            .map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO)))
-            .collect();
+        let consumers: Vec<_> = (0..2).map(|_| s.spawn(|| consume(&received))).collect();
         tx.wait_for_consumers(1, LONG).expect("the exporter joins");
         let (mut killed_exporter, mut killed_importer) = (false, false);
         let mut seq = 0;
-        while seq < N {
+        while seq < N_RESTART {
             send(&mut tx, seq);
             seq += 1;
             let far = received.load(Ordering::Relaxed);
@@ -330,7 +354,7 @@ fn the_exporter_and_the_importer_restart_mid_stream() {
                 // The lossless exporter waits for the next importer, and the source ring for
                 // it: the far consumers reconnect to the new ring and the stream goes on.
                 kill(&mut importer);
-                importer = chain.importer();
+                importer = chain.importer_in(memory);
                 killed_importer = true;
             }
         }
@@ -338,12 +362,64 @@ fn the_exporter_and_the_importer_restart_mid_stream() {
         consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
     });
     for (got, lagged) in results {
-        eprintln!("far consumer: {got} messages, lag {lagged} (within ring instances)");
+        eprintln!("far {memory} consumer: {got} messages, lag {lagged} (within ring instances)");
         assert!(lagged >= GAP, "the messages sent while no exporter ran show as lag");
-        assert!(got + lagged <= N);
+        assert!(got + lagged <= N_RESTART);
     }
     stop(exporter, "the restarted exporter");
     stop(importer, "the restarted importer");
+}
+
+/// [`the_exporter_and_the_importer_restart_mid_stream`] with CUDA rings on both sides.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_exporter_and_the_importer_of_cuda_rings_restart_mid_stream() {
+    if bridge_child() {
+        return;
+    }
+    use gpuring::cuda::StagingBuffer;
+    let chain = Chain::new("the_exporter_and_the_importer_of_cuda_rings_restart_mid_stream");
+    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = b.policy(Policy::Block).liveness_interval(Duration::from_millis(50));
+    let tx = b.create_gpu(0).unwrap();
+    let mut staging: Vec<StagingBuffer> =
+        (0..2).map(|_| StagingBuffer::new(tx.context(), SLOT).unwrap()).collect();
+    let send = move |tx: &mut Producer<gpuring::Cuda>, seq: u64| {
+        send_cuda(tx, &mut staging[seq as usize % 2], seq)
+    };
+    let consume = |received: &AtomicU64| {
+        let mut buf: Option<StagingBuffer> = None;
+        let read = |rx: &Consumer<gpuring::Cuda>, m: &gpuring::ReadSlot<'_, gpuring::Cuda>| {
+            let buf = buf.get_or_insert_with(|| StagingBuffer::new(rx.context(), SLOT).unwrap());
+            // SAFETY: the slot's bytes are ordered before the copy on its stream and held
+            // until after the wait.
+            unsafe { buf.copy_from_device(m.ptr(), m.len(), m.stream()) }.unwrap();
+            buf.wait().unwrap();
+            buf.host()[..m.len()].to_vec()
+        };
+        consume_in(&chain.dst, N_RESTART - 1, received, Duration::ZERO, read)
+    };
+    restart_mid_stream(&chain, "cuda", tx, send, consume);
+}
+
+/// Publishes message `seq` into a CUDA ring, through page-locked `buf`.
+#[cfg(feature = "cuda")]
+fn send_cuda(tx: &mut Producer<gpuring::Cuda>, buf: &mut gpuring::cuda::StagingBuffer, seq: u64) {
+    buf.wait().unwrap();
+    let len = len_of(seq);
+    for (i, b) in buf.host_mut()[..len].iter_mut().enumerate() {
+        *b = byte(seq, i);
+    }
+    let slot = tx.acquire_timeout(LONG).unwrap();
+    // SAFETY: written by the CPU above; not written again before `wait` says this copy
+    // (recorded next) has run.
+    unsafe { slot.copy_from(buf.device_ptr(), len) }.unwrap();
+    buf.record(slot.stream()).unwrap();
+    let mut header = [0u8; HEADER as usize];
+    header[..8].copy_from_slice(&seq.to_le_bytes());
+    header[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    slot.publish(len, &header).unwrap();
 }
 
 /// CUDA rings on both sides (both on one host, over loopback): the exporter stages each message
@@ -395,21 +471,7 @@ fn a_lossless_cuda_chain_over_loopback_loses_nothing() {
         let mut staging: Vec<StagingBuffer> =
             (0..2).map(|_| StagingBuffer::new(tx.context(), SLOT).unwrap()).collect();
         for seq in 0..N {
-            let buf = &mut staging[seq as usize % 2];
-            buf.wait().unwrap();
-            let len = len_of(seq);
-            for (i, b) in buf.host_mut()[..len].iter_mut().enumerate() {
-                *b = byte(seq, i);
-            }
-            let slot = tx.acquire_timeout(LONG).unwrap();
-            // SAFETY: written by the CPU above; not written again before `wait` says this copy
-            // (recorded next) has run.
-            unsafe { slot.copy_from(buf.device_ptr(), len) }.unwrap();
-            buf.record(slot.stream()).unwrap();
-            let mut header = [0u8; HEADER as usize];
-            header[..8].copy_from_slice(&seq.to_le_bytes());
-            header[8..].copy_from_slice(&(len as u64).to_le_bytes());
-            slot.publish(len, &header).unwrap();
+            send_cuda(&mut tx, &mut staging[seq as usize % 2], seq);
         }
         consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
     });
