@@ -137,6 +137,16 @@ impl Chain {
         spawn(self.test, "export", &env)
     }
 
+    /// The source ring's settings: 8 slots of [`SLOT`] bytes, [`HEADER`] bytes of header,
+    /// `Block`.
+    fn source(&self) -> gpuring::ProducerBuilder {
+        Producer::builder(&self.src)
+            .capacity(8)
+            .slot_size(SLOT)
+            .user_header_size(HEADER)
+            .policy(Policy::Block)
+    }
+
     fn importer(&self) -> Child {
         self.importer_in("host")
     }
@@ -231,7 +241,7 @@ fn a_lossless_chain_over_loopback_loses_nothing() {
     }
     const N: u64 = 10_000;
     let chain = Chain::new("a_lossless_chain_over_loopback_loses_nothing");
-    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = chain.source();
     let mut tx = b.policy(Policy::Block).create().unwrap();
     let exporter = chain.exporter("oldest");
     let importer = chain.importer();
@@ -265,7 +275,7 @@ fn a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss() {
     }
     const N: u64 = 3_000;
     let chain = Chain::new("a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss");
-    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = chain.source();
     let mut tx = b.policy(Policy::Block).create().unwrap();
     let exporter = chain.exporter("oldest");
     let importer = chain.importer();
@@ -296,7 +306,7 @@ fn the_exporter_and_the_importer_restart_mid_stream() {
         return;
     }
     let chain = Chain::new("the_exporter_and_the_importer_restart_mid_stream");
-    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = chain.source();
     let tx = b.policy(Policy::Block).liveness_interval(Duration::from_millis(50)).create();
     let consume =
         |received: &AtomicU64| consume(&chain.dst, N_RESTART - 1, received, Duration::ZERO);
@@ -380,7 +390,7 @@ fn the_exporter_and_the_importer_of_cuda_rings_restart_mid_stream() {
     }
     use gpuring::cuda::StagingBuffer;
     let chain = Chain::new("the_exporter_and_the_importer_of_cuda_rings_restart_mid_stream");
-    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = chain.source();
     let b = b.policy(Policy::Block).liveness_interval(Duration::from_millis(50));
     let tx = b.create_gpu(0).unwrap();
     let mut staging: Vec<StagingBuffer> =
@@ -435,7 +445,7 @@ fn a_lossless_cuda_chain_over_loopback_loses_nothing() {
     }
     const N: u64 = 2_000;
     let chain = Chain::new("a_lossless_cuda_chain_over_loopback_loses_nothing");
-    let b = Producer::builder(&chain.src).capacity(8).slot_size(SLOT).user_header_size(HEADER);
+    let b = chain.source();
     let mut tx = b.policy(Policy::Block).create_gpu(0).unwrap();
     let exporter = chain.exporter("oldest");
     let importer = chain.importer_in("cuda");
