@@ -353,6 +353,20 @@ pub enum OpenErrorKind {
         /// Why.
         reason: String,
     },
+    /// The consumer asked to read on a GPU that cannot reach the memory of the ring's GPU: the
+    /// driver reports no peer access from the one to the other (`cuDeviceCanAccessPeer`).
+    /// Read on the ring's GPU, or copy each message once to this one and fan out there
+    /// (docs/scaling.md).
+    NoPeerAccess {
+        /// The device the consumer asked for, as this process numbers devices.
+        device: i32,
+        /// Its UUID (`GPU-…`, as `nvidia-smi -L` prints it).
+        device_uuid: String,
+        /// The ring's device, as this process numbers devices.
+        ring_device: i32,
+        /// Its UUID.
+        ring_uuid: String,
+    },
     /// The ring holds another kind of memory than this call reads: open a CUDA ring with
     /// `open_gpu`, a host ring with `open`.
     WrongMemory {
@@ -404,6 +418,15 @@ impl fmt::Display for OpenErrorKind {
             OpenErrorKind::Corrupt(c) => write!(f, "corrupt segment: {c}"),
             OpenErrorKind::MemoryUnavailable { reason } => {
                 write!(f, "memory kind unavailable: {reason}")
+            }
+            OpenErrorKind::NoPeerAccess { device, device_uuid, ring_device, ring_uuid } => {
+                write!(
+                    f,
+                    "GPU {device} ({device_uuid}) cannot read the memory of GPU {ring_device} \
+                     ({ring_uuid}), where the ring is: the driver reports no peer access between \
+                     them; read on GPU {ring_device}, or copy each message once to GPU {device} \
+                     (docs/scaling.md)"
+                )
             }
             OpenErrorKind::WrongMemory { found } => write!(
                 f,

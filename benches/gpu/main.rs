@@ -17,12 +17,14 @@
 //!
 //! `--compare-sharing` runs instead a paced comparison of the two sharing modes (legacy IPC
 //! against VMM) over the consumer counts and frame sizes given, and prints their ratios.
+//! `--peers` measures consumers on a second GPU (benches/gpu/peers.rs).
 //!
 //! Consumer processes are this binary again, with `GPURING_GPU_BENCH_ROLE` set.
 
 mod floors;
 // The size parser of the `gpuring` command, so both read "64K" and "8M" alike.
 mod kernels;
+mod peers;
 mod report;
 mod ring;
 mod sharing;
@@ -95,6 +97,16 @@ pub struct Opts {
     /// floors and the matrix.
     #[arg(long)]
     compare_sharing: bool,
+    /// The devices the consumers read on, in turn (consumer i on the i-th modulo their
+    /// number); default: all on `--device`. A device other than the ring's reads its memory
+    /// across the link (peer access).
+    #[arg(long, value_delimiter = ',')]
+    consumer_devices: Vec<i32>,
+    /// Measure consumers on a second GPU instead (needs two GPUs with peer access): GB/s a GPU
+    /// 1 consumer reads from a GPU 0 ring against the peer-copy floor, and frames/s 1→4 with
+    /// two consumers on each GPU.
+    #[arg(long)]
+    peers: bool,
 }
 
 fn parse_us(s: &str) -> Result<Duration, String> {
@@ -156,6 +168,14 @@ fn main() {
     let mut rep = report::Report::new(&o);
 
     rep.timer_step = k.timer_step(&stream);
+    if o.peers {
+        let md = peers::run(&o, &ctx, &k);
+        println!("{md}");
+        if let Some(path) = &o.md {
+            std::fs::write(path, &md).unwrap();
+        }
+        return;
+    }
     if o.compare_sharing {
         let md = sharing::compare(&o, &k);
         println!("{md}");

@@ -59,10 +59,19 @@ impl Cell {
     }
 }
 
-fn spawn_consumer(name: &str, size: usize, index: usize, poll: Duration) -> Child {
+/// The device consumer `index` reads on: `--consumer-devices` in turn, else `--device`.
+pub fn consumer_device(o: &Opts, index: usize) -> i32 {
+    match o.consumer_devices.len() {
+        0 => o.device,
+        n => o.consumer_devices[index % n],
+    }
+}
+
+fn spawn_consumer(name: &str, size: usize, index: usize, poll: Duration, device: i32) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .env(ROLE, format!("consumer:{name}:{size}:{index}"))
         .env("GPURING_GPU_BENCH_POLL_NS", poll.as_nanos().to_string())
+        .env("GPURING_GPU_BENCH_DEVICE", device.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -96,7 +105,8 @@ pub fn run_cell(
         .sharing(crate::sharing(o))
         .create_gpu(o.device)
         .expect("create the CUDA ring");
-    let children: Vec<Child> = (0..n).map(|i| spawn_consumer(&name, size, i, poll)).collect();
+    let children: Vec<Child> =
+        (0..n).map(|i| spawn_consumer(&name, size, i, poll, consumer_device(o, i))).collect();
     let t = Instant::now();
     while tx.consumer_count() < n {
         assert!(t.elapsed() < Duration::from_secs(60), "consumers did not join");

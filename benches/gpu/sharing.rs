@@ -59,7 +59,7 @@ pub fn compare(o: &Opts, k: &Kernels) -> String {
     md
 }
 
-fn size_name(size: usize) -> String {
+pub fn size_name(size: usize) -> String {
     match size {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),

@@ -160,9 +160,10 @@ fn open_status(e: &gpuring::OpenError) -> gpuring_status {
         E::NotInitialized => GPURING_NOT_FOUND,
         E::Disconnected => GPURING_DISCONNECTED,
         E::TimedOut => GPURING_TIMEOUT,
-        E::MemoryUnavailable { .. } | E::WrongMemory { .. } | E::TooManyConsumers { .. } => {
-            GPURING_UNAVAILABLE
-        }
+        E::MemoryUnavailable { .. }
+        | E::NoPeerAccess { .. }
+        | E::WrongMemory { .. }
+        | E::TooManyConsumers { .. } => GPURING_UNAVAILABLE,
         E::VersionMismatch { .. } | E::Io(_) => GPURING_ERROR,
     }
 }

@@ -142,6 +142,32 @@ pub fn device_uuid(dev: CUdevice) -> DriverResult<[u8; 16]> {
     Ok(uuid.bytes.map(|b| b as u8))
 }
 
+/// Whether device `dev` can map and read the memory of device `peer` (`cuDeviceCanAccessPeer`):
+/// what a consumer on `dev` of a ring on `peer` needs. A device is never its own peer (the
+/// driver says no), so callers ask only for two distinct devices.
+pub fn can_access_peer(dev: CUdevice, peer: CUdevice) -> DriverResult<bool> {
+    let mut v = 0;
+    // SAFETY: both came from `device`; valid out-pointer.
+    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut v, dev, peer) })?;
+    Ok(v != 0)
+}
+
+/// Lets the current context read and write the memory allocated in `peer`, another device's
+/// context of this process (`cuCtxEnablePeerAccess`). Enabling it twice is not an error here.
+/// Consumers never need it: an IPC mapping enables access itself, a VMM one is granted per
+/// device. Benches and tests use it to read another device's buffers directly.
+///
+/// # Safety
+/// 1. A context must be current on this thread, and `peer` must be live.
+pub unsafe fn ctx_enable_peer_access(peer: CUcontext) -> DriverResult<()> {
+    // SAFETY: by (1); flags must be 0.
+    let code = unsafe { sys::cuCtxEnablePeerAccess(peer, 0) };
+    if code == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check("cuCtxEnablePeerAccess", code)
+}
+
 /// (major, minor) compute capability.
 pub fn compute_capability(dev: CUdevice) -> DriverResult<(i32, i32)> {
     use sys::CUdevice_attribute::*;
@@ -520,6 +546,28 @@ pub unsafe fn memcpy_dtod_async(
 ) -> DriverResult<()> {
     // SAFETY: by (1).
     check("cuMemcpyDtoDAsync_v2", unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream) })
+}
+
+/// `cuMemcpyPeerAsync`: `len` bytes from `src` in context `src_ctx` to `dst` in context
+/// `dst_ctx` (another device's, or the same), on `stream`. The copy engines' floor for moving
+/// a frame between two GPUs.
+///
+/// # Safety
+/// 1. `src` must hold `len` readable bytes of `src_ctx` and `dst` `len` writable bytes of
+///    `dst_ctx`, not overlapping, valid until the copy has run; both contexts live.
+/// 2. `stream` must be live in the current context.
+pub unsafe fn memcpy_peer_async(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    len: usize,
+    stream: CUstream,
+) -> DriverResult<()> {
+    // SAFETY: by (1) and (2).
+    check("cuMemcpyPeerAsync", unsafe {
+        sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, len, stream)
+    })
 }
 
 /// One side of a [`memcpy_2d_peer_async`]: where the first row starts, the bytes from one row's

@@ -62,11 +62,12 @@ pub enum CudaError {
         /// The slot's size.
         capacity: usize,
     },
-    /// A stream of another device than the ring's was passed in.
+    /// A stream of another device than the one the ring is used on here was passed in.
     ForeignStream {
         /// The stream's device ordinal.
         stream: i32,
-        /// The ring's device ordinal in this process.
+        /// The device this process uses the ring on: the producer's, or the one a consumer
+        /// reads on (which may be another than the ring's memory's).
         ring: i32,
     },
 }
@@ -81,7 +82,7 @@ impl fmt::Display for CudaError {
                 write!(f, "{len} bytes do not fit in a slot of {capacity}")
             }
             CudaError::ForeignStream { stream, ring } => {
-                write!(f, "the stream is on device {stream}, the ring's memory on device {ring}")
+                write!(f, "the stream is on device {stream}, but this process uses the ring on device {ring}")
             }
         }
     }
@@ -93,6 +94,19 @@ impl From<DriverError> for CudaError {
     fn from(e: DriverError) -> Self {
         CudaError::Driver(e)
     }
+}
+
+/// A GPU's UUID as `nvidia-smi -L` prints it and `CUDA_VISIBLE_DEVICES` takes it: `GPU-` and
+/// 32 hex digits in groups of 8, 4, 4, 4 and 12. Unlike an ordinal, it names the same GPU in
+/// every process.
+///
+/// ```
+/// let uuid = [0x8a, 0x1b, 0x2c, 0x3d, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0xff];
+/// assert_eq!(gpuring::cuda::uuid_string(uuid), "GPU-8a1b2c3d-0001-0203-0405-060708090aff");
+/// ```
+pub fn uuid_string(uuid: [u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// A device's primary context, retained for as long as this lives.

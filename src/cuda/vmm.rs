@@ -16,7 +16,8 @@ use super::Context;
 /// Invariant: this value holds one reference to the live handle `handle`. If `reserved > 0`,
 /// `ptr..ptr + reserved` is a reservation of this process that it owns; if `mapped > 0`,
 /// `ptr..ptr + mapped` (`mapped <= reserved`) is one whole mapping of `handle`, which it owns.
-/// All of it is `ctx`'s device's.
+/// `ctx`'s device is the one that accesses it (the allocation may be another device's, that
+/// `ctx`'s can reach: see [`VmmMapping`]).
 struct Vmm {
     ctx: Arc<Context>,
     handle: CUmemGenericAllocationHandle,
@@ -53,7 +54,8 @@ impl Vmm {
         Ok(())
     }
 
-    /// Lets `ctx`'s device read and write the mapping. `ctx` must be current.
+    /// Lets `ctx`'s device read and write the mapping (over the link between them, if the
+    /// allocation is a peer's). `ctx` must be current.
     fn grant(&self) -> Result<(), DriverError> {
         // SAFETY: `ptr..ptr + mapped` is one whole mapping (callers map first); `ctx` is
         // current.
@@ -157,8 +159,8 @@ pub enum VmmImportError {
     /// A driver call failed: the fd is not a CUDA allocation's, or the device is out of
     /// address space...
     Driver(DriverError),
-    /// The allocation is another device's (`Some(its ordinal)`) or not device memory
-    /// (`None`).
+    /// The allocation is memory of a device that the context's device cannot reach (no peer
+    /// access: `Some(its ordinal)`), or not device memory at all (`None`).
     OtherDevice {
         /// Where the allocation lives.
         found: Option<i32>,
@@ -172,9 +174,11 @@ impl fmt::Display for VmmImportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VmmImportError::Driver(e) => e.fmt(f),
-            VmmImportError::OtherDevice { found: Some(ordinal) } => {
-                write!(f, "the shared allocation is memory of device {ordinal}, not ours")
-            }
+            VmmImportError::OtherDevice { found: Some(ordinal) } => write!(
+                f,
+                "the shared allocation is memory of device {ordinal}, which ours has no peer \
+                 access to"
+            ),
             VmmImportError::OtherDevice { found: None } => {
                 write!(f, "the shared allocation is not device memory")
             }
@@ -198,21 +202,26 @@ impl From<DriverError> for VmmImportError {
     }
 }
 
-/// Another process's `cuMemCreate` allocation, imported from its fd and mapped read-write in
-/// `ctx`. Unmapped, its address range freed and its handle released on drop.
+/// Another process's `cuMemCreate` allocation, imported from its fd and mapped read-write for
+/// `ctx`'s device. The allocation may live on another GPU that this one has peer access to:
+/// reads and writes then cross the link between them. Unmapped, its address range freed and
+/// its handle released on drop.
 ///
 /// Invariant: `vmm.ptr..vmm.ptr + vmm.mapped` is mapped to `vmm.handle`, an allocation of
-/// `vmm.ctx`'s device, read-write for that device.
+/// device `owner` (`vmm.ctx`'s device, or a peer of it), read-write for `vmm.ctx`'s device.
 pub struct VmmMapping {
     vmm: Vmm,
+    owner: i32,
 }
 
 impl VmmMapping {
     /// Imports `fd` (counted in [`driver::VMM_IMPORTS`]; the fd stays the caller's, and may be
-    /// closed as soon as this returns), checks that the allocation is memory of `ctx`'s device,
-    /// reserves `size` bytes of address space (rounded up to the granularity, aligned to it),
-    /// maps `size` bytes of the allocation there and lets the device read and write them.
-    /// Undoes all of it on an error.
+    /// closed as soon as this returns), checks that the allocation is device memory that
+    /// `ctx`'s device can reach (its own, or a peer's: `cuDeviceCanAccessPeer`), reserves
+    /// `size` bytes of address space (rounded up to the owner's granularity, aligned to it),
+    /// maps `size` bytes of the allocation there and lets `ctx`'s device read and write them
+    /// (`cuMemSetAccess`). Undoes all of it on an error. Callers that expect the memory of one
+    /// device check [`device`](Self::device).
     pub fn import(
         ctx: &Arc<Context>,
         fd: BorrowedFd<'_>,
@@ -225,10 +234,12 @@ impl VmmMapping {
         let mut vmm = Vmm::new(ctx, handle);
         // SAFETY: `handle` is live (ours); `ctx` is current.
         let found = unsafe { driver::mem_allocation_device(handle) }?;
-        if found != Some(ctx.ordinal()) {
-            return Err(VmmImportError::OtherDevice { found });
-        }
-        let granularity = driver::mem_granularity(ctx.ordinal())?;
+        let owner = match found {
+            Some(owner) if owner == ctx.ordinal() => owner,
+            Some(owner) if driver::can_access_peer(ctx.dev, driver::device(owner)?)? => owner,
+            _ => return Err(VmmImportError::OtherDevice { found }),
+        };
+        let granularity = driver::mem_granularity(owner)?;
         let reserve = size.max(1).div_ceil(granularity).checked_mul(granularity).ok_or(
             VmmImportError::Size(DriverError {
                 call: "cuMemAddressReserve",
@@ -238,7 +249,13 @@ impl VmmMapping {
         vmm.reserve(reserve, granularity)?;
         vmm.map(size).map_err(VmmImportError::Size)?;
         vmm.grant()?;
-        Ok(VmmMapping { vmm })
+        Ok(VmmMapping { vmm, owner })
+    }
+
+    /// The device whose memory this is, as this process numbers devices: the context's own,
+    /// or a peer of it.
+    pub fn device(&self) -> i32 {
+        self.owner
     }
 
     /// Device address of the first byte.

@@ -14,6 +14,7 @@
 //! holds the methods only CUDA rings have (streams, pools, device pointers).
 
 mod fence;
+mod placement;
 mod rx;
 mod tx;
 mod words;
@@ -180,7 +181,8 @@ impl Sharing {
     }
 }
 
-/// Refuses a stream of another device than the ring's (`ctx`'s).
+/// Refuses a stream of another device than `ctx`'s: the producer's, or the one a consumer reads
+/// on.
 fn same_device(stream: &Stream, ctx: &Context) -> Result<(), CudaError> {
     let (theirs, ours) = (stream.context().ordinal(), ctx.ordinal());
     if theirs != ours {
@@ -281,7 +283,8 @@ impl ProducerBuilder {
 
 impl ConsumerBuilder {
     /// Opens a CUDA-memory ring and joins it, on the device the producer uses (or on the
-    /// device [`device`](ConsumerBuilder::device) names, which must be that one for now).
+    /// device [`device`](ConsumerBuilder::device) names, which may be another GPU with peer
+    /// access to the ring's).
     /// Maps the producer's pools (legacy: from their IPC handles; VMM: from the fds the
     /// producer's server sends, if its peer policy admits this process, else
     /// [`OpenErrorKind::PeerRefused`](crate::OpenErrorKind::PeerRefused)) and opens the buffers' fences once, here.
@@ -316,11 +319,19 @@ impl ConsumerBuilder {
         self.open_in_when_ready(not_epoch, timeout)
     }
 
-    /// The device to read on (CUDA rings). Default: the producer's device, found by UUID.
+    /// The device to read on (CUDA rings). Default: the ring's device, found by UUID.
+    ///
+    /// Another GPU than the ring's reads its memory across the link between them (NVLink or
+    /// PCIe), with no copy; it needs peer access to the ring's GPU, or the open fails with
+    /// [`OpenErrorKind::NoPeerAccess`](crate::OpenErrorKind::NoPeerAccess), naming both.
+    /// Both sharing modes and both fences work so; docs/scaling.md says when copying each
+    /// message once to the other GPU is the better plan.
     ///
     /// ```no_run
-    /// let rx = gpuring::Consumer::builder("cam0").device(0).open_gpu()?;
-    /// assert_eq!(rx.context().ordinal(), 0);
+    /// // The ring's memory is on GPU 0; this consumer's kernels run on GPU 1.
+    /// let rx = gpuring::Consumer::builder("cam0").device(1).open_gpu()?;
+    /// assert_eq!(rx.context().ordinal(), 1);
+    /// let frame = rx.recv()?; // frame.stream() is a GPU 1 stream; frame.ptr() maps GPU 0's memory
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn device(mut self, ordinal: i32) -> Self {

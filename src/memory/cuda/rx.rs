@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use std::os::fd::AsFd;
 
 use super::fence::{order_after, Signal};
+use super::placement::{place, Driver, Placement};
 use super::words::SegmentWords;
 use super::{same_device, Cuda};
 use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
@@ -160,49 +161,16 @@ pub struct CudaRx {
     /// Locked while a pool is looked up or mapped, so threads sharing the consumer map each
     /// pool once.
     pools: Mutex<Vec<Option<OpenPool>>>,
+    /// On `placed.own`'s device.
     ctx: Arc<Context>,
+    /// The device we read on and the one the ring's memory is on (the same, or a peer).
+    placed: Placement,
     /// How long to poll a ready fence before a GPU-side wait.
     poll: Duration,
 }
 
 fn cuda_err(e: impl Into<CudaError>) -> OpenErrorKind {
     OpenErrorKind::MemoryUnavailable { reason: e.into().to_string() }
-}
-
-fn uuid_hex(u: &[u8; 16]) -> String {
-    u.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The device this consumer reads on: `settings.device`, which must be the ring's, or the one
-/// with the ring's UUID.
-fn pick_device(settings: &RxSettings, ring_uuid: [u8; 16]) -> Result<i32, OpenErrorKind> {
-    match settings.device {
-        Some(d) => {
-            let uuid = driver::ordinal_uuid(d).map_err(cuda_err)?;
-            if uuid != ring_uuid {
-                return Err(OpenErrorKind::MemoryUnavailable {
-                    reason: format!(
-                        "the ring's memory is on GPU {}, not on device {d} ({}); consumers on \
-                         another GPU are not supported yet",
-                        uuid_hex(&ring_uuid),
-                        uuid_hex(&uuid)
-                    ),
-                });
-            }
-            Ok(d)
-        }
-        None => {
-            let n = driver::device_count().map_err(cuda_err)?;
-            (0..n).find(|&d| driver::ordinal_uuid(d).is_ok_and(|u| u == ring_uuid)).ok_or_else(
-                || OpenErrorKind::MemoryUnavailable {
-                    reason: format!(
-                        "the ring's memory is on GPU {}, which this process cannot see",
-                        uuid_hex(&ring_uuid)
-                    ),
-                },
-            )
-        }
-    }
 }
 
 impl CudaRx {
@@ -228,7 +196,7 @@ impl CudaRx {
         if vmm && fenced_by != fence_kind::EVENTS {
             return Err(bad("gpu.fence", fenced_by as u64));
         }
-        let ordinal = pick_device(settings, load_uuid(&tables.header.device_uuid))?;
+        let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
         if !vmm && map.params().producer_pid == std::process::id() {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
             return Err(OpenErrorKind::MemoryUnavailable {
@@ -238,7 +206,7 @@ impl CudaRx {
                     .into(),
             });
         }
-        let ctx = Context::new(ordinal).map_err(cuda_err)?;
+        let ctx = Context::new(placed.own).map_err(cuda_err)?;
         // Our entry is JOINING. SeqCst, against the fence of the producer's close: either the
         // closing producer sees our entry taken (and waits for us), or we see `closed` (and
         // give up, as its memory is about to go).
@@ -265,6 +233,7 @@ impl CudaRx {
             share,
             pools: Mutex::new((0..MAX_POOLS).map(|_| None).collect()),
             ctx,
+            placed,
             poll: settings.gpu_poll,
         };
         side.open_pools(&mut side.pools(), map, None).map_err(|e| e.opening(map))?;
@@ -398,6 +367,11 @@ impl CudaRx {
                             VmmImportError::Size(_) => bad("pool.size", known.size),
                             VmmImportError::Driver(e) => OpenFault::cuda(e),
                         })?;
+                    // Peer access lets us map other GPUs' memory too: the pool must be on the
+                    // ring's, as its table entry says.
+                    if mapping.device() != self.placed.ring {
+                        return Err(bad("pool.device", mapping.device() as u64));
+                    }
                     pools[p] = Some(OpenPool { known, mapping: Mapping::Vmm(mapping) });
                 }
             }
@@ -725,6 +699,22 @@ impl Consumer<Cuda> {
     /// ```
     pub fn open_gpu(name: &str) -> Result<Consumer<Cuda>, OpenError> {
         Consumer::builder(name).open_gpu()
+    }
+
+    /// The device the ring's memory is on, as this process numbers devices. It differs from
+    /// [`context`](Self::context)'s when this consumer reads on another GPU
+    /// ([`ConsumerBuilder::device`](crate::ConsumerBuilder::device)): its kernels then read
+    /// across the link between the two.
+    ///
+    /// ```no_run
+    /// let rx = gpuring::Consumer::builder("cam0").device(1).open_gpu()?;
+    /// if rx.memory_device() != rx.context().ordinal() {
+    ///     println!("reading GPU {}'s memory from GPU 1", rx.memory_device());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn memory_device(&self) -> i32 {
+        self.mem().placed.ring
     }
 
     /// The device context this consumer reads in.

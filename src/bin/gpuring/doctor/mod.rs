@@ -107,7 +107,7 @@ pub fn run(o: &Options) -> ExitCode {
     checks.push(system::shm());
     checks.push(system::namespaces());
     checks.push(system::memlock());
-    checks.push(system::peer_access(gpus.len()));
+    checks.push(system::peer_access(&gpus));
     checks.push(system::stale_rings());
     if o.json {
         match serde_json::to_string_pretty(&checks) {

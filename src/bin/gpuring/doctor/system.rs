@@ -61,7 +61,8 @@ pub fn cuda_driver() -> (Check, Vec<Gpu>) {
         let gpus: Vec<Gpu> = (0..n)
             .map(|ordinal| Gpu {
                 ordinal,
-                uuid: driver::ordinal_uuid(ordinal).map_or_else(|e| e.to_string(), uuid_string),
+                uuid: driver::ordinal_uuid(ordinal)
+                    .map_or_else(|e| e.to_string(), gpuring::cuda::uuid_string),
                 compute_capability: driver::device(ordinal)
                     .and_then(driver::compute_capability)
                     .ok(),
@@ -81,12 +82,6 @@ pub fn cuda_driver() -> (Check, Vec<Gpu>) {
         let finding = format!("built without the `cuda` feature: host memory only{shown}");
         (Check::new("cuda-driver", Verdict::Skip, finding).value(value), vec![])
     }
-}
-
-#[cfg(feature = "cuda")]
-fn uuid_string(b: [u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The GPUs with their UUIDs (the names `CUDA_VISIBLE_DEVICES` and `nvidia-smi -L` use).
@@ -324,22 +319,59 @@ pub fn memlock() -> Check {
     }
 }
 
-/// Check 6: peer access between GPUs.
-pub fn peer_access(gpus: usize) -> Check {
-    let finding = match gpus {
-        0 => "no GPU".to_owned(),
-        1 => "one GPU: peer access does not apply".to_owned(),
-        n => format!(
-            "{n} GPUs; not checked: gpuring has no cuDeviceCanAccessPeer wrapper (consumers \
-             on another GPU than the ring's need peer access)"
-        ),
-    };
-    let check = Check::new("peer-access", Verdict::Skip, finding);
-    if gpus >= 2 {
-        check.fix("`nvidia-smi topo -p2p r` shows which pairs can read each other's memory")
-    } else {
-        check
+/// Check 6: peer access between GPUs: which ordered pairs can read each other's memory
+/// (`cuDeviceCanAccessPeer`), as a consumer on one GPU of a ring on another needs.
+pub fn peer_access(gpus: &[Gpu]) -> Check {
+    match gpus.len() {
+        0 => return Check::new("peer-access", Verdict::Skip, "no GPU"),
+        1 => {
+            return Check::new("peer-access", Verdict::Skip, "one GPU: peer access does not apply")
+        }
+        _ => {}
     }
+    #[cfg(feature = "cuda")]
+    {
+        use gpuring::cuda::driver;
+        let (mut yes, mut no, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
+        for a in gpus {
+            for b in gpus.iter().filter(|b| b.ordinal != a.ordinal) {
+                let can = driver::device(a.ordinal)
+                    .and_then(|da| driver::can_access_peer(da, driver::device(b.ordinal)?));
+                let pair = format!("{}→{}", a.ordinal, b.ordinal);
+                match can {
+                    Ok(true) => yes.push(pair.clone()),
+                    Ok(false) => no.push(pair.clone()),
+                    Err(e) => no.push(format!("{pair} ({e})")),
+                }
+                pairs.push(
+                    json!({ "reader": a.ordinal, "memory": b.ordinal, "can": can == Ok(true) }),
+                );
+            }
+        }
+        let value = json!({ "pairs": pairs });
+        if no.is_empty() {
+            let finding = format!(
+                "{} GPUs, every pair can read the other's memory ({}): a consumer may read on \
+                 another GPU than its ring's",
+                gpus.len(),
+                yes.join(", ")
+            );
+            return Check::new("peer-access", Verdict::Ok, finding).value(value);
+        }
+        let finding = format!(
+            "no peer access for reader→memory {}; a consumer on the first GPU of such a pair \
+             cannot open a ring on the second",
+            no.join(", ")
+        );
+        Check::new("peer-access", Verdict::Warn, finding)
+            .fix(
+                "read on the ring's GPU, or copy each message once to the other GPU and fan out \
+                 there (docs/scaling.md); `nvidia-smi topo -p2p r` shows the pairs",
+            )
+            .value(value)
+    }
+    #[cfg(not(feature = "cuda"))]
+    Check::new("peer-access", Verdict::Skip, "built without the `cuda` feature")
 }
 
 /// Check 7: rings whose producer is dead (their names stay in /dev/shm until removed), and
