@@ -6,6 +6,9 @@
 //! The tests named `two_gpus_*` need two CUDA GPUs with peer access and fail on fewer (they say
 //! so): on a one-GPU machine run the suite with `--skip two_gpus_`. The refusal of a GPU without
 //! peer access is checked without GPUs, in `src/memory/cuda/placement.rs`.
+//!
+//! Every wait on a child or on the ring has a deadline, and children still running when a test
+//! fails are killed, so that a fence that never completes fails the test instead of hanging it.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -15,8 +18,8 @@ use std::process::Child;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::{env, expect_success, role, spawn, unique_name};
-use gpuring::cuda::driver::{self, CPU_SYNCS};
+use common::{env, role, spawn, unique_name};
+use gpuring::cuda::driver::{self, CPU_SYNCS, GPU_WAITS};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::{
     Consumer, Fence, GpuConsumer, GpuProducer, OpenError, OpenErrorKind, PeerPolicy, Policy,
@@ -74,21 +77,71 @@ fn wait_for_consumers(tx: &GpuProducer, n: usize) {
     }
 }
 
-fn open_on(name: &str, device: Option<i32>) -> GpuConsumer {
+/// How long any one wait of these tests may take before it fails.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Children of a test, killed if it fails before it waited for them.
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    fn new() -> Children {
+        Children(Vec::new())
+    }
+
+    fn add(&mut self, what: impl Into<String>, child: Child) {
+        self.0.push((what.into(), child));
+    }
+
+    /// Waits for each child in turn, at most [`PATIENCE`] in all, and asserts that it succeeded.
+    fn expect_success(mut self) {
+        let t = Instant::now();
+        for (what, child) in &mut self.0 {
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break status;
+                }
+                assert!(t.elapsed() < PATIENCE, "{what} did not finish within {PATIENCE:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert!(status.success(), "{what} failed: {status}");
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Opens ring `name` on `device` (`None`: the ring's), checks that it reads there, and with
+/// `poll_on_cpu` false hands every pending ready fence to the GPU at once (`gpu_poll` 0), so
+/// that the cross-device GPU-side waits really run.
+fn open_on(name: &str, device: Option<i32>, poll_on_cpu: bool) -> GpuConsumer {
     let b = Consumer::builder(name).start_at(StartAt::Next);
     let b = match device {
         Some(d) => b.device(d),
         None => b,
     };
-    b.open_in_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
+    let b = if poll_on_cpu { b } else { b.gpu_poll(Duration::ZERO) };
+    let rx = b.open_in_timeout(PATIENCE).unwrap_or_else(|e| panic!("{e}"));
+    let on = rx.context().ordinal();
+    assert_eq!(on, device.unwrap_or(rx.memory_device()), "the consumer reads on another device");
+    rx
 }
 
-/// What a reader saw: messages, mismatching bytes, CPU syncs between its first and last
-/// message, and whether it ended with `Disconnected`.
+/// What a reader saw: messages, mismatching bytes, and the CPU syncs and GPU-side waits it made
+/// between its first and last message.
 struct Read {
     messages: u64,
     bad: u64,
     syncs: u64,
+    gpu_waits: u64,
 }
 
 /// Checks every byte of every message on the GPU until disconnected, each kernel spinning
@@ -97,91 +150,133 @@ fn read_all(rx: &GpuConsumer, spin_ns: u64) -> Read {
     let k = PatternKernels::get(rx.context()).unwrap();
     let bad = MismatchCounter::new(rx.stream()).unwrap();
     rx.stream().synchronize().unwrap();
-    let (mut messages, mut first_syncs, mut last_syncs) = (0, None, 0);
+    let counts = || (CPU_SYNCS.load(Relaxed), GPU_WAITS.load(Relaxed));
+    let (mut messages, first) = (0, counts());
+    let mut last = first;
     loop {
         let m = match rx.recv() {
             Ok(m) => m,
             Err(RecvError::Disconnected) => break,
             Err(e) => panic!("recv: {e}"),
         };
-        first_syncs.get_or_insert(CPU_SYNCS.load(Relaxed));
         // SAFETY: the message's bytes stay readable on its stream until its release, which
         // dropping `m` records after this kernel.
         unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), spin_ns) }
             .unwrap();
         drop(m);
-        last_syncs = CPU_SYNCS.load(Relaxed);
+        last = counts();
         messages += 1;
     }
-    let syncs = last_syncs - first_syncs.unwrap_or(last_syncs);
-    Read { messages, bad: bad.read().unwrap(), syncs }
+    Read {
+        messages,
+        bad: bad.read().unwrap(),
+        syncs: last.0 - first.0,
+        gpu_waits: last.1 - first.1,
+    }
 }
 
-/// Producer writing `frames` frames into slots of `slot` bytes as fast as the ring lets it.
-fn produce(tx: &mut GpuProducer, frames: u64, slot: u64) {
-    let k = PatternKernels::get(tx.context()).unwrap();
-    for seq in 0..frames {
-        let s = tx.acquire().unwrap();
-        let len = frame_len(seq, slot);
-        // SAFETY: the slot holds `slot` >= len bytes and is ours until publish.
-        unsafe { k.fill(s.stream(), s.ptr(), len, seq).unwrap() };
-        s.publish(len as usize, &[]).unwrap();
+/// How long the producer's stream spins before each fill, so that its ready fences are still
+/// pending when consumers place the message, and their GPUs must wait on them.
+const PRODUCER_SPIN_NS: u64 = 30_000;
+
+/// Writes frame `seq` into a slot of `slot` bytes (after a [`PRODUCER_SPIN_NS`] spin) and
+/// publishes it; fails after [`PATIENCE`] without a free slot rather than hang.
+fn publish(tx: &mut GpuProducer, k: &PatternKernels, spin: &MismatchCounter, seq: u64, slot: u64) {
+    let s = tx.acquire_timeout(PATIENCE).unwrap_or_else(|e| panic!("acquire frame {seq}: {e}"));
+    let len = frame_len(seq, slot);
+    // SAFETY: the spin reads no byte (length 0); the slot holds `slot` >= len bytes and is
+    // ours until publish.
+    unsafe {
+        k.check(s.stream(), s.ptr(), 0, seq, spin.ptr(), PRODUCER_SPIN_NS).unwrap();
+        k.fill(s.stream(), s.ptr(), len, seq).unwrap();
     }
+    s.publish(len as usize, &[]).unwrap();
 }
 
 const SLOT: u64 = 1 << 20;
 
-/// A producer on GPU `ring` and four consumer processes at once, two reading on each GPU (one
-/// of those on the ring's GPU takes the default device), every byte checked; one consumer on
-/// the other GPU is slow, so the producer's rewrites wait on release fences recorded there.
+/// A consumer child of [`both_gpus`]: reads on `DEVICE` (-1: the default) and checks every byte.
+fn both_gpus_consumer(mode: Mode, frames: u64) {
+    let device = env::<i32>("DEVICE");
+    let poll_on_cpu = env::<u32>("POLL_ON_CPU") == 1;
+    let rx = open_on(&env::<String>("RING"), (device >= 0).then_some(device), poll_on_cpu);
+    assert_eq!(rx.memory_device(), env::<i32>("RING_DEVICE"));
+    let spin = env::<u64>("SPIN_NS");
+    let r = read_all(&rx, spin);
+    let on = rx.context().ordinal();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+    eprintln!(
+        "{} consumer on device {on} (CUDA_VISIBLE_DEVICES={visible:?}), ring on device {}, \
+         gpu_poll {}, spin {spin} ns: {} messages, {} bad bytes, {} CPU syncs, {} GPU-side \
+         waits in the steady state",
+        mode.name(),
+        rx.memory_device(),
+        if poll_on_cpu { "default" } else { "0" },
+        r.messages,
+        r.bad,
+        r.syncs,
+        r.gpu_waits
+    );
+    assert_eq!((r.messages, r.bad, r.syncs), (frames, 0, 0));
+    if !poll_on_cpu && on != rx.memory_device() {
+        assert!(
+            r.gpu_waits > 0,
+            "no ready fence was waited on by GPU {on}: the test proves nothing"
+        );
+    }
+}
+
+/// A producer on GPU `ring` and five consumer processes at once, every byte checked: two on the
+/// ring's GPU (one with the default device), three on the other. Of those, one is slow (so the
+/// producer's rewrites wait on release fences recorded there), one hands every ready fence to
+/// its GPU (`gpu_poll` 0), and one sees the GPUs in the other order (`CUDA_VISIBLE_DEVICES`
+/// reversed), which ordinals must survive.
 fn both_gpus(test: &str, mode: Mode, ring: i32) {
     const FRAMES: u64 = 600;
     if role().is_some() {
-        let device = env::<i32>("DEVICE");
-        let rx = open_on(&env::<String>("RING"), (device >= 0).then_some(device));
-        assert_eq!(rx.memory_device(), env::<i32>("RING_DEVICE"));
-        let spin = env::<u64>("SPIN_NS");
-        let r = read_all(&rx, spin);
-        let on = rx.context().ordinal();
-        eprintln!(
-            "{} consumer on GPU {on}, ring on GPU {}, spin {spin} ns: {} messages, {} bad \
-             bytes, {} CPU syncs in the steady state",
-            mode.name(),
-            rx.memory_device(),
-            r.messages,
-            r.bad,
-            r.syncs
-        );
-        assert_eq!((r.messages, r.bad, r.syncs), (FRAMES, 0, 0));
-        return;
+        return both_gpus_consumer(mode, FRAMES);
     }
     need_two_gpus();
     let other = 1 - ring;
     let name = unique_name("peers");
     let b = Producer::builder(&name).capacity(4).slot_size(SLOT as usize).policy(Policy::Block);
     let mut tx = mode.setup(b).create_gpu(ring).unwrap();
-    // (device to ask for, -1 for the default; kernel spin)
-    let readers = [(-1, 0), (ring, 20_000), (other, 0), (other, 200_000)];
-    let children: Vec<Child> = readers
-        .iter()
-        .map(|&(device, spin)| {
-            let env = [
-                ("RING", name.clone()),
-                ("DEVICE", device.to_string()),
-                ("RING_DEVICE", ring.to_string()),
-                ("SPIN_NS", spin.to_string()),
-            ];
-            spawn(test, "consumer", &env)
-        })
-        .collect();
+    // (device to ask for, -1 for the default; poll fences on the CPU; kernel spin; GPUs
+    // reversed). A reversed child numbers the physical GPU `d` as `1 - d`.
+    let readers = [
+        (-1, true, 0, false),
+        (ring, false, 20_000, false),
+        (other, true, 0, false),
+        (other, true, 200_000, false),
+        (other, false, 0, false),
+        (1 - other, true, 0, true),
+    ];
+    let mut children = Children::new();
+    for &(device, poll_on_cpu, spin, reversed) in &readers {
+        let mut env = vec![
+            ("RING", name.clone()),
+            ("DEVICE", device.to_string()),
+            ("RING_DEVICE", if reversed { 1 - ring } else { ring }.to_string()),
+            ("POLL_ON_CPU", u32::from(poll_on_cpu).to_string()),
+            ("SPIN_NS", spin.to_string()),
+        ];
+        if reversed {
+            env.push(("CUDA_VISIBLE_DEVICES", "1,0".to_owned()));
+        }
+        children
+            .add(format!("the consumer asking for device {device}"), spawn(test, "consumer", &env));
+    }
     wait_for_consumers(&tx, readers.len());
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let spin = MismatchCounter::new(tx.stream()).unwrap();
+    tx.stream().synchronize().unwrap();
     let syncs = CPU_SYNCS.load(Relaxed);
-    produce(&mut tx, FRAMES, SLOT);
+    for seq in 0..FRAMES {
+        publish(&mut tx, &k, &spin, seq, SLOT);
+    }
     assert_eq!(CPU_SYNCS.load(Relaxed) - syncs, 0, "the producer synced with the GPU");
     drop(tx);
-    for (child, (device, _)) in children.into_iter().zip(readers) {
-        expect_success(child, &format!("the consumer on device {device}"));
-    }
+    children.expect_success();
 }
 
 #[test]
@@ -204,6 +299,59 @@ fn two_gpus_vmm_consumers_on_both_gpus_read_every_byte() {
     both_gpus("two_gpus_vmm_consumers_on_both_gpus_read_every_byte", Mode::Vmm, 1);
 }
 
+/// One consumer process with a consumer on each GPU, sharing the process's mappings of the
+/// ring (legacy IPC opens one handle in two contexts; VMM imports each fd twice).
+fn one_process(test: &str, mode: Mode) {
+    const FRAMES: u64 = 400;
+    if role().is_some() {
+        let name = env::<String>("RING");
+        let readers: Vec<_> = [0, 1]
+            .into_iter()
+            .map(|device| {
+                let rx = open_on(&name, Some(device), device == 0);
+                std::thread::spawn(move || (device, read_all(&rx, 0)))
+            })
+            .collect();
+        for r in readers {
+            let (device, r) = r.join().unwrap();
+            eprintln!(
+                "{} one process, consumer on GPU {device}: {} messages, {} bad bytes",
+                mode.name(),
+                r.messages,
+                r.bad
+            );
+            assert_eq!((r.messages, r.bad), (FRAMES, 0));
+        }
+        return;
+    }
+    need_two_gpus();
+    let name = unique_name("peers-one");
+    let b = Producer::builder(&name).capacity(4).slot_size(SLOT as usize).policy(Policy::Block);
+    let mut tx = mode.setup(b).create_gpu(0).unwrap();
+    let mut children = Children::new();
+    children.add("the consumer process", spawn(test, "consumers", &[("RING", name)]));
+    wait_for_consumers(&tx, 2);
+    let k = PatternKernels::get(tx.context()).unwrap();
+    let spin = MismatchCounter::new(tx.stream()).unwrap();
+    for seq in 0..FRAMES {
+        publish(&mut tx, &k, &spin, seq, SLOT);
+    }
+    drop(tx);
+    children.expect_success();
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpus_legacy_one_process_reads_on_both_gpus() {
+    one_process("two_gpus_legacy_one_process_reads_on_both_gpus", Mode::Legacy);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpus_vmm_one_process_reads_on_both_gpus() {
+    one_process("two_gpus_vmm_one_process_reads_on_both_gpus", Mode::Vmm);
+}
+
 /// The count of frames published so far, which the producer child writes to a file.
 fn progress(path: &Path) -> u64 {
     std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
@@ -217,17 +365,12 @@ fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn kill(child: &mut Child) {
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0, "kill");
-    child.wait().unwrap();
-}
-
 /// Kills on two GPUs: a ring on GPU 0, a reader and a victim on GPU 1. The victim is killed
-/// while it holds a message; the producer (Block, 4 slots) must go on, so the dead consumer's
-/// slots and fences were reclaimed across the GPUs. Then the producer is killed mid-stream (with
-/// messages unread, its GPU work done): the reader on GPU 1 must end with `Disconnected`,
-/// having read every byte of what it got, and leave.
+/// with a release still queued behind a 50 ms kernel and another message held; the producer
+/// (Block, 4 slots) must go on, so the dead consumer's slots and fences were reclaimed across
+/// the GPUs, and once the reader has caught up no buffer is held. Then the producer is killed
+/// mid-stream (with messages unread, its GPU work done): the reader on GPU 1 must end with
+/// `Disconnected`, having read every byte of what it got, and leave.
 fn kills(test: &str, mode: Mode) {
     const AFTER_VICTIM: u64 = 500;
     match role().as_deref() {
@@ -239,14 +382,11 @@ fn kills(test: &str, mode: Mode) {
             let mut tx = mode.setup(b).create_gpu(0).unwrap();
             wait_for_consumers(&tx, 2);
             let k = PatternKernels::get(tx.context()).unwrap();
+            let spin = MismatchCounter::new(tx.stream()).unwrap();
             let path = PathBuf::from(env::<String>("PROGRESS"));
             let stop = PathBuf::from(env::<String>("STOP"));
             for seq in 0.. {
-                let s = tx.acquire().unwrap();
-                let len = frame_len(seq, SLOT);
-                // SAFETY: the slot holds SLOT >= len bytes and is ours until publish.
-                unsafe { k.fill(s.stream(), s.ptr(), len, seq).unwrap() };
-                s.publish(len as usize, &[]).unwrap();
+                publish(&mut tx, &k, &spin, seq, SLOT);
                 if seq % 16 == 0 {
                     std::fs::write(&path, seq.to_string()).unwrap();
                     if stop.exists() {
@@ -254,6 +394,13 @@ fn kills(test: &str, mode: Mode) {
                     }
                 }
             }
+            // The victim is dead and gone: once the reader has caught up, nothing is held.
+            tx.reap().unwrap();
+            wait_until("the reader catching up", PATIENCE, || {
+                let cs = tx.consumers();
+                cs.len() == 1 && cs[0].lag == 0 && cs[0].holding == 0
+            });
+            assert_eq!(tx.held_buffers(), 0, "a buffer is still held after the victim's death");
             // Killed with unread messages in the ring, but with its GPU work done, so that the
             // reader may still sync with its own stream to count what it read.
             tx.stream().synchronize().unwrap();
@@ -262,7 +409,7 @@ fn kills(test: &str, mode: Mode) {
             panic!("the producer was not killed");
         }
         Some("reader") => {
-            let rx = open_on(&env::<String>("RING"), Some(1));
+            let rx = open_on(&env::<String>("RING"), Some(1), false);
             let r = read_all(&rx, 0);
             eprintln!(
                 "{} reader on GPU 1 after the producer's kill: {} messages, {} bad bytes",
@@ -272,23 +419,28 @@ fn kills(test: &str, mode: Mode) {
             );
             assert_eq!(r.bad, 0);
             assert!(r.messages >= AFTER_VICTIM, "{} messages", r.messages);
-            drop(rx); // must return, even with the producer dead mid-frame
+            drop(rx); // must return, with the producer dead
             eprintln!("{} reader left", mode.name());
         }
         Some("victim") => {
-            let rx = open_on(&env::<String>("RING"), Some(1));
+            let rx = open_on(&env::<String>("RING"), Some(1), false);
             let k = PatternKernels::get(rx.context()).unwrap();
             let bad = MismatchCounter::new(rx.stream()).unwrap();
+            let check = |m: &gpuring::GpuReadSlot<'_>, spin_ns| {
+                // SAFETY: as in `read_all`: the bytes stay readable on the message's stream
+                // until its release, queued after this kernel (or never, for the held one).
+                unsafe {
+                    k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), spin_ns)
+                }
+                .unwrap();
+            };
             for _ in 0..20 {
-                let m = rx.recv().unwrap();
-                // SAFETY: as in `read_all`.
-                unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }
-                    .unwrap();
+                check(&rx.recv().unwrap(), 0);
             }
-            // Hold one message, its read queued, and wait to be killed.
-            let m = rx.recv().unwrap();
-            // SAFETY: as above; the message is never released.
-            unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, m.seq(), bad.ptr(), 0) }.unwrap();
+            // A release queued behind a 50 ms kernel, then a message held: killed with both.
+            check(&rx.recv().unwrap(), 50_000_000);
+            let held = rx.recv().unwrap();
+            check(&held, 0);
             std::fs::write(env::<String>("HOLDING"), b"1").unwrap();
             std::thread::sleep(Duration::from_secs(600));
             panic!("the victim was not killed");
@@ -301,40 +453,36 @@ fn kills(test: &str, mode: Mode) {
             let progress_file = dir.join(format!("{name}.progress"));
             let holding = dir.join(format!("{name}.holding"));
             let stop = dir.join(format!("{name}.stop"));
+            let stopped = stop.with_extension("stopped");
             let env = |extra: &[(&'static str, String)]| {
                 let mut v = vec![("RING", name.clone())];
                 v.extend(extra.iter().cloned());
                 v
             };
-            let mut producer = spawn(
-                test,
-                "producer",
-                &env(&[
-                    ("PROGRESS", progress_file.display().to_string()),
-                    ("STOP", stop.display().to_string()),
-                ]),
-            );
-            let reader = spawn(test, "reader", &env(&[]));
-            let mut victim =
-                spawn(test, "victim", &env(&[("HOLDING", holding.display().to_string())]));
-            wait_until("the victim holding a message", Duration::from_secs(60), || {
-                holding.exists()
-            });
-            kill(&mut victim);
+            let files = [
+                ("PROGRESS", progress_file.display().to_string()),
+                ("STOP", stop.display().to_string()),
+            ];
+            let mut producer = Children::new();
+            producer.add("the producer", spawn(test, "producer", &env(&files)));
+            let mut reader = Children::new();
+            reader.add("the reader on GPU 1", spawn(test, "reader", &env(&[])));
+            let mut victim = Children::new();
+            let holding_var = [("HOLDING", holding.display().to_string())];
+            victim.add("the victim", spawn(test, "victim", &env(&holding_var)));
+            wait_until("the victim holding a message", PATIENCE, || holding.exists());
+            drop(victim); // killed
             let at_kill = progress(&progress_file);
             eprintln!("{}: victim killed at frame {at_kill}", mode.name());
-            wait_until(
-                "the producer going on past the dead consumer's slots",
-                Duration::from_secs(60),
-                || progress(&progress_file) >= at_kill + AFTER_VICTIM + 16,
-            );
+            wait_until("the producer going on past the dead consumer's slots", PATIENCE, || {
+                progress(&progress_file) >= at_kill + AFTER_VICTIM + 16
+            });
             std::fs::write(&stop, b"1").unwrap();
-            let stopped = stop.with_extension("stopped");
-            wait_until("the producer stopping", Duration::from_secs(60), || stopped.exists());
-            kill(&mut producer);
+            wait_until("the producer stopping", PATIENCE, || stopped.exists());
+            drop(producer); // killed
             eprintln!("{}: producer killed at frame {}", mode.name(), progress(&progress_file));
             let t = Instant::now();
-            expect_success(reader, "the reader on GPU 1");
+            reader.expect_success();
             eprintln!(
                 "{}: the reader ended {:?} after the producer's kill",
                 mode.name(),
@@ -351,6 +499,13 @@ fn kills(test: &str, mode: Mode) {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpus_legacy_kills_of_a_peer_consumer_and_of_the_producer() {
     kills("two_gpus_legacy_kills_of_a_peer_consumer_and_of_the_producer", Mode::Legacy);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpus_memory_fenced_kills_of_a_peer_consumer_and_of_the_producer() {
+    const TEST: &str = "two_gpus_memory_fenced_kills_of_a_peer_consumer_and_of_the_producer";
+    kills(TEST, Mode::LegacyMemoryFence);
 }
 
 #[test]
@@ -396,7 +551,9 @@ fn two_gpus_a_vmm_consumer_of_another_uid_on_the_other_gpu_is_refused() {
         .sharing(Sharing::Vmm(PeerPolicy::SameUid))
         .create_gpu(0)
         .unwrap();
-    expect_success(spawn(TEST, "refused", &[("RING", name)]), "the refused consumer");
+    let mut child = Children::new();
+    child.add("the refused consumer", spawn(TEST, "refused", &[("RING", name)]));
+    child.expect_success();
     assert_eq!(tx.consumer_count(), 0);
 }
 

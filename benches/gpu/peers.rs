@@ -75,10 +75,8 @@ fn floors(ring_ctx: &Arc<Context>, other: &Arc<Context>, k1: &Kernels, size: usi
         }
         .unwrap()
     });
-    // SAFETY: `other` is current; `ring_ctx` is live.
-    unsafe { driver::ctx_enable_peer_access(ring_ctx.raw()) }.unwrap();
     let len = (size as u64) & !15;
-    // SAFETY: `src` is GPU 0 memory that GPU 1 may now read (peer access enabled above), `len`
+    // SAFETY: `src` is GPU 0 memory that GPU 1 may read (peer access enabled in `run`), `len`
     // bytes, live until the stream is synchronised in `rate`.
     let peer_read = rate(&stream, size, &|| unsafe { k1.read(&stream, src.ptr(), len, None) });
     // SAFETY: `dst` is GPU 1's own memory, as above.
@@ -106,6 +104,12 @@ pub fn run(o: &Opts, ring_ctx: &Arc<Context>, k0: &Kernels) -> String {
         std::process::exit(2);
     }
     let other = Context::new(other_dev).unwrap();
+    {
+        // Before any floor: a peer copy without it may be staged through the host.
+        let _bound = other.bind().unwrap();
+        // SAFETY: `other` is current; `ring_ctx` is live.
+        unsafe { driver::ctx_enable_peer_access(ring_ctx.raw()) }.unwrap();
+    }
     let stream1 = Stream::new(&other).unwrap();
     let k1 = Kernels::load(&other, &stream1);
     stream1.synchronize().unwrap();

@@ -74,6 +74,9 @@ pub static VMM_EXPORTS: AtomicU64 = AtomicU64::new(0);
 /// Stream and event synchronisations (the CPU waiting for the GPU) made by this process, for
 /// tests that prove the steady state never makes one.
 pub static CPU_SYNCS: AtomicU64 = AtomicU64::new(0);
+/// GPU-side waits queued by this process ([`stream_wait_event`], [`stream_wait_value64`]), for
+/// tests that must show a fence was really waited on by the GPU, not seen complete on the CPU.
+pub static GPU_WAITS: AtomicU64 = AtomicU64::new(0);
 
 /// Why CUDA cannot be used here, or `Ok` once the driver is loaded and initialised with at
 /// least one device. Checked once per process; never panics on a machine without CUDA.
@@ -393,6 +396,7 @@ pub unsafe fn event_record(ev: CUevent, stream: CUstream) -> DriverResult<()> {
 /// # Safety
 /// 1. `stream` and `ev` must be live.
 pub unsafe fn stream_wait_event(stream: CUstream, ev: CUevent) -> DriverResult<()> {
+    GPU_WAITS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: by (1).
     check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, ev, 0) })
 }
@@ -679,6 +683,7 @@ pub unsafe fn stream_wait_value64(
     addr: CUdeviceptr,
     value: u64,
 ) -> DriverResult<()> {
+    GPU_WAITS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: by (1).
     check("cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(stream, addr, value, 0) })
 }

@@ -334,6 +334,35 @@ impl ConsumerBuilder {
     /// let frame = rx.recv()?; // frame.stream() is a GPU 1 stream; frame.ptr() maps GPU 0's memory
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// Where several consumers on GPU 1 would each read every frame across the link, copy each
+    /// frame once into a ring on GPU 1 instead, and let them read that one (docs/scaling.md).
+    /// This relay never syncs on the CPU: the copy runs on the new slot's stream, which waits
+    /// for the frame first, and the frame's release is queued after the copy.
+    ///
+    /// ```no_run
+    /// use gpuring::{Consumer, Producer};
+    ///
+    /// let rx = Consumer::builder("cam0").device(1).open_gpu()?; // memory on GPU 0
+    /// let mut tx = Producer::builder("cam0-gpu1")
+    ///     .slot_size(rx.slot_size())
+    ///     .user_header_size(rx.user_header_size() as u32)
+    ///     .create_gpu(1)?;
+    /// loop {
+    ///     let slot = tx.acquire()?;
+    ///     let frame = match rx.recv_on(slot.stream()) {
+    ///         Ok(frame) => frame,
+    ///         Err(_) => break, // the upstream producer closed or died
+    ///     };
+    ///     // SAFETY: the frame's bytes stay readable on the slot's stream, which waits for
+    ///     // them, until its release, queued on that stream after the copy when `frame` drops.
+    ///     unsafe { slot.copy_from(frame.ptr(), frame.len()) }?;
+    ///     let (len, header) = (frame.len(), frame.header().to_vec());
+    ///     drop(frame);
+    ///     slot.publish(len, &header)?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn device(mut self, ordinal: i32) -> Self {
         self.kind.device = Some(ordinal);
         self

@@ -197,6 +197,20 @@ impl CudaRx {
             return Err(bad("gpu.fence", fenced_by as u64));
         }
         let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
+        if vmm || fenced_by == fence_kind::MEMORY {
+            // Our stream waits on the ring's fence words and (VMM) writes ours: the producer's
+            // device can, but ours may be another.
+            let dev = driver::device(placed.own).map_err(cuda_err)?;
+            if !driver::can_use_64_bit_stream_mem_ops(dev).map_err(cuda_err)? {
+                return Err(OpenErrorKind::MemoryUnavailable {
+                    reason: format!(
+                        "the ring's fences are memory words, and device {} cannot wait on them \
+                         (no 64-bit stream memory operations); read on device {}",
+                        placed.own, placed.ring
+                    ),
+                });
+            }
+        }
         if !vmm && map.params().producer_pid == std::process::id() {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
             return Err(OpenErrorKind::MemoryUnavailable {
@@ -722,7 +736,7 @@ impl Consumer<Cuda> {
     /// ```no_run
     /// use gpuring::cuda::Stream;
     /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// // A stream of your own on the ring's device, for `recv_on`.
+    /// // A stream of your own on the device this consumer reads on, for `recv_on`.
     /// let infer_stream = Stream::new(rx.context())?;
     /// let frame = rx.recv_on(&infer_stream)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
