@@ -22,8 +22,8 @@ use common::{env, role, spawn, unique_name};
 use gpuring::cuda::driver::{self, CPU_SYNCS, GPU_WAITS};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::{
-    Consumer, Fence, GpuConsumer, GpuProducer, OpenError, OpenErrorKind, PeerPolicy, Policy,
-    Producer, ProducerBuilder, RecvError, Sharing, StartAt,
+    AcquireTimeoutError, Consumer, Fence, GpuConsumer, GpuProducer, OpenError, OpenErrorKind,
+    PeerPolicy, Policy, Producer, ProducerBuilder, RecvError, Sharing, StartAt,
 };
 
 /// How a test ring shares its memory and fences its buffers.
@@ -92,6 +92,29 @@ impl Children {
         self.0.push((what.into(), child));
     }
 
+    /// Kills child `what` (SIGKILL) and forgets it.
+    fn kill(&mut self, what: &str) {
+        let i = self.0.iter().position(|(w, _)| w == what).expect("a child of that name");
+        let (_, mut child) = self.0.remove(i);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Waits until `done`, for at most `timeout`; fails at once if a child has exited, since
+    /// each is meant to run until waited for or killed.
+    fn wait_until(&mut self, what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !done() {
+            for (who, child) in &mut self.0 {
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("{who} exited ({status}) while waiting for {what}");
+                }
+            }
+            assert!(t.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits for each child in turn, at most [`PATIENCE`] in all, and asserts that it succeeded.
     fn expect_success(mut self) {
         let t = Instant::now();
@@ -135,10 +158,11 @@ fn open_on(name: &str, device: Option<i32>, poll_on_cpu: bool) -> GpuConsumer {
     rx
 }
 
-/// What a reader saw: messages, mismatching bytes, and the CPU syncs and GPU-side waits it made
-/// between its first and last message.
+/// What a reader saw: messages (and how many after a pause), mismatching bytes, and the CPU
+/// syncs and GPU-side waits it made between its first and last message.
 struct Read {
     messages: u64,
+    after_pause: u64,
     bad: u64,
     syncs: u64,
     gpu_waits: u64,
@@ -146,14 +170,22 @@ struct Read {
 
 /// Checks every byte of every message on the GPU until disconnected, each kernel spinning
 /// `spin_ns` first (a slow reader holds the buffer long after the CPU released it).
-fn read_all(rx: &GpuConsumer, spin_ns: u64) -> Read {
+/// With `pause`: while that file exists, stop receiving (after saying so in `PAUSE.paused`).
+fn read_all(rx: &GpuConsumer, spin_ns: u64, pause: Option<&Path>) -> Read {
     let k = PatternKernels::get(rx.context()).unwrap();
     let bad = MismatchCounter::new(rx.stream()).unwrap();
     rx.stream().synchronize().unwrap();
     let counts = || (CPU_SYNCS.load(Relaxed), GPU_WAITS.load(Relaxed));
-    let (mut messages, first) = (0, counts());
+    let (mut messages, mut paused_at, first) = (0, None, counts());
     let mut last = first;
     loop {
+        if let Some(pause) = pause.filter(|p| p.exists() && paused_at.is_none()) {
+            std::fs::write(pause.with_extension("paused"), b"1").unwrap();
+            while pause.exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            paused_at = Some(messages);
+        }
         let m = match rx.recv() {
             Ok(m) => m,
             Err(RecvError::Disconnected) => break,
@@ -169,6 +201,7 @@ fn read_all(rx: &GpuConsumer, spin_ns: u64) -> Read {
     }
     Read {
         messages,
+        after_pause: messages - paused_at.unwrap_or(messages),
         bad: bad.read().unwrap(),
         syncs: last.0 - first.0,
         gpu_waits: last.1 - first.1,
@@ -182,7 +215,23 @@ const PRODUCER_SPIN_NS: u64 = 30_000;
 /// Writes frame `seq` into a slot of `slot` bytes (after a [`PRODUCER_SPIN_NS`] spin) and
 /// publishes it; fails after [`PATIENCE`] without a free slot rather than hang.
 fn publish(tx: &mut GpuProducer, k: &PatternKernels, spin: &MismatchCounter, seq: u64, slot: u64) {
-    let s = tx.acquire_timeout(PATIENCE).unwrap_or_else(|e| panic!("acquire frame {seq}: {e}"));
+    assert!(publish_within(tx, k, spin, seq, slot, PATIENCE), "no free slot for frame {seq}");
+}
+
+/// [`publish`], or false if no slot came free within `timeout`.
+fn publish_within(
+    tx: &mut GpuProducer,
+    k: &PatternKernels,
+    spin: &MismatchCounter,
+    seq: u64,
+    slot: u64,
+    timeout: Duration,
+) -> bool {
+    let s = match tx.acquire_timeout(timeout) {
+        Ok(s) => s,
+        Err(AcquireTimeoutError::Timeout) => return false,
+        Err(e) => panic!("acquire frame {seq}: {e}"),
+    };
     let len = frame_len(seq, slot);
     // SAFETY: the spin reads no byte (length 0); the slot holds `slot` >= len bytes and is
     // ours until publish.
@@ -191,6 +240,7 @@ fn publish(tx: &mut GpuProducer, k: &PatternKernels, spin: &MismatchCounter, seq
         k.fill(s.stream(), s.ptr(), len, seq).unwrap();
     }
     s.publish(len as usize, &[]).unwrap();
+    true
 }
 
 const SLOT: u64 = 1 << 20;
@@ -202,7 +252,7 @@ fn both_gpus_consumer(mode: Mode, frames: u64) {
     let rx = open_on(&env::<String>("RING"), (device >= 0).then_some(device), poll_on_cpu);
     assert_eq!(rx.memory_device(), env::<i32>("RING_DEVICE"));
     let spin = env::<u64>("SPIN_NS");
-    let r = read_all(&rx, spin);
+    let r = read_all(&rx, spin, None);
     let on = rx.context().ordinal();
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
     eprintln!(
@@ -226,11 +276,11 @@ fn both_gpus_consumer(mode: Mode, frames: u64) {
     }
 }
 
-/// A producer on GPU `ring` and five consumer processes at once, every byte checked: two on the
-/// ring's GPU (one with the default device), three on the other. Of those, one is slow (so the
+/// A producer on GPU `ring` and six consumer processes at once, every byte checked: two on the
+/// ring's GPU (one with the default device), four on the other. Of those, one is slow (so the
 /// producer's rewrites wait on release fences recorded there), one hands every ready fence to
-/// its GPU (`gpu_poll` 0), and one sees the GPUs in the other order (`CUDA_VISIBLE_DEVICES`
-/// reversed), which ordinals must survive.
+/// its GPU (`gpu_poll` 0) and must have waited on the GPU, and one sees the GPUs in the other
+/// order (`CUDA_VISIBLE_DEVICES` reversed), which ordinals must survive.
 fn both_gpus(test: &str, mode: Mode, ring: i32) {
     const FRAMES: u64 = 600;
     if role().is_some() {
@@ -261,7 +311,7 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
             ("SPIN_NS", spin.to_string()),
         ];
         if reversed {
-            env.push(("CUDA_VISIBLE_DEVICES", "1,0".to_owned()));
+            env.push(("CUDA_VISIBLE_DEVICES", reversed_devices()));
         }
         children
             .add(format!("the consumer asking for device {device}"), spawn(test, "consumer", &env));
@@ -277,6 +327,19 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
     assert_eq!(CPU_SYNCS.load(Relaxed) - syncs, 0, "the producer synced with the GPU");
     drop(tx);
     children.expect_success();
+}
+
+/// `CUDA_VISIBLE_DEVICES` for a child that sees this process's GPUs 0 and 1 the other way
+/// round: this process's own list with its first two entries swapped, or "1,0".
+fn reversed_devices() -> String {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) if list.split(',').count() >= 2 => {
+            let mut v: Vec<&str> = list.split(',').collect();
+            v.swap(0, 1);
+            v.join(",")
+        }
+        _ => "1,0".to_owned(),
+    }
 }
 
 #[test]
@@ -309,7 +372,7 @@ fn one_process(test: &str, mode: Mode) {
             .into_iter()
             .map(|device| {
                 let rx = open_on(&name, Some(device), device == 0);
-                std::thread::spawn(move || (device, read_all(&rx, 0)))
+                std::thread::spawn(move || (device, read_all(&rx, 0, None)))
             })
             .collect();
         for r in readers {
@@ -357,22 +420,15 @@ fn progress(path: &Path) -> u64 {
     std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !done() {
-        assert!(t.elapsed() < timeout, "{what} did not happen within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Kills on two GPUs: a ring on GPU 0, a reader and a victim on GPU 1. The victim is killed
 /// with a release still queued behind a 50 ms kernel and another message held; the producer
 /// (Block, 4 slots) must go on, so the dead consumer's slots and fences were reclaimed across
-/// the GPUs, and once the reader has caught up no buffer is held. Then the producer is killed
-/// mid-stream (with messages unread, its GPU work done): the reader on GPU 1 must end with
-/// `Disconnected`, having read every byte of what it got, and leave.
+/// the GPUs, and no buffer stays held. Then the reader pauses, and the producer is killed with
+/// messages unread (its GPU work done): the reader on GPU 1 must still receive them, every
+/// byte right, then end with `Disconnected` and leave.
 fn kills(test: &str, mode: Mode) {
     const AFTER_VICTIM: u64 = 500;
+    let file = |var: &str| PathBuf::from(env::<String>(var));
     match role().as_deref() {
         Some("producer") => {
             let b = Producer::builder(&env::<String>("RING"))
@@ -383,42 +439,55 @@ fn kills(test: &str, mode: Mode) {
             wait_for_consumers(&tx, 2);
             let k = PatternKernels::get(tx.context()).unwrap();
             let spin = MismatchCounter::new(tx.stream()).unwrap();
-            let path = PathBuf::from(env::<String>("PROGRESS"));
-            let stop = PathBuf::from(env::<String>("STOP"));
-            for seq in 0.. {
-                publish(&mut tx, &k, &spin, seq, SLOT);
-                if seq % 16 == 0 {
-                    std::fs::write(&path, seq.to_string()).unwrap();
-                    if stop.exists() {
-                        break;
+            let (progress, stop) = (file("PROGRESS"), file("STOP"));
+            let mut seq = 0;
+            // Short acquires, so that a stop is seen while the paused reader fills the ring.
+            while !stop.exists() {
+                if publish_within(&mut tx, &k, &spin, seq, SLOT, Duration::from_millis(50)) {
+                    seq += 1;
+                    if seq % 16 == 0 {
+                        std::fs::write(&progress, seq.to_string()).unwrap();
                     }
                 }
             }
-            // The victim is dead and gone: once the reader has caught up, nothing is held.
+            // The victim is dead and reaped, and the paused reader holds nothing: no buffer
+            // may stay held.
             tx.reap().unwrap();
-            wait_until("the reader catching up", PATIENCE, || {
-                let cs = tx.consumers();
-                cs.len() == 1 && cs[0].lag == 0 && cs[0].holding == 0
-            });
+            let t = Instant::now();
+            while tx.consumers().len() != 1 || tx.consumers()[0].holding != 0 {
+                assert!(t.elapsed() < PATIENCE, "consumers: {:?}", tx.consumers());
+                std::thread::sleep(Duration::from_millis(5));
+            }
             assert_eq!(tx.held_buffers(), 0, "a buffer is still held after the victim's death");
+            // Leave messages unread for the paused reader.
+            if tx.consumers()[0].lag == 0 {
+                for _ in 0..2 {
+                    publish(&mut tx, &k, &spin, seq, SLOT);
+                    seq += 1;
+                }
+            }
             // Killed with unread messages in the ring, but with its GPU work done, so that the
             // reader may still sync with its own stream to count what it read.
             tx.stream().synchronize().unwrap();
+            std::fs::write(file("TOTAL"), seq.to_string()).unwrap();
             std::fs::write(stop.with_extension("stopped"), b"1").unwrap();
             std::thread::sleep(Duration::from_secs(600));
             panic!("the producer was not killed");
         }
         Some("reader") => {
             let rx = open_on(&env::<String>("RING"), Some(1), false);
-            let r = read_all(&rx, 0);
+            let r = read_all(&rx, 0, Some(&file("PAUSE")));
+            let total: u64 = std::fs::read_to_string(file("TOTAL")).unwrap().parse().unwrap();
             eprintln!(
-                "{} reader on GPU 1 after the producer's kill: {} messages, {} bad bytes",
+                "{} reader on GPU 1: {} messages of {total} published, {} of them after the \
+                 producer's kill, {} bad bytes",
                 mode.name(),
                 r.messages,
+                r.after_pause,
                 r.bad
             );
-            assert_eq!(r.bad, 0);
-            assert!(r.messages >= AFTER_VICTIM, "{} messages", r.messages);
+            assert_eq!((r.messages, r.bad), (total, 0));
+            assert!(r.after_pause > 0, "no message was left unread at the kill");
             drop(rx); // must return, with the producer dead
             eprintln!("{} reader left", mode.name());
         }
@@ -441,7 +510,7 @@ fn kills(test: &str, mode: Mode) {
             check(&rx.recv().unwrap(), 50_000_000);
             let held = rx.recv().unwrap();
             check(&held, 0);
-            std::fs::write(env::<String>("HOLDING"), b"1").unwrap();
+            std::fs::write(file("HOLDING"), b"1").unwrap();
             std::thread::sleep(Duration::from_secs(600));
             panic!("the victim was not killed");
         }
@@ -449,46 +518,51 @@ fn kills(test: &str, mode: Mode) {
         None => {
             need_two_gpus();
             let name = unique_name("peer-kills");
-            let dir = std::env::temp_dir();
-            let progress_file = dir.join(format!("{name}.progress"));
-            let holding = dir.join(format!("{name}.holding"));
-            let stop = dir.join(format!("{name}.stop"));
-            let stopped = stop.with_extension("stopped");
-            let env = |extra: &[(&'static str, String)]| {
-                let mut v = vec![("RING", name.clone())];
-                v.extend(extra.iter().cloned());
-                v
-            };
-            let files = [
-                ("PROGRESS", progress_file.display().to_string()),
-                ("STOP", stop.display().to_string()),
-            ];
-            let mut producer = Children::new();
-            producer.add("the producer", spawn(test, "producer", &env(&files)));
-            let mut reader = Children::new();
-            reader.add("the reader on GPU 1", spawn(test, "reader", &env(&[])));
-            let mut victim = Children::new();
-            let holding_var = [("HOLDING", holding.display().to_string())];
-            victim.add("the victim", spawn(test, "victim", &env(&holding_var)));
-            wait_until("the victim holding a message", PATIENCE, || holding.exists());
-            drop(victim); // killed
-            let at_kill = progress(&progress_file);
+            let path = |what: &str| std::env::temp_dir().join(format!("{name}.{what}"));
+            let files = ["progress", "holding", "stop", "stopped", "pause", "paused", "total"]
+                .map(|w| (w, path(w)));
+            let at = |w: &str| files.iter().find(|(k, _)| *k == w).unwrap().1.clone();
+            let mut env = vec![("RING", name.clone())];
+            for (var, w) in [
+                ("PROGRESS", "progress"),
+                ("HOLDING", "holding"),
+                ("STOP", "stop"),
+                ("PAUSE", "pause"),
+                ("TOTAL", "total"),
+            ] {
+                env.push((var, at(w).display().to_string()));
+            }
+            let mut children = Children::new();
+            children.add("the producer", spawn(test, "producer", &env));
+            children.add("the reader on GPU 1", spawn(test, "reader", &env));
+            children.add("the victim", spawn(test, "victim", &env));
+            // Longer than the children's own waits, so that theirs fail first.
+            let patience = 2 * PATIENCE;
+            children
+                .wait_until("the victim holding a message", patience, || at("holding").exists());
+            children.kill("the victim");
+            let at_kill = progress(&at("progress"));
             eprintln!("{}: victim killed at frame {at_kill}", mode.name());
-            wait_until("the producer going on past the dead consumer's slots", PATIENCE, || {
-                progress(&progress_file) >= at_kill + AFTER_VICTIM + 16
-            });
-            std::fs::write(&stop, b"1").unwrap();
-            wait_until("the producer stopping", PATIENCE, || stopped.exists());
-            drop(producer); // killed
-            eprintln!("{}: producer killed at frame {}", mode.name(), progress(&progress_file));
+            children.wait_until(
+                "the producer going on past the dead consumer's slots",
+                patience,
+                || progress(&at("progress")) >= at_kill + AFTER_VICTIM,
+            );
+            std::fs::write(at("pause"), b"1").unwrap();
+            children.wait_until("the reader pausing", patience, || at("paused").exists());
+            std::fs::write(at("stop"), b"1").unwrap();
+            children.wait_until("the producer stopping", patience, || at("stopped").exists());
+            children.kill("the producer");
+            eprintln!("{}: producer killed at frame {}", mode.name(), progress(&at("progress")));
             let t = Instant::now();
-            reader.expect_success();
+            std::fs::remove_file(at("pause")).unwrap();
+            children.expect_success();
             eprintln!(
                 "{}: the reader ended {:?} after the producer's kill",
                 mode.name(),
                 t.elapsed()
             );
-            for f in [progress_file, holding, stop, stopped] {
+            for (_, f) in files {
                 let _ = std::fs::remove_file(f);
             }
         }

@@ -129,7 +129,8 @@ pub fn run(o: &Opts, ring_ctx: &Arc<Context>, k0: &Kernels) -> String {
          GB/s one consumer process reads, every byte by `bench_read` (Block, capacity {}). \
          Floors from the same run: `cuMemcpyPeerAsync` GPU {ring_dev} → {other_dev}, and `bench_read` on \
          GPU {other_dev} of a GPU {ring_dev} buffer (peer) and of its own (local). Ratio: the ring on GPU \
-         {other_dev} ÷ the peer-copy floor (and ÷ the peer-read floor).\n\n\
+         {other_dev} ÷ the peer-read floor, the fair one since consumers read with the same kernel \
+         (and ÷ the peer-copy floor).\n\n\
          | size | peer copy floor | peer read floor | local read | legacy, on GPU {other_dev} | \
          ratio | VMM, on GPU {other_dev} | ratio | legacy, on GPU {ring_dev} |\n\
          |---|---|---|---|---|---|---|---|---|\n",
@@ -146,10 +147,10 @@ pub fn run(o: &Opts, ring_ctx: &Arc<Context>, k0: &Kernels) -> String {
              {:.2}× ({:.2}×) | {local:.1} |\n",
             size_name(size),
             f.local_read / 1e9,
-            legacy / copy,
             legacy / peer,
-            vmm / copy,
+            legacy / copy,
             vmm / peer,
+            vmm / copy,
         );
         eprint!("peers {line}");
         md.push_str(&line);

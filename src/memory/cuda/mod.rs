@@ -341,7 +341,7 @@ impl ConsumerBuilder {
     /// for the frame first, and the frame's release is queued after the copy.
     ///
     /// ```no_run
-    /// use gpuring::{Consumer, Producer};
+    /// use gpuring::{Consumer, Producer, RecvError};
     ///
     /// let rx = Consumer::builder("cam0").device(1).open_gpu()?; // memory on GPU 0
     /// let mut tx = Producer::builder("cam0-gpu1")
@@ -352,7 +352,8 @@ impl ConsumerBuilder {
     ///     let slot = tx.acquire()?;
     ///     let frame = match rx.recv_on(slot.stream()) {
     ///         Ok(frame) => frame,
-    ///         Err(_) => break, // the upstream producer closed or died
+    ///         Err(RecvError::Disconnected) => break, // the upstream producer closed or died
+    ///         Err(e) => return Err(e.into()),
     ///     };
     ///     // SAFETY: the frame's bytes stay readable on the slot's stream, which waits for
     ///     // them, until its release, queued on that stream after the copy when `frame` drops.

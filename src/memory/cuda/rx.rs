@@ -197,10 +197,20 @@ impl CudaRx {
             return Err(bad("gpu.fence", fenced_by as u64));
         }
         let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
+        // What the ring's sharing needs of the device we read on: the producer's device has
+        // it, ours may be another.
+        let dev = driver::device(placed.own).map_err(cuda_err)?;
+        if vmm && !driver::vmm_supported(dev).map_err(cuda_err)? {
+            return Err(OpenErrorKind::MemoryUnavailable {
+                reason: format!(
+                    "the ring shares its memory as VMM fds, which device {} cannot import; read \
+                     on device {}",
+                    placed.own, placed.ring
+                ),
+            });
+        }
         if vmm || fenced_by == fence_kind::MEMORY {
-            // Our stream waits on the ring's fence words and (VMM) writes ours: the producer's
-            // device can, but ours may be another.
-            let dev = driver::device(placed.own).map_err(cuda_err)?;
+            // Our stream waits on the ring's fence words and (VMM) writes ours.
             if !driver::can_use_64_bit_stream_mem_ops(dev).map_err(cuda_err)? {
                 return Err(OpenErrorKind::MemoryUnavailable {
                     reason: format!(
