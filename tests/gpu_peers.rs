@@ -52,9 +52,28 @@ impl Mode {
     }
 }
 
+/// `GPURING_PEERS_DRY_RUN=1`: one GPU stands for both, to check these tests' own logic (roles,
+/// pauses, kills, counts) on a one-GPU machine. It proves nothing about peer access, and says so.
+fn dry_run() -> bool {
+    std::env::var("GPURING_PEERS_DRY_RUN").is_ok_and(|v| v == "1")
+}
+
+/// GPU `n` of the test: itself, or GPU 0 in a dry run.
+fn gpu(n: i32) -> i32 {
+    if dry_run() {
+        0
+    } else {
+        n
+    }
+}
+
 /// Panics unless this machine has two GPUs that can read each other's memory.
 fn need_two_gpus() {
     driver::available().expect("a CUDA driver");
+    if dry_run() {
+        eprintln!("DRY RUN: GPU 0 stands for both GPUs; nothing here crosses a link");
+        return;
+    }
     let n = driver::device_count().unwrap();
     assert!(n >= 2, "this test needs two GPUs with peer access; this machine has {n} (run with --skip two_gpus_)");
     let (d0, d1) = (driver::device(0).unwrap(), driver::device(1).unwrap());
@@ -287,7 +306,7 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
         return both_gpus_consumer(mode, FRAMES);
     }
     need_two_gpus();
-    let other = 1 - ring;
+    let (ring, other) = (gpu(ring), gpu(1 - ring));
     let name = unique_name("peers");
     let b = Producer::builder(&name).capacity(4).slot_size(SLOT as usize).policy(Policy::Block);
     let mut tx = mode.setup(b).create_gpu(ring).unwrap();
@@ -299,7 +318,8 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
         (other, true, 0, false),
         (other, true, 200_000, false),
         (other, false, 0, false),
-        (1 - other, true, 0, true),
+        // (A dry run has no second GPU to reverse with.)
+        if dry_run() { (other, true, 0, false) } else { (1 - other, true, 0, true) },
     ];
     let mut children = Children::new();
     for &(device, poll_on_cpu, spin, reversed) in &readers {
@@ -371,7 +391,7 @@ fn one_process(test: &str, mode: Mode) {
         let readers: Vec<_> = [0, 1]
             .into_iter()
             .map(|device| {
-                let rx = open_on(&name, Some(device), device == 0);
+                let rx = open_on(&name, Some(gpu(device)), device == 0);
                 std::thread::spawn(move || (device, read_all(&rx, 0, None)))
             })
             .collect();
@@ -475,7 +495,7 @@ fn kills(test: &str, mode: Mode) {
             panic!("the producer was not killed");
         }
         Some("reader") => {
-            let rx = open_on(&env::<String>("RING"), Some(1), false);
+            let rx = open_on(&env::<String>("RING"), Some(gpu(1)), false);
             let r = read_all(&rx, 0, Some(&file("PAUSE")));
             let total: u64 = std::fs::read_to_string(file("TOTAL")).unwrap().parse().unwrap();
             eprintln!(
@@ -492,7 +512,7 @@ fn kills(test: &str, mode: Mode) {
             eprintln!("{} reader left", mode.name());
         }
         Some("victim") => {
-            let rx = open_on(&env::<String>("RING"), Some(1), false);
+            let rx = open_on(&env::<String>("RING"), Some(gpu(1)), false);
             let k = PatternKernels::get(rx.context()).unwrap();
             let bad = MismatchCounter::new(rx.stream()).unwrap();
             let check = |m: &gpuring::GpuReadSlot<'_>, spin_ns| {
@@ -602,7 +622,7 @@ fn two_gpus_a_vmm_consumer_of_another_uid_on_the_other_gpu_is_refused() {
         assert_eq!(unsafe { libc::setuid(OTHER_UID) }, 0, "setuid");
         let opened = Consumer::builder(&env::<String>("RING"))
             .allow_foreign_owner(true)
-            .device(1)
+            .device(gpu(1))
             .open_gpu();
         match opened.map_err(OpenError::into_kind) {
             Err(e @ OpenErrorKind::PeerRefused { .. }) => {
@@ -623,7 +643,7 @@ fn two_gpus_a_vmm_consumer_of_another_uid_on_the_other_gpu_is_refused() {
         .capacity(4)
         .slot_size(SLOT as usize)
         .sharing(Sharing::Vmm(PeerPolicy::SameUid))
-        .create_gpu(0)
+        .create_gpu(gpu(0))
         .unwrap();
     let mut child = Children::new();
     child.add("the refused consumer", spawn(TEST, "refused", &[("RING", name)]));

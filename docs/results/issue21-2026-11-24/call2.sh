@@ -18,6 +18,11 @@ tail -1 $R/gpu-tests.log
 grep -E "FAILED|panicked" $R/gpu-tests.log | head -10
 grep -E "consumer on device|one process|reader on GPU|victim killed|producer killed|reader ended|policy SameUid" $R/gpu-tests.log | head -40
 save
+if [ "$n" -lt 2 ]; then
+  # Not a test of peer access: one GPU stands for both, to check the two-GPU tests' own logic.
+  GPURING_PEERS_DRY_RUN=1 timeout 300 $B/tests/gpu_peers --include-ignored --test-threads=1 --nocapture two_gpus_ > $R/gpu-peers-dry-run.log 2>&1
+  echo "two-GPU tests, DRY RUN on one GPU: exit $?"; grep -E "test result|FAILED|panicked" $R/gpu-peers-dry-run.log | head -12
+fi
 $B/bin/gpuring doctor --quick > $R/doctor.txt 2>&1; grep peer-access $R/doctor.txt
 if [ "$n" -ge 2 ]; then
   timeout 300 $B/bin/gpu_bench --peers --sizes 64K,1M,8M,32M --md $R/peers.md > $R/gpu-bench-peers.txt 2>&1
