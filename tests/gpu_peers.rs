@@ -67,12 +67,21 @@ fn gpu(n: i32) -> i32 {
     }
 }
 
-/// Panics unless this machine has two GPUs that can read each other's memory.
-fn need_two_gpus() {
+/// Taken by the parent side of every test here: they run one at a time, so that the process's
+/// counters (CPU syncs, GPU-side waits) count one test's work, not a neighbour's.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Panics unless this machine has two GPUs that can read each other's memory. Called first by
+/// the parent side of each two-GPU test, it returns the guard of [`one_at_a_time`].
+fn need_two_gpus() -> std::sync::MutexGuard<'static, ()> {
+    let serial = one_at_a_time();
     driver::available().expect("a CUDA driver");
     if dry_run() {
         eprintln!("DRY RUN: GPU 0 stands for both GPUs; nothing here crosses a link");
-        return;
+        return serial;
     }
     let n = driver::device_count().unwrap();
     assert!(n >= 2, "this test needs two GPUs with peer access; this machine has {n} (run with --skip two_gpus_)");
@@ -81,6 +90,7 @@ fn need_two_gpus() {
         driver::can_access_peer(d0, d1).unwrap() && driver::can_access_peer(d1, d0).unwrap(),
         "GPUs 0 and 1 have no peer access to each other"
     );
+    serial
 }
 
 /// Frame `seq`'s length: from 1 byte to the slot, so that partial frames cross the link too.
@@ -305,7 +315,7 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
     if role().is_some() {
         return both_gpus_consumer(mode, FRAMES);
     }
-    need_two_gpus();
+    let _serial = need_two_gpus();
     let (ring, other) = (gpu(ring), gpu(1 - ring));
     let name = unique_name("peers");
     let b = Producer::builder(&name).capacity(4).slot_size(SLOT as usize).policy(Policy::Block);
@@ -407,7 +417,7 @@ fn one_process(test: &str, mode: Mode) {
         }
         return;
     }
-    need_two_gpus();
+    let _serial = need_two_gpus();
     let name = unique_name("peers-one");
     let b = Producer::builder(&name).capacity(4).slot_size(SLOT as usize).policy(Policy::Block);
     let mut tx = mode.setup(b).create_gpu(0).unwrap();
@@ -536,7 +546,7 @@ fn kills(test: &str, mode: Mode) {
         }
         Some(other) => panic!("unknown role {other}"),
         None => {
-            need_two_gpus();
+            let _serial = need_two_gpus();
             let name = unique_name("peer-kills");
             let path = |what: &str| std::env::temp_dir().join(format!("{name}.{what}"));
             let files = ["progress", "holding", "stop", "stopped", "pause", "paused", "total"]
@@ -635,7 +645,7 @@ fn two_gpus_a_vmm_consumer_of_another_uid_on_the_other_gpu_is_refused() {
         }
         return;
     }
-    need_two_gpus();
+    let _serial = need_two_gpus();
     assert_eq!(rustix::process::getuid().as_raw(), 0, "this test needs root");
     let name = unique_name("peer-refused");
     let tx = Producer::builder(&name)
@@ -655,6 +665,7 @@ fn two_gpus_a_vmm_consumer_of_another_uid_on_the_other_gpu_is_refused() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_consumer_on_a_device_that_does_not_exist_is_refused() {
+    let _serial = one_at_a_time();
     let name = unique_name("no-device");
     let _tx = Producer::builder(&name).capacity(2).slot_size(4096).create_gpu(0).unwrap();
     let n = driver::device_count().unwrap();
