@@ -232,6 +232,32 @@ fn consume_in<M: gpuring::Memory>(
     }
 }
 
+/// Sends `n` messages through a lossless host chain to one far consumer per entry of `pauses`
+/// (each pausing that long after its 100th message), and asserts that each got all of them, in
+/// order, with no lag.
+fn lossless_chain(test: &'static str, n: u64, pauses: [Duration; 2]) {
+    let chain = Chain::new(test);
+    let mut tx = chain.source().policy(Policy::Block).create().unwrap();
+    let exporter = chain.exporter("oldest");
+    let importer = chain.importer();
+    let received = AtomicU64::new(0);
+    let (dst, received) = (chain.dst.as_str(), &received);
+    let results = std::thread::scope(|s| {
+        let consumers = pauses.map(|pause| s.spawn(move || consume(dst, n - 1, received, pause)));
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        for seq in 0..n {
+            send(&mut tx, seq);
+        }
+        consumers.map(|c| c.join().unwrap())
+    });
+    for (got, lagged) in results {
+        eprintln!("far consumer: {got} messages, lag {lagged}");
+        assert_eq!((got, lagged), (n, 0));
+    }
+    stop(exporter, "the exporter");
+    stop(importer, "the importer");
+}
+
 /// A lossless chain: 10 000 messages of 1 byte to 70 000, every one received by both far
 /// consumers, in order, with no lag.
 #[test]
@@ -239,29 +265,8 @@ fn a_lossless_chain_over_loopback_loses_nothing() {
     if bridge_child() {
         return;
     }
-    const N: u64 = 10_000;
-    let chain = Chain::new("a_lossless_chain_over_loopback_loses_nothing");
-    let b = chain.source();
-    let mut tx = b.policy(Policy::Block).create().unwrap();
-    let exporter = chain.exporter("oldest");
-    let importer = chain.importer();
-    let received = AtomicU64::new(0);
-    let results = std::thread::scope(|s| {
-        let consumers: Vec<_> = (0..2)
-            .map(|_| s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO)))
-            .collect();
-        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
-        for seq in 0..N {
-            send(&mut tx, seq);
-        }
-        consumers.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
-    });
-    for (got, lagged) in results {
-        eprintln!("far consumer: {got} messages, lag {lagged}");
-        assert_eq!((got, lagged), (N, 0));
-    }
-    stop(exporter, "the exporter");
-    stop(importer, "the importer");
+    let test = "a_lossless_chain_over_loopback_loses_nothing";
+    lossless_chain(test, 10_000, [Duration::ZERO; 2]);
 }
 
 /// A far consumer that pauses 8 s holds the whole lossless chain back without loss: the
@@ -273,28 +278,8 @@ fn a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss() {
     if bridge_child() {
         return;
     }
-    const N: u64 = 3_000;
-    let chain = Chain::new("a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss");
-    let b = chain.source();
-    let mut tx = b.policy(Policy::Block).create().unwrap();
-    let exporter = chain.exporter("oldest");
-    let importer = chain.importer();
-    let received = AtomicU64::new(0);
-    let results = std::thread::scope(|s| {
-        let slow = s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::from_secs(8)));
-        let fast = s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO));
-        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
-        for seq in 0..N {
-            send(&mut tx, seq);
-        }
-        [slow.join().unwrap(), fast.join().unwrap()]
-    });
-    for (got, lagged) in results {
-        eprintln!("far consumer: {got} messages, lag {lagged}");
-        assert_eq!((got, lagged), (N, 0));
-    }
-    stop(exporter, "the exporter");
-    stop(importer, "the importer");
+    let test = "a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss";
+    lossless_chain(test, 3_000, [Duration::from_secs(8), Duration::ZERO]);
 }
 
 /// The exporter and then the importer are killed (SIGKILL) mid-stream and started again: the
