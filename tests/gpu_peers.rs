@@ -98,14 +98,6 @@ fn frame_len(seq: u64, slot: u64) -> u64 {
     [slot, 1, slot / 2 + 3, 4096, slot - 8][(seq % 5) as usize]
 }
 
-fn wait_for_consumers(tx: &GpuProducer, n: usize) {
-    let t = Instant::now();
-    while tx.consumer_count() < n {
-        assert!(t.elapsed() < Duration::from_secs(60), "consumers did not join");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// How long any one wait of these tests may take before it fails.
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -346,7 +338,7 @@ fn both_gpus(test: &str, mode: Mode, ring: i32) {
         children
             .add(format!("the consumer asking for device {device}"), spawn(test, "consumer", &env));
     }
-    wait_for_consumers(&tx, readers.len());
+    tx.wait_for_consumers(readers.len(), PATIENCE).expect("consumers join");
     let k = PatternKernels::get(tx.context()).unwrap();
     let spin = MismatchCounter::new(tx.stream()).unwrap();
     tx.stream().synchronize().unwrap();
@@ -423,7 +415,7 @@ fn one_process(test: &str, mode: Mode) {
     let mut tx = mode.setup(b).create_gpu(0).unwrap();
     let mut children = Children::new();
     children.add("the consumer process", spawn(test, "consumers", &[("RING", name)]));
-    wait_for_consumers(&tx, 2);
+    tx.wait_for_consumers(2, PATIENCE).expect("consumers join");
     let k = PatternKernels::get(tx.context()).unwrap();
     let spin = MismatchCounter::new(tx.stream()).unwrap();
     for seq in 0..FRAMES {
@@ -466,7 +458,7 @@ fn kills(test: &str, mode: Mode) {
                 .slot_size(SLOT as usize)
                 .policy(Policy::Block);
             let mut tx = mode.setup(b).create_gpu(0).unwrap();
-            wait_for_consumers(&tx, 2);
+            tx.wait_for_consumers(2, PATIENCE).expect("consumers join");
             let k = PatternKernels::get(tx.context()).unwrap();
             let spin = MismatchCounter::new(tx.stream()).unwrap();
             let (progress, stop) = (file("PROGRESS"), file("STOP"));

@@ -27,6 +27,7 @@ pub use tx::{PoolId, DEFAULT_LINGER, SLOT_ALIGN};
 
 use super::{sealed, Memory};
 use crate::consumer::{Consumer, ConsumerBuilder, ReadSlot};
+use crate::cuda::driver::{self, DriverError};
 use crate::cuda::{Context, CudaError, Stream};
 use crate::error::{CreateError, OpenError};
 use crate::format::MemoryKind;
@@ -179,6 +180,22 @@ impl Sharing {
             _ => None,
         }
     }
+}
+
+/// What device `ordinal` lacks, if anything, of what every process using a ring needs of its
+/// device: 64-bit stream memory operations where the fences are memory words (`words`: with
+/// `Fence::Memory`, and always with VMM sharing), and fd-shared `cuMemCreate` memory for VMM
+/// sharing. The
+/// producer asks it of its device at create, a consumer of the device it reads on at open.
+fn lacks(ordinal: i32, vmm: bool, words: bool) -> Result<Option<&'static str>, DriverError> {
+    let dev = driver::device(ordinal)?;
+    if words && !driver::can_use_64_bit_stream_mem_ops(dev)? {
+        return Ok(Some("64-bit stream memory operations (the fences are memory words)"));
+    }
+    if vmm && !driver::vmm_supported(dev)? {
+        return Ok(Some("cuMemCreate memory shared by POSIX file descriptor"));
+    }
+    Ok(None)
 }
 
 /// Refuses a stream of another device than `ctx`'s: the producer's, or the one a consumer reads

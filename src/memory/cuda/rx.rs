@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 use super::fence::{order_after, Signal};
 use super::placement::{place, Driver, Placement};
 use super::words::SegmentWords;
-use super::{same_device, Cuda};
+use super::{lacks, same_device, Cuda};
 use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportError, VmmMapping};
@@ -197,29 +197,15 @@ impl CudaRx {
             return Err(bad("gpu.fence", fenced_by as u64));
         }
         let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
-        // What the ring's sharing needs of the device we read on: the producer's device has
-        // it, ours may be another.
-        let dev = driver::device(placed.own).map_err(cuda_err)?;
-        if vmm && !driver::vmm_supported(dev).map_err(cuda_err)? {
+        // The producer's device has what the ring needs; the one we read on may be another.
+        let words = vmm || fenced_by == fence_kind::MEMORY;
+        if let Some(lack) = lacks(placed.own, vmm, words).map_err(cuda_err)? {
             return Err(OpenErrorKind::MemoryUnavailable {
                 reason: format!(
-                    "the ring shares its memory as VMM fds, which device {} cannot import; read \
-                     on device {}",
+                    "this ring needs {lack}, which device {} does not support; read on device {}",
                     placed.own, placed.ring
                 ),
             });
-        }
-        if vmm || fenced_by == fence_kind::MEMORY {
-            // Our stream waits on the ring's fence words and (VMM) writes ours.
-            if !driver::can_use_64_bit_stream_mem_ops(dev).map_err(cuda_err)? {
-                return Err(OpenErrorKind::MemoryUnavailable {
-                    reason: format!(
-                        "the ring's fences are memory words, and device {} cannot wait on them \
-                         (no 64-bit stream memory operations); read on device {}",
-                        placed.own, placed.ring
-                    ),
-                });
-            }
         }
         if !vmm && map.params().producer_pid == std::process::id() {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.

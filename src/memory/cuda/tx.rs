@@ -8,7 +8,7 @@ use std::time::Duration;
 use std::os::fd::OwnedFd;
 
 use super::words::SegmentWords;
-use super::{same_device, Cuda};
+use super::{lacks, same_device, Cuda};
 use crate::cuda::driver::{self, CUdeviceptr};
 use crate::cuda::{
     export_raw_fd, Context, CudaError, DevicePool, DriverError, IpcEvent, Stream, VmmPool,
@@ -484,21 +484,12 @@ fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateErro
                      memory words already",
         });
     }
-    let dev = driver::device(ctx.ordinal()).map_err(|e| unavailable(e.into()))?;
-    let mem_ops = driver::can_use_64_bit_stream_mem_ops(dev).map_err(|e| unavailable(e.into()))?;
-    if (settings.vmm.is_some() || settings.memory_fence) && !mem_ops {
+    let vmm = settings.vmm.is_some();
+    let lack = lacks(ctx.ordinal(), vmm, vmm || settings.memory_fence);
+    if let Some(lack) = lack.map_err(|e| unavailable(e.into()))? {
         let what = if settings.memory_fence { "Fence::Memory" } else { "Sharing::Vmm" };
         return Err(CreateErrorKind::MemoryUnavailable {
-            reason: format!(
-                "{what} needs 64-bit stream memory operations, which this device does not support"
-            ),
-        });
-    }
-    if settings.vmm.is_some() && !driver::vmm_supported(dev).map_err(|e| unavailable(e.into()))? {
-        return Err(CreateErrorKind::MemoryUnavailable {
-            reason: "Sharing::Vmm needs a device that shares cuMemCreate memory by POSIX file \
-                     descriptor, which this one does not"
-                .into(),
+            reason: format!("{what} needs {lack}, which this device does not support"),
         });
     }
     Ok(())
