@@ -2,7 +2,10 @@
 //!
 //! The producer keeps its own doorbell (which parked async producers await) and a knocker for
 //! ringing parked consumers; a consumer keeps a knocker for ringing a parked producer and,
-//! once it waits asynchronously (tokio, or an outside event loop), its own doorbell.
+//! once it waits asynchronously (tokio, or an outside event loop), its own doorbell. Every
+//! doorbell is a socket file in the ring directory (see [`crate::shm::unixsock`]); the
+//! producer removes its instance's files when it drops, and a dead consumer's when it reaps
+//! its entry ([`ProducerBells::forget`]).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -11,7 +14,9 @@ use std::sync::OnceLock;
 use rustix::net::SocketAddrUnix;
 
 use crate::ring::{park, Ring};
+use crate::shm::dir::RingDir;
 use crate::shm::doorbell::{consumer_address, new_token, producer_address, Doorbell, Knocker};
+use crate::shm::unixsock::{consumer_file, producer_file, remove_instance, unlink_in};
 
 /// A consumer doorbell's address, remembered by the producer.
 struct Known {
@@ -22,6 +27,8 @@ struct Known {
 
 /// The producer's side.
 pub(crate) struct ProducerBells {
+    /// The ring directory; consumers' doorbell addresses may name it by our descriptor.
+    dir: RingDir,
     name: String,
     epoch: u64,
     /// `None` if it could not be bound; a parked async producer then wakes on its timer.
@@ -35,14 +42,22 @@ pub(crate) struct ProducerBells {
 }
 
 impl ProducerBells {
-    /// Binds the doorbell of ring `name`, instance `epoch`, with room for `max_consumers`.
-    pub fn bind(name: &str, epoch: u64, max_consumers: u32) -> ProducerBells {
-        let own = producer_address(name, epoch).and_then(|at| Doorbell::bind(&at));
+    /// Binds the doorbell of ring `name`, instance `epoch`, in `dir`, for the users that ring
+    /// mode `ring_mode` lets use the ring, with room for `max_consumers`.
+    pub fn bind(
+        dir: &RingDir,
+        name: &str,
+        epoch: u64,
+        ring_mode: u32,
+        max_consumers: u32,
+    ) -> ProducerBells {
+        let own = Doorbell::bind(dir, &producer_file(name, epoch), ring_mode);
         let knocker = Knocker::new();
         if let Some(e) = own.as_ref().err().or(knocker.as_ref().err()) {
             tracing::warn!(ring = %name, error = %e, "no doorbell: async waits will poll on a timer");
         }
         ProducerBells {
+            dir: dir.clone(),
             name: name.to_owned(),
             epoch,
             own: own.ok(),
@@ -75,13 +90,49 @@ impl ProducerBells {
             }
             let known = &mut table[i];
             if known.as_ref().is_none_or(|k| k.token != token) {
-                *known = consumer_address(&self.name, self.epoch, token)
+                *known = consumer_address(&self.dir, &self.name, self.epoch, token)
                     .ok()
                     .map(|at| Known { token, at });
             }
             if let Some(k) = known {
                 knocker.knock(&k.at);
             }
+        }
+    }
+
+    /// Forgets the doorbell of the consumer that held table entry `entry` with doorbell token
+    /// `token` (0: it had none), and removes its socket file: the consumer is dead, so nobody
+    /// else removes it. Its file is named by its token alone, which a new occupant of the entry
+    /// does not share (it draws its own), so this never removes a live consumer's doorbell. A
+    /// file we may not remove (another user's, in a sticky directory) stays until `gpuring rm`
+    /// or the producer's drop.
+    pub fn forget(&self, entry: usize, token: u64) {
+        if token == 0 {
+            return;
+        }
+        {
+            let mut table = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(known) = table.get_mut(entry) {
+                if known.as_ref().is_some_and(|k| k.token == token) {
+                    *known = None;
+                }
+            }
+        }
+        let file = consumer_file(&self.name, self.epoch, token);
+        if let Err(e) = unlink_in(&self.dir, &file) {
+            tracing::debug!(ring = %self.name, entry, error = %e, "cannot remove a dead consumer's doorbell");
+        }
+    }
+}
+
+impl Drop for ProducerBells {
+    /// Removes every socket file of the ring instance: our doorbell (if `own` has not already),
+    /// the fd server's if one is left, and the doorbells of consumers, which have nobody to
+    /// wake them once the producer is gone.
+    fn drop(&mut self) {
+        drop(self.own.take());
+        if let Err(e) = remove_instance(&self.dir, &self.name, self.epoch) {
+            tracing::debug!(ring = %self.name, error = %e, "cannot remove the ring's socket files");
         }
     }
 }
@@ -104,15 +155,22 @@ pub(crate) struct BellCell {
 }
 
 impl BellCell {
-    /// The doorbell of the consumer of ring `name` (instance `epoch`) whose entry's doorbell
-    /// token is `token_at`, bound on first use at the address named by a fresh token, which is
-    /// then published in `token_at` for the producer to find.
-    pub(crate) fn get(&self, name: &str, epoch: u64, token_at: &AtomicU64) -> Option<&Doorbell> {
+    /// The doorbell of the consumer of ring `name` (instance `epoch`, in `dir`, with ring mode
+    /// `ring_mode`) whose entry's doorbell token is `token_at`, bound on first use at the file
+    /// named by a fresh token, which is then published in `token_at` for the producer to find.
+    pub(crate) fn get(
+        &self,
+        dir: &RingDir,
+        name: &str,
+        epoch: u64,
+        ring_mode: u32,
+        token_at: &AtomicU64,
+    ) -> Option<&Doorbell> {
         self.bell
             .get_or_init(|| {
                 let token = new_token().ok()?;
-                let at = consumer_address(name, epoch, token).ok()?;
-                let bell = match Doorbell::bind(&at) {
+                let file = consumer_file(name, epoch, token);
+                let bell = match Doorbell::bind(dir, &file, ring_mode) {
                     Ok(bell) => bell,
                     Err(e) => {
                         tracing::warn!(ring = %name, error = %e, "no doorbell: async receive polls on a timer");
@@ -167,18 +225,19 @@ impl BellCell {
 /// A consumer's side.
 #[derive(Default)]
 pub(crate) struct ConsumerBells {
-    /// For ringing the producer, made on first use: `None` if it could not be made.
-    knocker: OnceLock<Option<(Knocker, SocketAddrUnix)>>,
+    /// For ringing the producer, made on first use: `None` if it could not be made. The
+    /// directory is kept open: the address may name it by our descriptor.
+    knocker: OnceLock<Option<(Knocker, SocketAddrUnix, RingDir)>>,
 }
 
 impl ConsumerBells {
-    /// Rings the doorbell of ring `name`'s producer, instance `epoch`.
-    pub fn knock_producer(&self, name: &str, epoch: u64) {
+    /// Rings the doorbell of ring `name`'s producer, instance `epoch`, in `dir`.
+    pub fn knock_producer(&self, dir: &RingDir, name: &str, epoch: u64) {
         let knocker = self.knocker.get_or_init(|| {
-            let at = producer_address(name, epoch).ok()?;
-            Some((Knocker::new().ok()?, at))
+            let at = producer_address(dir, name, epoch).ok()?;
+            Some((Knocker::new().ok()?, at, dir.clone()))
         });
-        if let Some((knocker, at)) = knocker {
+        if let Some((knocker, at, _)) = knocker {
             knocker.knock(at);
         }
     }
@@ -190,19 +249,23 @@ mod tests {
     use crate::ring::{ConsumerCore, HeapRing, Mode, Policy, StartAt};
     use crate::shm::doorbell::new_token;
 
+    fn temp() -> RingDir {
+        RingDir::open(std::env::temp_dir()).unwrap()
+    }
+
     #[test]
     fn only_parked_consumers_with_a_doorbell_are_rung() {
         let heap = HeapRing::new(2, 0, 4, Policy::Block);
         let ring = heap.ring();
         let epoch = u64::from(std::process::id()) << 8 | 1;
-        let bells = ProducerBells::bind("bells-ring", epoch, 4);
+        let dir = temp();
+        let bells = ProducerBells::bind(&dir, "bells-ring", epoch, 0o600, 4);
         let a = ConsumerCore::join(&ring, StartAt::Next, Mode::Lossless, 1, 1).unwrap();
         let b = ConsumerCore::join(&ring, StartAt::Next, Mode::Lossless, 2, 1).unwrap();
         let doorbell = |core: &ConsumerCore| {
             let token = new_token().unwrap();
-            let at = consumer_address("bells-ring", epoch, token).unwrap();
             ring.consumers[core.index()].bell.store(token, Ordering::Relaxed);
-            Doorbell::bind(&at).unwrap()
+            Doorbell::bind(&dir, &consumer_file("bells-ring", epoch, token), 0o600).unwrap()
         };
         let (bell_a, bell_b) = (doorbell(&a), doorbell(&b));
         let parked_a = &ring.consumers[a.index()].parked;
@@ -222,5 +285,44 @@ mod tests {
         park::park(ring.consumer_wake, Some(parked_a));
         bells.ring_parked(&ring);
         assert_eq!((bell_a.quiet(), bell_a2.quiet()), (0, 1));
+    }
+
+    #[test]
+    fn a_consumers_doorbell_is_bound_once_and_its_token_published() {
+        let (dir, epoch) = (temp(), u64::from(std::process::id()) << 8 | 2);
+        let (cell, token_at) = (BellCell::default(), AtomicU64::new(0));
+        assert!(cell.bound().is_none());
+        let bell = cell.get(&dir, "bells-cell", epoch, 0o600, &token_at).unwrap();
+        let token = token_at.load(Ordering::Relaxed);
+        assert_ne!(token, 0);
+        assert_eq!(bell.file(), consumer_file("bells-cell", epoch, token));
+        let again = cell.get(&dir, "bells-cell", epoch, 0o600, &token_at).unwrap();
+        assert!(std::ptr::eq(bell, again), "bound once");
+        Knocker::new().unwrap().knock(&consumer_address(&dir, "bells-cell", epoch, token).unwrap());
+        assert_eq!(bell.quiet(), 1);
+    }
+
+    #[test]
+    fn the_producer_knocks_on_the_consumers_and_removes_their_files() {
+        let (dir, epoch) = (temp(), u64::from(std::process::id()) << 8 | 3);
+        let bells = ProducerBells::bind(&dir, "bells-files", epoch, 0o600, 2);
+        let own = producer_file("bells-files", epoch);
+        assert!(dir.display(&own).exists());
+        // A consumer knocks on the producer.
+        ConsumerBells::default().knock_producer(&dir, "bells-files", epoch);
+        assert_eq!(bells.own().unwrap().quiet(), 1);
+        // A dead consumer's doorbell: the bound socket stays (its process would have closed
+        // it), and forgetting its entry removes the file. A wrong token removes nothing.
+        let (dead, live) = (new_token().unwrap(), new_token().unwrap());
+        let _dead = Doorbell::bind(&dir, &consumer_file("bells-files", epoch, dead), 0o600).unwrap();
+        let _live = Doorbell::bind(&dir, &consumer_file("bells-files", epoch, live), 0o600).unwrap();
+        bells.forget(0, dead);
+        bells.forget(1, 0);
+        assert!(!dir.display(&consumer_file("bells-files", epoch, dead)).exists());
+        assert!(dir.display(&consumer_file("bells-files", epoch, live)).exists());
+        // The producer's drop removes the rest of the instance's files.
+        drop(bells);
+        assert!(!dir.display(&own).exists());
+        assert!(!dir.display(&consumer_file("bells-files", epoch, live)).exists());
     }
 }

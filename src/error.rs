@@ -158,6 +158,9 @@ impl fmt::Display for CreateErrorKind {
             CreateErrorKind::InvalidConfig { field, reason } => {
                 write!(f, "invalid {field}: {reason}")
             }
+            CreateErrorKind::AlreadyExists { pid: 0 } => {
+                f.write_str("the ring exists and its producer is alive (or another is replacing it)")
+            }
             CreateErrorKind::AlreadyExists { pid } => {
                 write!(f, "the ring exists and its producer (pid {pid}) is alive")
             }
@@ -237,6 +240,8 @@ impl CreateErrorKind {
 #[derive(Debug)]
 pub struct CreateError {
     ring: String,
+    /// The ring directory it was to be made in.
+    dir: std::path::PathBuf,
     kind: CreateErrorKind,
 }
 
@@ -250,7 +255,28 @@ impl CreateError {
     /// assert_eq!(e.to_string(), "ring \"cam0\": permission denied creating the segment");
     /// ```
     pub fn new(ring: &str, kind: CreateErrorKind) -> CreateError {
-        CreateError { ring: ring.to_owned(), kind }
+        CreateError::in_dir(ring, &crate::shm::default_dir(), kind)
+    }
+
+    /// Ring `ring` could not be created in ring directory `dir`, for reason `kind`.
+    ///
+    /// ```
+    /// use gpuring::{CreateError, CreateErrorKind};
+    /// let e = CreateError::in_dir("cam0", "/rings".as_ref(), CreateErrorKind::PermissionDenied);
+    /// assert_eq!(e.dir(), std::path::Path::new("/rings"));
+    /// ```
+    pub fn in_dir(ring: &str, dir: &std::path::Path, kind: CreateErrorKind) -> CreateError {
+        CreateError { ring: ring.to_owned(), dir: dir.to_owned(), kind }
+    }
+
+    /// The ring directory the ring was to be made in.
+    ///
+    /// ```
+    /// let err = gpuring::Producer::builder("a/b").dir("/rings").create().unwrap_err();
+    /// assert_eq!(err.dir(), std::path::Path::new("/rings"));
+    /// ```
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The ring's name.
@@ -288,7 +314,16 @@ impl CreateError {
 
 impl fmt::Display for CreateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ring {:?}: {}", self.ring, self.kind)
+        match &self.kind {
+            CreateErrorKind::NoSpace { needed, available } => write!(
+                f,
+                "ring {:?}: {} has {available} bytes free but the ring needs {needed}: enlarge \
+                 it (docker: --shm-size, or a larger tmpfs volume) or make the ring smaller",
+                self.ring,
+                self.dir.display()
+            ),
+            kind => write!(f, "ring {:?}: {kind}", self.ring),
+        }
     }
 }
 
@@ -466,11 +501,13 @@ impl OpenErrorKind {
 ///
 /// let err = Consumer::open("doc-error-open-missing").unwrap_err();
 /// assert!(matches!(err.kind(), OpenErrorKind::NotFound));
-/// assert_eq!(err.to_string(), "no ring named \"doc-error-open-missing\"");
+/// assert_eq!(err.to_string(), "no ring named \"doc-error-open-missing\" in /dev/shm");
 /// ```
 #[derive(Debug)]
 pub struct OpenError {
     ring: String,
+    /// The ring directory it was looked for in.
+    dir: std::path::PathBuf,
     kind: OpenErrorKind,
 }
 
@@ -484,7 +521,28 @@ impl OpenError {
     /// assert_eq!(e.to_string(), "ring \"cam0\": the ring was not ready within the timeout");
     /// ```
     pub fn new(ring: &str, kind: OpenErrorKind) -> OpenError {
-        OpenError { ring: ring.to_owned(), kind }
+        OpenError::in_dir(ring, &crate::shm::default_dir(), kind)
+    }
+
+    /// Ring `ring` could not be opened in ring directory `dir`, for reason `kind`.
+    ///
+    /// ```
+    /// use gpuring::{OpenError, OpenErrorKind};
+    /// let e = OpenError::in_dir("cam0", "/rings".as_ref(), OpenErrorKind::NotFound);
+    /// assert_eq!(e.to_string(), "no ring named \"cam0\" in /rings");
+    /// ```
+    pub fn in_dir(ring: &str, dir: &std::path::Path, kind: OpenErrorKind) -> OpenError {
+        OpenError { ring: ring.to_owned(), dir: dir.to_owned(), kind }
+    }
+
+    /// The ring directory the ring was looked for in.
+    ///
+    /// ```
+    /// let err = gpuring::Consumer::builder("doc-error-open-dir").dir("/tmp").open().unwrap_err();
+    /// assert_eq!(err.dir(), std::path::Path::new("/tmp"));
+    /// ```
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The ring's name.
@@ -523,7 +581,9 @@ impl OpenError {
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            OpenErrorKind::NotFound => write!(f, "no ring named {:?}", self.ring),
+            OpenErrorKind::NotFound => {
+                write!(f, "no ring named {:?} in {}", self.ring, self.dir.display())
+            }
             kind => write!(f, "ring {:?}: {kind}", self.ring),
         }
     }

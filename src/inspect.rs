@@ -5,6 +5,7 @@
 //! does not disturb it.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::error::{OpenError, OpenErrorKind};
@@ -12,8 +13,8 @@ use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::Policy;
-use crate::shm::process::ProcessId;
-use crate::shm::{OpenOptions, Segment, ShmName, SHM_PREFIX};
+use crate::shm::ns::{self, Namespaces};
+use crate::shm::{default_dir, presence, OpenOptions, RingDir, Segment, ShmName, SHM_PREFIX};
 use crate::stats::{self, ConsumerInfo};
 
 /// A ring's configuration and counters at one moment.
@@ -29,6 +30,8 @@ use crate::stats::{self, ConsumerInfo};
 pub struct RingStatus {
     /// The ring's name.
     pub name: String,
+    /// The ring directory it was read from, as this process sees it.
+    pub dir: PathBuf,
     /// Host or CUDA memory.
     pub memory: MemoryKind,
     /// Slots: the messages the ring holds.
@@ -47,10 +50,14 @@ pub struct RingStatus {
     pub max_consumers: u32,
     /// The delivery mode of consumers that do not choose one.
     pub policy: Policy,
-    /// The producer's pid.
+    /// The producer's pid, as its own pid namespace numbers it (for display: from another
+    /// container it names another process, or none).
     pub producer_pid: u32,
-    /// Whether that process still runs (same pid and start time).
+    /// Whether the producer still runs: it holds the ring's producer lock (`shm::presence`),
+    /// in whatever pid namespace it runs.
     pub producer_alive: bool,
+    /// The producer's namespaces, as it recorded them (all 0 if it could not tell).
+    pub producer_namespaces: Namespaces,
     /// Whether the producer closed the ring.
     pub closed: bool,
     /// The producer instance's epoch.
@@ -147,7 +154,8 @@ fn blocked_now(since: u64, on: u64, seen: u64, consumers: &[ConsumerInfo]) -> Op
 /// marks older than this belong to a wait that ended without clearing them.
 const STALE_NS: u64 = 2_000_000_000;
 
-/// The names of the rings in `/dev/shm` (files named `gpuring.NAME`), sorted.
+/// The names of the rings in the default ring directory (`/dev/shm`, or `GPURING_DIR`),
+/// sorted: [`ring_names_in`] that directory.
 ///
 /// ```
 /// # let _tx = gpuring::Producer::builder("doc-inspect-ring-names").create()?;
@@ -156,8 +164,24 @@ const STALE_NS: u64 = 2_000_000_000;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn ring_names() -> io::Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir("/dev/shm")?
+    ring_names_in(&default_dir())
+}
+
+/// The names of the rings in ring directory `dir` (regular files named `gpuring.NAME`),
+/// sorted.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("doc-inspect-names-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let _tx = gpuring::Producer::builder("in-dir").dir(&dir).create()?;
+/// assert_eq!(gpuring::inspect::ring_names_in(&dir)?, ["in-dir"]);
+/// # drop(_tx); std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn ring_names_in(dir: &Path) -> io::Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .filter_map(|e| e.file_name().into_string().ok())
         .filter_map(|f| f.strip_prefix(SHM_PREFIX).map(str::to_owned))
         .collect();
@@ -179,27 +203,55 @@ pub fn ring_names() -> io::Result<Vec<String>> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn status(name: &str) -> Result<RingStatus, OpenError> {
-    read_status(name).map_err(|e| OpenError::new(name, e))
+    status_in(&default_dir(), name)
 }
 
-/// [`status`], failing with what went wrong only.
-fn read_status(name: &str) -> Result<RingStatus, OpenErrorKind> {
+/// [`status`] of ring `name` in ring directory `dir`.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("doc-inspect-status-in-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let _tx = gpuring::Producer::builder("cam").dir(&dir).create()?;
+/// let s = gpuring::inspect::status_in(&dir, "cam")?;
+/// assert!(s.producer_alive && s.dir == dir);
+/// assert!(s.producer_elsewhere().is_empty(), "same namespaces as ours");
+/// # drop(_tx); std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn status_in(dir: &Path, name: &str) -> Result<RingStatus, OpenError> {
+    read_status(dir, name).map_err(|e| OpenError::in_dir(name, dir, e))
+}
+
+impl RingStatus {
+    /// The kinds of namespace in which the producer runs elsewhere than this process (pid,
+    /// network, IPC, mount): empty when it shares ours, or when either side could not tell.
+    pub fn producer_elsewhere(&self) -> Vec<ns::Kind> {
+        Namespaces::current().differ(&self.producer_namespaces)
+    }
+}
+
+/// [`status_in`], failing with what went wrong only.
+fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
     let shm = ShmName::new(name).map_err(OpenErrorKind::InvalidName)?;
-    let seg = Segment::open(&shm, OpenOptions { allow_foreign_owner: true })?;
+    let ring_dir = RingDir::open(dir).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => OpenErrorKind::NotFound,
+        _ => OpenErrorKind::Io(e),
+    })?;
+    let seg = Segment::open(&ring_dir, &shm, OpenOptions { allow_foreign_owner: true })?;
     let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
     let map = MappedRing::new(seg, params, layout);
     let ring = map.ring();
-    let producer = ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
-    let consumers = stats::consumers(&ring);
+    let consumers = stats::consumers(map.segment(), &ring);
     // Relaxed: a snapshot for display. A producer that died mid-wait leaves its mark: shown
     // only while it runs.
     let since = ring.producer.blocked_since.load(Ordering::Relaxed);
     let on = ring.producer.blocked_on.load(Ordering::Relaxed);
     let seen = ring.producer.blocked_seen.load(Ordering::Relaxed);
-    let alive = producer.is_alive();
+    let alive = map.segment().held(presence::PRODUCER);
     let blocked = blocked_now(if alive { since } else { 0 }, on, seen, &consumers);
     Ok(RingStatus {
         name: name.to_owned(),
+        dir: dir.to_owned(),
         memory: params.memory_kind,
         capacity: params.capacity,
         spares: params.spares,
@@ -210,6 +262,7 @@ fn read_status(name: &str) -> Result<RingStatus, OpenErrorKind> {
         policy: map.policy(),
         producer_pid: params.producer_pid,
         producer_alive: alive,
+        producer_namespaces: Namespaces::from_words(params.producer_ns),
         // Relaxed (all of them): a snapshot for display; nothing is read through them.
         closed: map.header().closed.load(Ordering::Relaxed) != 0,
         epoch: params.epoch,
@@ -252,9 +305,11 @@ impl std::fmt::Display for RemoveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RemoveError::NotFound => write!(f, "no ring by this name"),
-            RemoveError::ProducerAlive { pid } => {
-                write!(f, "its producer (pid {pid}) is alive; use --force to remove it anyway")
-            }
+            RemoveError::ProducerAlive { pid } => write!(
+                f,
+                "its producer (pid {pid} in its own pid namespace) is alive; use --force to \
+                 remove it anyway"
+            ),
             RemoveError::Open(e) => write!(f, "{e}"),
             RemoveError::Io(e) => write!(f, "unlink: {e}"),
         }
@@ -263,8 +318,7 @@ impl std::fmt::Display for RemoveError {
 
 impl std::error::Error for RemoveError {}
 
-/// Removes ring `name` from `/dev/shm`: refused while its producer is alive unless `force`. A
-/// segment too damaged to read is removed only with `force`.
+/// Removes ring `name` from the default ring directory: [`remove_in`] that directory.
 ///
 /// ```
 /// use gpuring::{inspect, OpenErrorKind};
@@ -276,9 +330,33 @@ impl std::error::Error for RemoveError {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn remove(name: &str, force: bool) -> Result<(), RemoveError> {
-    let shm = ShmName::new(name)
-        .map_err(|e| RemoveError::Open(OpenError::new(name, OpenErrorKind::InvalidName(e))))?;
-    match status(name) {
+    remove_in(&default_dir(), name, force)
+}
+
+/// Removes ring `name` from ring directory `dir`, with the sockets of its instance: refused
+/// while its producer is alive unless `force`. The producer's liveness is its lock on the file,
+/// so a producer in another pid namespace (another container) is seen alive too. A segment too
+/// damaged to read is removed only with `force`.
+///
+/// ```
+/// use gpuring::inspect::{remove_in, RemoveError};
+///
+/// let dir = std::env::temp_dir().join(format!("doc-inspect-remove-in-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let tx = gpuring::Producer::builder("cam").dir(&dir).create()?;
+/// assert!(matches!(remove_in(&dir, "cam", false), Err(RemoveError::ProducerAlive { .. })));
+/// assert!(remove_in(&dir, "cam", true).is_ok()); // `force`: removed while it runs
+/// assert!(gpuring::inspect::ring_names_in(&dir)?.is_empty());
+/// # drop(tx); std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn remove_in(dir: &Path, name: &str, force: bool) -> Result<(), RemoveError> {
+    let shm = ShmName::new(name).map_err(|e| {
+        RemoveError::Open(OpenError::in_dir(name, dir, OpenErrorKind::InvalidName(e)))
+    })?;
+    let status = status_in(dir, name);
+    let epoch = status.as_ref().ok().map(|s| s.epoch);
+    match status {
         Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => return Err(RemoveError::NotFound),
         Ok(s) if s.producer_alive && !s.closed && !force => {
             return Err(RemoveError::ProducerAlive { pid: s.producer_pid })
@@ -286,7 +364,12 @@ pub fn remove(name: &str, force: bool) -> Result<(), RemoveError> {
         Err(e) if !force => return Err(RemoveError::Open(e)),
         _ => {}
     }
-    Segment::unlink_name(&shm).map_err(|e| match e.kind() {
+    let ring_dir = RingDir::open(dir).map_err(RemoveError::Io)?;
+    if let Some(epoch) = epoch {
+        // Best effort: a socket left behind is replaced by the next instance's bind.
+        let _ = crate::shm::unixsock::remove_instance(&ring_dir, name, epoch);
+    }
+    Segment::unlink_name(&ring_dir, &shm).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => RemoveError::NotFound,
         _ => RemoveError::Io(e),
     })

@@ -4,7 +4,8 @@ use std::sync::atomic::Ordering;
 
 use crate::ring::{lease, stamp};
 use crate::ring::{Mode, Ring};
-use crate::shm::process::ProcessId;
+use crate::shm::ns::Namespaces;
+use crate::shm::{presence, Segment};
 
 /// One joined consumer, as its table entry says now.
 ///
@@ -22,10 +23,15 @@ use crate::shm::process::ProcessId;
 pub struct ConsumerInfo {
     /// Consumer table index.
     pub index: usize,
-    /// Its pid.
+    /// Its pid, as its own pid namespace numbers it (for display: in another container it
+    /// names another process here, or none).
     pub pid: u32,
-    /// Whether that process still runs.
+    /// Whether that process still runs: it holds its entry's liveness lock, in whatever pid
+    /// namespace it runs.
     pub alive: bool,
+    /// Its namespaces, as it recorded them (all 0 if it could not tell): compare with
+    /// [`Namespaces::current`] to tell a consumer in another container.
+    pub namespaces: Namespaces,
     /// Sequence number of the next message it will receive.
     pub cursor: u64,
     /// Messages published that it has not received yet.
@@ -57,8 +63,8 @@ pub(crate) fn consumer_count(ring: &Ring<'_>) -> usize {
         .count()
 }
 
-/// A snapshot of every active or evicted consumer.
-pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
+/// A snapshot of every active or evicted consumer of `ring`, mapped from `seg`.
+pub(crate) fn consumers(seg: &Segment, ring: &Ring<'_>) -> Vec<ConsumerInfo> {
     // Relaxed throughout: statistics, each value read once and only displayed.
     let head = ring.producer.head.load(Ordering::Relaxed);
     ring.consumers
@@ -67,13 +73,13 @@ pub(crate) fn consumers(ring: &Ring<'_>) -> Vec<ConsumerInfo> {
         .map(|(index, e)| (index, e, e.lease.load(Ordering::Relaxed)))
         .filter(|(_, _, l)| matches!(lease::state(*l), lease::ACTIVE | lease::EVICTED))
         .map(|(index, e, l)| {
-            let id =
-                ProcessId { pid: lease::pid(l), start_time: e.start_time.load(Ordering::Relaxed) };
             let cursor = e.cursor.load(Ordering::Relaxed);
+            let words = std::array::from_fn(|i| e.namespaces[i].load(Ordering::Relaxed));
             ConsumerInfo {
                 index,
-                pid: id.pid,
-                alive: id.is_alive(),
+                pid: lease::pid(l),
+                alive: seg.held(presence::consumer(index)),
+                namespaces: Namespaces::from_words(words),
                 cursor,
                 lag: head.saturating_sub(cursor),
                 received: e.received.load(Ordering::Relaxed),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{env, role, spawn, unique_name};
 use gpuring::format::Params;
-use gpuring::shm::{OpenOptions, Segment, ShmName};
+use gpuring::shm::{OpenOptions, RingDir, Segment, ShmName};
 use gpuring::{Consumer, Policy, Producer, RecvTimeoutError, StartAt};
 
 /// A payload that says which message it is.
@@ -186,7 +186,7 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
     }
     let victim_entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
     // The victim's entry and hold records, as offsets in the segment.
-    let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+    let seg = Segment::open(&RingDir::open_default().unwrap(), &ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
     let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
     let stride = gpuring::ring::hold::stride(params.buffers() as usize) * 8;
     let regions = [

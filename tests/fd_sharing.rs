@@ -9,6 +9,17 @@ use std::process::{Command, Stdio};
 
 use common::{role, ROLE};
 use gpuring::shm::fdpass::{fd_address, fetch, FdServer, FetchError, PeerPolicy};
+use gpuring::shm::unixsock::fd_file;
+use gpuring::shm::RingDir;
+
+/// The directory the test servers bind in: /dev/shm, which every uid may enter.
+fn dir() -> RingDir {
+    RingDir::open("/dev/shm").unwrap()
+}
+
+/// A ring mode that lets every user connect, so that the policy (not the file's mode) is what
+/// admits or refuses the peers of other uids.
+const OPEN_MODE: u32 = 0o666;
 
 /// `nobody`.
 const OTHER_UID: u32 = 65534;
@@ -19,7 +30,7 @@ const OTHER_GID: u32 = 65534;
 fn a_peer_of_another_uid_is_refused() {
     const TEST: &str = "a_peer_of_another_uid_is_refused";
     let name = std::env::var("RING").unwrap_or_else(|_| common::unique_name("fds"));
-    let addr = fd_address(&name, 1).unwrap();
+    let addr = fd_address(&dir(), &name, 1).unwrap();
     if let Some(role) = role() {
         if role == "other-uid" {
             // SAFETY: setuid is called before this process starts any other thread of its
@@ -35,8 +46,16 @@ fn a_peer_of_another_uid_is_refused() {
     }
     assert_eq!(rustix::process::getuid().as_raw(), 0, "this test needs root (to switch uid)");
     let memfd = rustix::fs::memfd_create("pool", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    let _server =
-        FdServer::start(&addr, vec![memfd], b"pools".to_vec(), PeerPolicy::SameUid).unwrap();
+    let file = fd_file(&name, 1);
+    let _server = FdServer::start(
+        &dir(),
+        &file,
+        OPEN_MODE,
+        vec![memfd],
+        b"pools".to_vec(),
+        PeerPolicy::SameUid,
+    )
+    .unwrap();
     let run = |role: &str| run_child(TEST, role, &name);
     assert!(run("same-uid").contains("fds: received 1,"));
     let refused = run("other-uid");
@@ -82,8 +101,8 @@ fn peers_allowed_by_uid_or_group_are_served() {
     const TEST: &str = "peers_allowed_by_uid_or_group_are_served";
     let name = std::env::var("RING").unwrap_or_else(|_| common::unique_name("fds-allow"));
     // Instance 1 allows uid OTHER_UID; instance 2 allows group OTHER_GID.
-    let by_uid = fd_address(&name, 1).unwrap();
-    let by_gid = fd_address(&name, 2).unwrap();
+    let by_uid = fd_address(&dir(), &name, 1).unwrap();
+    let by_gid = fd_address(&dir(), &name, 2).unwrap();
     if let Some(role) = role() {
         let addr = match role.as_str() {
             // Our primary gid stays root's; the uid alone is what lets us in.
@@ -117,12 +136,13 @@ fn peers_allowed_by_uid_or_group_are_served() {
     }
     assert_eq!(rustix::process::getuid().as_raw(), 0, "this test needs root (to switch uid)");
     let memfd = || rustix::fs::memfd_create("pool", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    let _uid_server =
-        FdServer::start(&by_uid, vec![memfd()], b"pools".to_vec(), PeerPolicy::uids([OTHER_UID]))
-            .unwrap();
-    let _gid_server =
-        FdServer::start(&by_gid, vec![memfd()], b"pools".to_vec(), PeerPolicy::gids([OTHER_GID]))
-            .unwrap();
+    let start = |epoch, policy| {
+        let file = fd_file(&name, epoch);
+        FdServer::start(&dir(), &file, OPEN_MODE, vec![memfd()], b"pools".to_vec(), policy)
+            .unwrap()
+    };
+    let _uid_server = start(1, PeerPolicy::uids([OTHER_UID]));
+    let _gid_server = start(2, PeerPolicy::gids([OTHER_GID]));
     let run = |role: &str| run_child(TEST, role, &name);
     for role in ["uid", "primary-gid", "supplementary-gid"] {
         let line = run(role);

@@ -152,7 +152,8 @@ fn vmm_pool_crosses_processes() {
         let ctx = context();
         let s = Stream::new(&ctx).unwrap();
         let size: usize = env("SIZE");
-        let addr = fd_address(&env::<String>("NAME"), 1).unwrap();
+        let dir = gpuring::shm::RingDir::open_default().unwrap();
+        let addr = fd_address(&dir, &env::<String>("NAME"), 1).unwrap();
         let (payload, fds) = fetch(&addr).unwrap();
         assert_eq!((payload.as_slice(), fds.len()), (&b"pool"[..], 1));
         let map = VmmMapping::import(&ctx, fds[0].as_fd(), size).unwrap();
@@ -177,9 +178,12 @@ fn vmm_pool_crosses_processes() {
     let pool = VmmPool::new(&ctx, 4 << 20).unwrap();
     fill(&s, pool.ptr(), 0x3c, pool.size());
     let name = unique_name("vmm-driver");
-    let addr = fd_address(&name, 1).unwrap();
+    let dir = gpuring::shm::RingDir::open_default().unwrap();
+    let file = gpuring::shm::unixsock::fd_file(&name, 1);
     let fd = pool.export_fd().unwrap();
-    let server = FdServer::start(&addr, vec![fd], b"pool".to_vec(), PeerPolicy::SameUid).unwrap();
+    let server =
+        FdServer::start(&dir, &file, 0o600, vec![fd], b"pool".to_vec(), PeerPolicy::SameUid)
+            .unwrap();
     let vars = [("NAME", name), ("SIZE", pool.size().to_string())];
     let mut child = spawn_piped(TEST, "importer", &vars);
     let mut out = BufReader::new(child.stdout.take().unwrap());

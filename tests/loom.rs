@@ -300,7 +300,7 @@ fn model_dead(policy: Policy, capacity: u32, messages: u64, death: Death) {
                         lease::state(l) == lease::FREE
                     };
                     while !free(&ring) {
-                        reap(&ring, |pid, _| pid != 2, |_, _| {}, Recount::Yes).unwrap();
+                        reap(&ring, |_, pid| pid != 2, |_, _| {}, Recount::Yes).unwrap();
                         thread::yield_now();
                     }
                     // Consumers that found a buffer frozen by the reclaim may wait.
@@ -428,8 +428,8 @@ fn reap_never_frees_a_live_joiner() {
             core.index()
         });
         let ring = shared.ring.ring();
-        // A start time not yet stored (None) is judged by the pid, as `shm::process` does.
-        let alive = |pid: u32, start: Option<u64>| pid == 2 && start.is_none_or(|s| s == 2);
+        // The joiner holds its entry's liveness lock from before its claim: alive throughout.
+        let alive = |_: usize, pid: u32| pid == 2;
         while !joined.load(SeqCst) {
             reap(&ring, alive, |_, _| {}, Recount::Yes).unwrap();
             thread::yield_now();
@@ -466,9 +466,9 @@ fn reap_never_frees_a_reused_entry() {
             }
         });
         let ring = shared.ring.ring();
-        let alive = |pid: u32, start: Option<u64>| match pid {
-            2 => start.is_none_or(|s| s == 2),
-            3 => start.is_none_or(|s| s == 3) && !dead3.load(SeqCst),
+        let alive = |_: usize, pid: u32| match pid {
+            2 => true,
+            3 => !dead3.load(SeqCst),
             _ => false,
         };
         reap(&ring, alive, |_, _| {}, Recount::Yes).unwrap();
@@ -546,11 +546,7 @@ fn giving_up_a_retired_entry_never_races_the_producer() {
                 }
             }
         });
-        let alive = |pid: u32, start: Option<u64>| match pid {
-            1 => start.is_none_or(|s| s == 11),
-            2 => start.is_none_or(|s| s == 22),
-            _ => false,
-        };
+        let alive = |_: usize, pid: u32| matches!(pid, 1 | 2);
         reap(&ring, alive, |_, _| {}, Recount::No).unwrap();
         leaver.join().unwrap();
         let again = joiner.join().unwrap();

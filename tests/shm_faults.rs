@@ -13,7 +13,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{env, expect_success, role, spawn, unique_name};
-use gpuring::shm::{OpenOptions, Segment, ShmName};
+use gpuring::shm::{OpenOptions, RingDir, Segment, ShmName};
 use gpuring::{CreateError, CreateErrorKind, Producer};
 
 fn path(name: &str) -> String {
@@ -121,7 +121,7 @@ fn foreign_sigbus_in_a_ring_kills() {
             .ok();
         let name = env::<String>("RING");
         let _tx = Producer::builder(&name).create().unwrap();
-        let seg = Segment::open(&ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+        let seg = Segment::open(&RingDir::open_default().unwrap(), &ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
         let addr = seg.base() as usize + 64;
         forged_sigbus(addr);
         eprintln!(

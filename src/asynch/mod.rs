@@ -33,6 +33,14 @@ use crate::wait::{WaitConfig, YIELD_PHASE};
 
 pub use consumer::Messages;
 
+/// Waits that a doorbell's knock ended with something to return (statistics, for tests: see
+/// `testing::async_wakes`). Relaxed (both counters): counts nothing else depends on.
+pub(crate) static DOORBELL_WAKES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+/// Waits with a doorbell that their timer ended with something to return: a knock that never
+/// came (a peer that cannot reach the doorbell), or a liveness tick's finding.
+pub(crate) static TIMER_WAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// How long a waiter with no doorbell sleeps between looks.
 const FALLBACK_NAP: Duration = Duration::from_millis(1);
 
@@ -80,6 +88,16 @@ pub(crate) async fn wait_async<T>(
                 if let (true, Some(emptied)) = (rang, w.emptied) {
                     emptied.store(true, Ordering::Relaxed);
                 }
+                let tick = last_tick.elapsed() >= cfg.tick;
+                if tick {
+                    last_tick = Instant::now();
+                }
+                if let Some(v) = step(tick) {
+                    let woke = if rang { &DOORBELL_WAKES } else { &TIMER_WAKES };
+                    woke.fetch_add(1, Ordering::Relaxed);
+                    return v;
+                }
+                continue;
             }
             None if start.elapsed() < cfg.spin.saturating_add(YIELD_PHASE) => {
                 tokio::task::yield_now().await

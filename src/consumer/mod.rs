@@ -46,6 +46,8 @@ pub struct ConsumerBuilder {
     allow_foreign_owner: bool,
     spin: Duration,
     liveness: Duration,
+    /// The ring directory; `None`: [`crate::shm::default_dir`] when the ring is opened.
+    dir: Option<std::path::PathBuf>,
     /// What only some memory kinds read (CUDA: device, polling).
     pub(crate) kind: RxSettings,
 }
@@ -98,6 +100,32 @@ impl ConsumerBuilder {
     pub fn allow_foreign_owner(mut self, allow: bool) -> Self {
         self.allow_foreign_owner = allow;
         self
+    }
+
+    /// The directory to find the ring in, as this process sees it: the producer's
+    /// ([`ProducerBuilder::dir`](crate::ProducerBuilder::dir)). Default `/dev/shm`, or the
+    /// directory the environment variable `GPURING_DIR` names.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, OpenErrorKind, Producer};
+    /// let dir = std::env::temp_dir().join(format!("doc-rings-rx-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let tx = Producer::builder("doc-consumer-dir").dir(&dir).create()?;
+    /// let rx = Consumer::builder("doc-consumer-dir").dir(&dir).open()?;
+    /// // Not in the default directory.
+    /// let elsewhere = Consumer::builder("doc-consumer-dir").dir("/dev/shm").open();
+    /// assert!(matches!(elsewhere.unwrap_err().kind(), OpenErrorKind::NotFound));
+    /// # drop((rx, tx)); std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// The ring directory this builder opens the ring in.
+    pub(crate) fn ring_dir(&self) -> std::path::PathBuf {
+        self.dir.clone().unwrap_or_else(crate::shm::default_dir)
     }
 
     /// How long a receive spins and yields before sleeping. Default 50 µs.
@@ -287,7 +315,7 @@ impl ConsumerBuilder {
 
     /// Opening this ring failed with `kind`.
     pub(crate) fn failed(&self, kind: OpenErrorKind) -> OpenError {
-        OpenError::new(&self.name, kind)
+        OpenError::in_dir(&self.name, &self.ring_dir(), kind)
     }
 }
 
@@ -377,6 +405,7 @@ impl Consumer<Host> {
             allow_foreign_owner: false,
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
+            dir: None,
             kind: RxSettings::default(),
         }
     }

@@ -14,8 +14,9 @@ use crate::format::{MemoryKind, Params};
 use crate::memory::Fault;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
 use crate::shm::doorbell::Doorbell;
+use crate::shm::ns::Namespaces;
 use crate::shm::process::ProcessId;
-use crate::shm::{OpenOptions, Segment, ShmName};
+use crate::shm::{presence, OpenOptions, RingDir, Segment, ShmName};
 use crate::wait::{self, Deadline, WaitConfig};
 
 /// The error of a join whose entry was taken from it before it became active.
@@ -45,10 +46,12 @@ pub(crate) struct ConsumerRing {
     #[cfg(feature = "cuda")]
     generation: u32,
     mode: crate::ring::Mode,
+    /// The producer as the header names it: for display only (its pid is its own pid
+    /// namespace's). Its liveness is its lock on the file (`shm::presence`).
     producer: ProcessId,
     /// Set once the producer was found dead; then the consumer drains and disconnects.
-    /// Relaxed (every access): a flag this process sets from what `kill(2)` says; nothing
-    /// else is published with it.
+    /// Relaxed (every access): a flag this process sets from what the kernel's lock table
+    /// says; nothing else is published with it.
     producer_dead: AtomicBool,
     /// When the producer's liveness was last checked, in nanoseconds since `opened`.
     /// Relaxed (every access): it only paces the checks.
@@ -79,7 +82,11 @@ impl ConsumerRing {
     ) -> Result<(ConsumerRing, T), OpenErrorKind> {
         let name = ShmName::new(&b.name).map_err(OpenErrorKind::InvalidName)?;
         let opts = OpenOptions { allow_foreign_owner: b.allow_foreign_owner };
-        let seg = Segment::open(&name, opts)?;
+        let dir = RingDir::open(b.ring_dir()).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => OpenErrorKind::NotFound,
+            _ => OpenErrorKind::Io(e),
+        })?;
+        let seg = Segment::open(&dir, &name, opts)?;
         let (params, layout) = Params::read(seg.header(), seg.len() as u64)?;
         if params.memory_kind != kind {
             return Err(OpenErrorKind::WrongMemory { found: params.memory_kind });
@@ -88,16 +95,33 @@ impl ConsumerRing {
         let producer =
             ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
         // Acquire: pairs with the producer's Release store of `closed`.
-        if map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive() {
+        if map.header().closed.load(Ordering::Acquire) != 0
+            || !map.segment().held(presence::PRODUCER)
+        {
             return Err(OpenErrorKind::Disconnected);
         }
         let me = ProcessId::current();
         let ring = map.ring();
-        let joining = ConsumerCore::claim(&ring, me.pid, me.start_time).map_err(|e| match e {
+        let seg = map.segment();
+        // The entry's liveness lock is ours from before the claim (see `ring::reclaim`). A file
+        // system that cannot lock: the producer then takes every consumer for alive.
+        let hold = |entry| {
+            seg.try_hold(presence::consumer(entry)).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot take a liveness lock: the producer will not see this consumer die");
+                true
+            })
+        };
+        let let_go = |entry| seg.release(presence::consumer(entry));
+        let joining = ConsumerCore::claim_held(&ring, me.pid, me.start_time, hold, let_go);
+        let joining = joining.map_err(|e| match e {
             JoinError::Full => OpenErrorKind::TooManyConsumers { max: params.max_consumers },
             JoinError::Lost => lost(0),
         })?;
         let joining_index = joining.index();
+        for (word, value) in ring.consumers[joining_index].namespaces.iter().zip(Namespaces::current().to_words()) {
+            // Relaxed: for display; published by the Release CAS to ACTIVE.
+            word.store(value, Ordering::Relaxed);
+        }
         let extra = match setup(&map, joining.index(), joining.generation()) {
             Ok(extra) => extra,
             Err(e) => {
@@ -215,7 +239,8 @@ impl ConsumerRing {
     /// Its doorbell, bound on first use (`None` if none could be bound).
     pub(crate) fn doorbell(&self) -> Option<&Doorbell> {
         let entry = &self.map.ring().consumers[self.index];
-        self.bell.get(self.name(), self.map.params().epoch, &entry.bell)
+        let seg = self.map.segment();
+        self.bell.get(seg.dir(), self.name(), self.map.params().epoch, seg.mode(), &entry.bell)
     }
 
     /// Parks it for an outside event loop, once however often it is called: from here on the
@@ -243,7 +268,7 @@ impl ConsumerRing {
     pub(crate) fn ended(&self) -> Option<crate::Ended> {
         // Liveness first: a producer that closed, then exited, is seen closed by the read
         // below (it closed before it exited), never as dead.
-        let alive = !self.producer_dead.load(Ordering::Relaxed) && self.producer.is_alive();
+        let alive = !self.producer_dead.load(Ordering::Relaxed) && self.producer_lock_held();
         // Acquire: pairs with the producer's Release store of `closed`.
         match self.map.header().closed.load(Ordering::Acquire) {
             CLOSED_DONE => Some(crate::Ended::Closed),
@@ -274,12 +299,17 @@ impl ConsumerRing {
             // value would hold a Block producer back while we wait for it. Put ours back.
             r.core.refresh_cursor(&self.map.ring())
         };
-        if !self.producer.is_alive() && !self.producer_dead.swap(true, Ordering::Relaxed) {
+        if !self.producer_lock_held() && !self.producer_dead.swap(true, Ordering::Relaxed) {
             tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
         }
         if refreshed {
             self.wake_producer();
         }
+    }
+
+    /// Whether the producer's liveness lock is held (`shm::presence`): it runs.
+    fn producer_lock_held(&self) -> bool {
+        self.map.segment().held(presence::PRODUCER)
     }
 
     /// Nanoseconds since it opened.
@@ -373,7 +403,7 @@ impl ConsumerRing {
         let ring = self.map.ring();
         wait::wake_all(ring.producer_wake);
         if park::has_parked(ring.producer_wake) {
-            self.bells.knock_producer(self.name(), self.map.params().epoch);
+            self.bells.knock_producer(self.map.segment().dir(), self.name(), self.map.params().epoch);
         }
     }
 

@@ -16,8 +16,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 /// fence words; 4: doorbell parking marks in the wake lines and consumer entries; 5: the
 /// consumer entry's lease word, eviction reason and table counters, no done words nor
 /// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode; 7: the
-/// CUDA sharing kind and the VMM fence words).
-pub const LAYOUT_VERSION: u32 = 7;
+/// CUDA sharing kind and the VMM fence words; 8: liveness by OFD locks instead of `flock` and
+/// pids, the participants' namespace identities).
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,15 +77,20 @@ pub struct Header {
     pub policy: AtomicU32,
     /// [`MemoryKind`] as u32.
     pub memory_kind: AtomicU32,
-    /// Producer pid. Written first of all, so a half-built segment still names its builder.
+    /// Producer pid, as its own pid namespace numbers it: for display only (liveness is the
+    /// producer's lock, `shm::presence`). Written first of all, so a half-built segment still
+    /// names its builder.
     pub producer_pid: AtomicU32,
-    /// Producer start time (see [`crate::shm::process::ProcessId`]). Written with the pid.
+    /// Producer start time (see [`crate::shm::process::ProcessId`]), for display with the pid.
     pub producer_start_time: AtomicU64,
     /// Identifies this instance of the ring among all that had its name.
     pub epoch: AtomicU64,
     /// Set (Release) by the producer when it closes, after its last publish:
     /// [`CLOSED_DONE`], or [`CLOSED_CUT`] when the stream was cut (`Producer::abort`, a panic).
     pub closed: AtomicU32,
+    /// The producer's namespace identities ([`crate::shm::ns::Namespaces`] as words), for
+    /// display: tools and errors say "in another pid namespace" from them.
+    pub producer_ns: [AtomicU64; 5],
 }
 
 /// `closed`: the producer closed the ring; the stream is complete.
@@ -117,6 +123,8 @@ pub struct Params {
     pub producer_start_time: u64,
     /// Instance epoch.
     pub epoch: u64,
+    /// The producer's namespace identities, for display.
+    pub producer_ns: [u64; 5],
 }
 
 impl Params {
@@ -184,6 +192,9 @@ impl Params {
         h.memory_kind.store(self.memory_kind as u32, Ordering::Relaxed);
         h.epoch.store(self.epoch, Ordering::Relaxed);
         h.closed.store(0, Ordering::Relaxed);
+        for (word, value) in h.producer_ns.iter().zip(self.producer_ns) {
+            word.store(value, Ordering::Relaxed);
+        }
     }
 
     /// Reads and checks a header in a file of `file_size` bytes: magic, version, every field's
@@ -225,6 +236,7 @@ impl Params {
             producer_pid: h.producer_pid.load(Ordering::Relaxed),
             producer_start_time: h.producer_start_time.load(Ordering::Relaxed),
             epoch: h.epoch.load(Ordering::Relaxed),
+            producer_ns: std::array::from_fn(|i| h.producer_ns[i].load(Ordering::Relaxed)),
         };
         p.check().map_err(OpenErrorKind::Corrupt)?;
         let layout = Layout::of(&p);
@@ -374,6 +386,7 @@ mod tests {
             producer_pid: 1,
             producer_start_time: 2,
             epoch: 3,
+            producer_ns: [4, 5, 6, 7, 8],
         }
     }
 
@@ -428,6 +441,7 @@ mod tests {
             producer_start_time: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             closed: AtomicU32::new(0),
+            producer_ns: Default::default(),
         };
         let p = params();
         let total = Layout::of(&p).total as u64;

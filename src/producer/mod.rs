@@ -56,6 +56,8 @@ pub struct ProducerBuilder {
     mode: u32,
     spin: Duration,
     liveness: Duration,
+    /// The ring directory; `None`: [`crate::shm::default_dir`] when the ring is created.
+    dir: Option<std::path::PathBuf>,
     /// What only some memory kinds read (CUDA: device, polling, fence).
     pub(crate) kind: TxSettings,
 }
@@ -176,6 +178,33 @@ impl ProducerBuilder {
         self
     }
 
+    /// The directory the ring lives in: its file and every socket of its. Default `/dev/shm`,
+    /// or the directory the environment variable `GPURING_DIR` names. Consumers must look in
+    /// the same directory (as they see it): for containers, a volume both share, ideally a
+    /// tmpfs (a Kubernetes `emptyDir` with `medium: Memory`). See docs/guide.md, "Containers".
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let dir = std::env::temp_dir().join(format!("doc-rings-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let mut tx = Producer::builder("doc-producer-dir").dir(&dir).create()?;
+    /// assert!(dir.join("gpuring.doc-producer-dir").exists());
+    /// let rx = Consumer::builder("doc-producer-dir").dir(&dir).open()?;
+    /// tx.send(b"hi", b"")?;
+    /// assert_eq!(&*rx.recv()?, b"hi");
+    /// # drop((rx, tx)); std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// The ring directory this builder creates the ring in.
+    pub(crate) fn ring_dir(&self) -> std::path::PathBuf {
+        self.dir.clone().unwrap_or_else(crate::shm::default_dir)
+    }
+
     /// How long a blocked `acquire` spins and yields before sleeping. Default 50 µs.
     ///
     /// ```
@@ -266,6 +295,7 @@ impl ProducerBuilder {
             producer_pid: me.pid,
             producer_start_time: me.start_time,
             epoch: new_epoch(me),
+            producer_ns: crate::shm::ns::Namespaces::current().to_words(),
         };
         // Every field was checked above; this catches a combination they missed, which a
         // consumer would otherwise refuse (`Params::check` is what it runs).
@@ -313,15 +343,19 @@ impl ProducerBuilder {
         let prepare = || M::Tx::prepare(&self.kind);
         let init = |prepared, map: &_| M::Tx::create(prepared, &self.kind, map);
         let (ring, mem) = ProducerRing::build(&self, M::KIND, prepare, init)
-            .map_err(|e| CreateError::new(&self.name, e))?;
+            .map_err(|e| CreateError::in_dir(&self.name, &self.ring_dir(), e))?;
         Ok(Producer { ring, mem })
     }
 }
 
-/// A fresh instance id: time and pid, so that a restarted ring differs from its predecessor.
+/// A fresh instance id: time, pid and random bits, so that a restarted ring differs from its
+/// predecessor (pids alone repeat across pid namespaces: every container's first process is 1).
 fn new_epoch(me: ProcessId) -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
-    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64) ^ (me.pid as u64)
+    let mut random = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+    let time = (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64);
+    (time ^ (me.pid as u64) ^ u64::from_ne_bytes(random)).max(1)
 }
 
 /// The single producer of a ring, in host memory ([`Host`], the default) or CUDA memory
@@ -370,6 +404,7 @@ impl Producer<Host> {
             mode: 0o600,
             spin: Duration::from_micros(50),
             liveness: Duration::from_millis(100),
+            dir: None,
             kind: TxSettings::default(),
         }
     }
@@ -575,7 +610,8 @@ impl<M: Memory> Producer<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn consumers(&self) -> Vec<ConsumerInfo> {
-        crate::stats::consumers(&self.ring.map().ring())
+        let map = self.ring.map();
+        crate::stats::consumers(map.segment(), &map.ring())
     }
 
     /// Buffers that some consumer holds now. Once every consumer has released what it received

@@ -14,8 +14,7 @@ use crate::memory::Fault;
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
 use crate::ring::{audit, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
-use crate::shm::process::ProcessId;
-use crate::shm::ShmName;
+use crate::shm::{presence, RingDir, Segment, ShmName};
 use crate::wait::{self, Deadline, WaitConfig};
 
 /// The ring's side of a producer. `Producer<M>` (`super`) is this plus memory kind `M`'s side.
@@ -40,14 +39,6 @@ pub(crate) struct ProducerRing {
 /// `generation`): drop what it opened of it. Called before the entry is freed.
 pub(crate) type OnFree<'a> = &'a mut (dyn FnMut(usize, u32) + Send);
 
-/// Whether the owner of a consumer table entry still runs: by pid and start time, or by pid
-/// alone while its start time is not stored yet (see `ring::reclaim`).
-fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
-    match start_time {
-        Some(start_time) => ProcessId { pid, start_time }.is_alive(),
-        None => crate::shm::process::is_running(pid),
-    }
-}
 
 /// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
 /// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze buffers.
@@ -55,6 +46,7 @@ fn owner_alive(pid: u32, start_time: Option<u64>) -> bool {
 /// the held counts of the buffers the next claim may take (`ring::reclaim::audit`), so that a
 /// count a damaged segment left too high cannot hold the producer back for ever. Forgets `core`'s cached minimum cursor if anything changed.
 fn look_after(
+    seg: &Segment,
     ring: &Ring<'_>,
     core: &mut ProducerCore,
     bells: &ProducerBells,
@@ -64,11 +56,17 @@ fn look_after(
     // Closed: nothing is published any more, and a recount's freeze could make a draining
     // consumer take a published message for none (`ring::reclaim`).
     let recount = if closed { Recount::No } else { Recount::Yes };
+    // The owner of an entry holds that entry's liveness lock (`shm::presence`), in whatever
+    // pid namespace it runs.
+    let owner_alive = |entry: usize, _pid: u32| seg.held(presence::consumer(entry));
     let r = crate::ring::reap(
         ring,
         owner_alive,
         |entry, generation| {
             tracing::debug!(target: "gpuring::lifecycle", entry, generation, "entry freed");
+            // Relaxed: the entry is FINISHING and ours; its owner wrote the token before it
+            // first parked, ordered by the reap's Acquire load of the lease.
+            bells.forget(entry, ring.consumers[entry].bell.load(Ordering::Relaxed));
             on_free(entry, generation)
         },
         recount,
@@ -192,11 +190,20 @@ impl ProducerRing {
     ) -> Result<(ProducerRing, T), CreateErrorKind> {
         let name = ShmName::new(&b.name).map_err(CreateErrorKind::InvalidName)?;
         let params = b.params(memory)?;
+        let dir = RingDir::open(b.ring_dir()).map_err(CreateErrorKind::Io)?;
+        match dir.check() {
+            Ok(concerns) => {
+                for c in concerns {
+                    tracing::warn!(dir = %dir.path().display(), "ring directory: {c}");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot check the ring directory"),
+        }
         // Once the settings are known to be good, and before the segment exists.
         let prepared = prepare()?;
         let layout = Layout::of(&params);
         // Replaces a dead producer's segment of this name, if there is one.
-        let seg = crate::shm::stale::create(&name, layout.total, b.mode)?;
+        let seg = crate::shm::stale::create(&dir, &name, layout.total, b.mode)?;
         // Build everything, then publish the header with `magic` last.
         params.write(seg.header(), layout.total as u64);
         let map = MappedRing::new(seg, params, layout);
@@ -212,13 +219,11 @@ impl ProducerRing {
             cut: false,
             table_seen: (0, 0),
             last_reap: Instant::now(),
-            bells: ProducerBells::bind(&b.name, params.epoch, params.max_consumers),
+            bells: ProducerBells::bind(&dir, &b.name, params.epoch, b.mode, params.max_consumers),
         };
         let extra = init(prepared, &ring.map)?;
         // Release: a consumer that Acquire-loads the magic sees the whole built segment.
         ring.map.header().magic.store(MAGIC, Ordering::Release);
-        // Built: the creator's exclusive lock on the file becomes a shared one (shm/stale.rs).
-        ring.map.segment().mark_ready();
         tracing::info!(
             ring = %b.name, ?memory, capacity = params.capacity, spares = params.spares,
             slot_size = params.slot_size,
@@ -282,7 +287,7 @@ impl ProducerRing {
                 stall.account();
             }
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
-            claim_step(&ring, core, look, bells, on_free, *closed)
+            claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
         });
         stall.end(claimed.is_some());
         claimed.unwrap_or(Err(Fault::Blocked))
@@ -308,7 +313,7 @@ impl ProducerRing {
                 stall.account();
             }
             let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
-            claim_step(&ring, core, look, bells, on_free, *closed)
+            claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
         })
         .await;
         stall.end(true);
@@ -329,7 +334,7 @@ impl ProducerRing {
     pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
         self.last_reap = Instant::now();
         let ProducerRing { map, core, bells, closed, .. } = self;
-        Ok(look_after(&map.ring(), core, bells, on_free, *closed)?)
+        Ok(look_after(map.segment(), &map.ring(), core, bells, on_free, *closed)?)
     }
 
     /// Reaps when the consumer table changed since the last look (a consumer joined or
@@ -414,6 +419,7 @@ impl ProducerRing {
 /// One step of a claim's wait: if `look` (the liveness tick, or a table that moved), look after
 /// the consumer table first and note when in `look`; then try to claim.
 fn claim_step(
+    seg: &Segment,
     ring: &Ring<'_>,
     core: &mut ProducerCore,
     look: Option<&mut Instant>,
@@ -423,7 +429,7 @@ fn claim_step(
 ) -> Option<Result<Claimed, Fault>> {
     if let Some(last_reap) = look {
         *last_reap = Instant::now();
-        if let Err(c) = look_after(ring, core, bells, on_free, closed) {
+        if let Err(c) = look_after(seg, ring, core, bells, on_free, closed) {
             return Some(Err(Fault::Corrupt(c.into())));
         }
     }

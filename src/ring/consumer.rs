@@ -255,14 +255,31 @@ impl ConsumerCore {
         Self::claim(ring, pid, start_time)?.activate(ring, start, mode)
     }
 
+    /// [`Self::claim_held`] for a caller whose liveness the producer needs no lock to see (the
+    /// protocol's own tests and models).
+    pub fn claim(ring: &Ring<'_>, pid: u32, start_time: u64) -> Result<Joining, JoinError> {
+        Self::claim_held(ring, pid, start_time, |_| true, |_| {})
+    }
+
     /// Claims a free consumer table entry (state `JOINING`: the producer ignores it but for
     /// reaping). The caller may fill in transport state for the entry (the CUDA layer writes its
     /// release-event handles) before [`Joining::activate`].
-    pub fn claim(ring: &Ring<'_>, pid: u32, start_time: u64) -> Result<Joining, JoinError> {
+    ///
+    /// Before it tries an entry, `hold(entry)` takes that entry's liveness lock (false: someone
+    /// holds it, skip the entry); if the claim CAS then fails, `let_go(entry)` releases it. So
+    /// the owner of every claimed entry holds its lock from before the claim, and a reaper that
+    /// probes the lock never takes a joiner for a dead owner.
+    pub fn claim_held(
+        ring: &Ring<'_>,
+        pid: u32,
+        start_time: u64,
+        mut hold: impl FnMut(usize) -> bool,
+        mut let_go: impl FnMut(usize),
+    ) -> Result<Joining, JoinError> {
         for (index, entry) in ring.consumers.iter().enumerate() {
             // Relaxed: only decides whether to try; the CAS below acquires.
             let free = entry.lease.load(Ordering::Relaxed);
-            if lease::state(free) != lease::FREE {
+            if lease::state(free) != lease::FREE || !hold(index) {
                 continue;
             }
             // Our pid goes in with the claim: a reaper never sees the entry taken by nobody.
@@ -274,6 +291,7 @@ impl ConsumerCore {
                 .compare_exchange(free, claimed, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
+                let_go(index);
                 continue;
             }
             // Relaxed: a reaper loads the start time after an Acquire load of the lease that

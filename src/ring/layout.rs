@@ -75,10 +75,10 @@ pub struct ConsumerEntry {
     /// The owner's delivery [`super::Mode`] as u32. Written by the owner before its Release CAS
     /// to ACTIVE, never after; read by the producer (only `Lossless` gates it) and by tools.
     pub mode: AtomicU32,
-    /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), so that a
-    /// reused pid is not taken for the owner. 0 while not yet known: a new owner stores it right
-    /// after its claim, and whoever frees the entry zeroes it first, so a reaper never pairs a
-    /// new owner's pid with an old owner's start time.
+    /// The owner's process start time (clock ticks since boot, /proc/PID/stat field 22), shown
+    /// with its pid by tools (both as its own pid namespace sees them: display only; the
+    /// owner's liveness is a lock, `shm::presence`). 0 while not yet known: a new owner stores
+    /// it right after its claim, and whoever frees the entry zeroes it first.
     pub start_time: AtomicU64,
     /// Sequence number of the next message this consumer will receive. Never decreases while
     /// the entry is active; never exceeds the producer's head.
@@ -93,6 +93,9 @@ pub struct ConsumerEntry {
     /// The random token naming the owner's doorbell socket (see `shm::doorbell`), 0 until its
     /// first async wait. Written by the owner before it first parks.
     pub bell: AtomicU64,
+    /// The owner's namespace identities (`shm::ns::Namespaces` as words), for display: tools
+    /// say "in another pid namespace" from them. Written by the owner after its claim.
+    pub namespaces: [AtomicU64; 5],
 }
 
 /// One buffer's stamp and the metadata of the message it carries.
@@ -161,6 +164,7 @@ impl ConsumerEntry {
             lost: AtomicU64::new(0),
             holding: AtomicU64::new(0),
             bell: AtomicU64::new(0),
+            namespaces: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }

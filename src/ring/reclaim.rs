@@ -3,15 +3,15 @@
 //!
 //! # Reaping
 //!
-//! [`reap`] looks at every entry's lease (see [`super::lease`]). For an owned entry it reads
-//! the owner's start time, asks the caller whether that process lives, and if it does not,
-//! CASes the lease it observed to FINISHING. The CAS is what makes the liveness probe safe: if
-//! the owner left and someone else claimed the entry while the probe read /proc, the lease has
-//! another generation (and pid) and the CAS fails. An owner whose start time is not stored yet
-//! (a joiner between its claim and its next store) is judged by its pid alone, which its
-//! claim wrote into the lease. RETIRING entries are CASed to FINISHING too. A FINISHING entry
-//! is then finished: holds given back, the transport told ([`reap`]'s `on_free`), start time
-//! zeroed, lease freed.
+//! [`reap`] looks at every entry's lease (see [`super::lease`]). For an owned entry it asks the
+//! caller whether the entry's owner lives (the caller probes the liveness lock the owner holds
+//! for that entry from before its claim until after it let go: `shm::presence`), and if it
+//! does not, CASes the lease it observed to FINISHING. The CAS is what makes the probe safe:
+//! if the owner left and someone else claimed the entry while the probe ran, the lease has
+//! another generation and the CAS fails. (A joiner that holds the entry's lock while its claim
+//! fails makes a dead owner look alive for one reap: a delay, never a wrong reclaim.) RETIRING
+//! entries are CASed to FINISHING too. A FINISHING entry is then finished: holds given back,
+//! the transport told ([`reap`]'s `on_free`), start time zeroed, lease freed.
 //!
 //! # Giving back holds
 //!
@@ -81,12 +81,12 @@ pub enum Recount {
 /// Reaps the consumer table: entries whose owner is dead are taken out, RETIRING entries are
 /// finished and freed.
 ///
-/// `alive(pid, start_time)` says whether the process lives; `start_time` is `None` when the
-/// owner has not stored it yet (judge by the pid). `on_free(entry, generation)` runs before an
-/// entry is freed: the caller drops what it opened of that entry then.
+/// `alive(entry, pid)` says whether the owner of entry `entry` lives (`pid` is the one its lease
+/// names, for display). `on_free(entry, generation)` runs before an entry is freed: the caller
+/// drops what it opened of that entry then.
 pub fn reap(
     ring: &Ring<'_>,
-    alive: impl Fn(u32, Option<u64>) -> bool,
+    alive: impl Fn(usize, u32) -> bool,
     mut on_free: impl FnMut(usize, u32),
     recount: Recount,
 ) -> Result<Reaped, RingCorrupt> {
@@ -96,11 +96,7 @@ pub fn reap(
         // Acquire: pairs with the owner's Release CASes (activate, leave), so its last writes
         // to the entry and its records are seen.
         let seen = entry.lease.load(Ordering::Acquire);
-        let owner_alive = || {
-            // Relaxed: ordered by the Acquire load above (see `ConsumerEntry::start_time`).
-            let start = entry.start_time.load(Ordering::Relaxed);
-            alive(lease::pid(seen), (start != 0).then_some(start))
-        };
+        let owner_alive = || alive(index, lease::pid(seen));
         // The producer finishes under a lease of its own: FINISHING with no pid. Any other
         // FINISHING belongs to a retiring owner that gave up (see `super::lease`).
         let finishing = lease::pack(lease::FINISHING, lease::generation(seen), 0);

@@ -891,7 +891,7 @@ fn run_model(policy: Policy, cap: u32, spares: u32, ops: Vec<Op>) -> Result<(), 
                     continue;
                 };
                 // Consumer `k` is process `k + 1`.
-                let r = reap(&ring, |pid, _| pid != k as u32 + 1, |_, _| {}, Recount::Yes);
+                let r = reap(&ring, |_, pid| pid != k as u32 + 1, |_, _| {}, Recount::Yes);
                 let holds = rc.pins.len() as u32;
                 let want = Reaped { dead: 1, freed: 1, holds, wake_consumers: false };
                 prop_assert_eq!(r, Ok(want));
@@ -1006,7 +1006,7 @@ proptest! {
 
 /// Reaps with consumer pid `dead` taken for dead and every other pid for alive.
 fn reap_dead(ring: &Ring<'_>, dead: u32) -> Reaped {
-    reap(ring, |pid, _| pid != dead, |_, _| {}, Recount::Yes).unwrap()
+    reap(ring, |_, pid| pid != dead, |_, _| {}, Recount::Yes).unwrap()
 }
 
 fn lease_state(ring: &Ring<'_>, entry: usize) -> u32 {
@@ -1141,10 +1141,10 @@ fn reap_waits_for_a_live_consumer_mid_pin() {
     let _ = d;
 }
 
-/// A joiner whose start time is not stored yet is judged by the pid in its lease: alive, it
-/// keeps its entry; a reaper never takes "no start time" for "dead".
+/// A joiner whose start time is not stored yet keeps its entry: the reaper asks about the entry
+/// (whose liveness lock the joiner holds from before its claim), not about a start time.
 #[test]
-fn reap_judges_an_unfinished_claim_by_its_pid() {
+fn reap_asks_about_an_unfinished_claim_by_its_entry() {
     let heap = HeapRing::new(1, 0, 1, Policy::Block);
     let ring = heap.ring();
     let joining = ConsumerCore::claim(&ring, 7, 77).unwrap();
@@ -1153,15 +1153,15 @@ fn reap_judges_an_unfinished_claim_by_its_pid() {
     let seen = std::cell::Cell::new(None);
     let r = reap(
         &ring,
-        |pid, start| {
-            seen.set(Some((pid, start)));
-            pid == 7
+        |entry, pid| {
+            seen.set(Some((entry, pid)));
+            entry == 0
         },
         |_, _| {},
         Recount::Yes,
     )
     .unwrap();
-    assert_eq!(seen.get(), Some((7, None)));
+    assert_eq!(seen.get(), Some((0, 7)));
     assert_eq!(r, Reaped::default());
     assert!(joining.activate(&ring, StartAt::Next, Mode::Lossless).is_ok());
     assert_eq!(lease_state(&ring, 0), lease::ACTIVE);
@@ -1178,7 +1178,7 @@ fn reap_acts_only_on_the_lease_it_observed() {
     // While a reaper probes pid 3, it leaves (and dies), and pid 2 joins the same entry.
     let reaper = reap(
         &ring,
-        |pid, _| {
+        |_, pid| {
             if pid == 3 && lease_state(&ring, 0) == lease::ACTIVE {
                 first.leave(&ring, Leave::Free);
                 let _ = join(&ring, StartAt::Next, 2);
@@ -1212,7 +1212,7 @@ fn a_recount_that_cannot_trust_the_count_unfreezes_the_buffer() {
     // Two live records say HELD(0), but the stamp counts only the dead one's hold.
     ring.hold(a.index(), 0).store(record(0, HELD), Ordering::Relaxed);
     ring.hold(b.index(), 0).store(record(0, HELD), Ordering::Relaxed);
-    assert!(reap(&ring, |pid, _| pid != 1, |_, _| {}, Recount::Yes).is_ok());
+    assert!(reap(&ring, |_, pid| pid != 1, |_, _| {}, Recount::Yes).is_ok());
     let st = ring.buffers[0].stamp.load(Ordering::Relaxed);
     assert!(!stamp::is_writing(st), "the recount left buffer 0 frozen");
     assert_eq!(stamp::held(st), 1);
@@ -1436,4 +1436,37 @@ fn retiring_waits_for_the_producer() {
     assert_eq!((r.dead, r.freed), (0, 1));
     assert_eq!(*freed.borrow(), vec![a.index()]);
     assert!(retire_done(&ring, a.index(), retiring_a));
+}
+
+/// A claim takes an entry's liveness lock before its CAS: an entry whose lock another holds is
+/// skipped, and the lock of an entry whose CAS fails is let go.
+#[test]
+fn claim_holds_the_entry_lock_first() {
+    let heap = HeapRing::new(1, 0, 3, Policy::Block);
+    let ring = heap.ring();
+    let held = std::cell::RefCell::new(vec![0usize]); // entry 0: someone else's lock
+    let let_go = std::cell::RefCell::new(Vec::new());
+    let joining = ConsumerCore::claim_held(
+        &ring,
+        5,
+        55,
+        |entry| {
+            let mut h = held.borrow_mut();
+            if h.contains(&entry) {
+                return false;
+            }
+            h.push(entry);
+            // As if another joiner took entry 1 between our load and our CAS.
+            if entry == 1 {
+                let free = ring.consumers[1].lease.load(Ordering::Relaxed);
+                ring.consumers[1].lease.store(lease::claimed(free, 6), Ordering::Relaxed);
+            }
+            true
+        },
+        |entry| let_go.borrow_mut().push(entry),
+    )
+    .unwrap();
+    assert_eq!(joining.index(), 2, "entry 0 is locked, entry 1 was taken under us");
+    assert_eq!(*let_go.borrow(), vec![1], "the lost entry's lock is let go");
+    assert!(held.borrow().contains(&2));
 }

@@ -1,57 +1,72 @@
 //! Doorbells: waking, from another process, a waiter that awaits a file descriptor (an async
 //! task) rather than sleeping on a futex.
 //!
-//! A doorbell is a unix datagram socket bound in the abstract namespace ([`Doorbell`]). Ringing
-//! it is one `sendto` with `MSG_DONTWAIT` ([`Knocker::knock`]); what the datagram holds does not
-//! matter, and nobody parses it. The waiter awaits the socket becoming readable, then empties it.
+//! A doorbell is a unix datagram socket bound at a path in the ring directory ([`Doorbell`]).
+//! Ringing it is one `sendto` with `MSG_DONTWAIT` ([`Knocker::knock`]); what the datagram holds
+//! does not matter, and nobody parses it. The waiter awaits the socket becoming readable, then
+//! empties it.
 //!
-//! * The producer's doorbell is at `gpuring/EPOCH/HASH/p` ([`producer_address`]): consumers
-//!   knock after a release while the producer is parked.
-//! * A consumer's doorbell is at `gpuring/EPOCH/HASH/c/TOKEN` ([`consumer_address`]), where
-//!   TOKEN is a random 64-bit number it writes into its consumer table entry before it first
-//!   parks. The producer knocks after a publish while that consumer is parked.
+//! * The producer's doorbell is `.gpuring.HASH.p` ([`producer_address`]): consumers knock
+//!   after a release while the producer is parked.
+//! * A consumer's doorbell is `.gpuring.HASH.cTOKEN` ([`consumer_address`]), where TOKEN is a
+//!   random 64-bit number it writes into its consumer table entry before it first parks. The
+//!   producer knocks after a publish while that consumer is parked.
+//!
+//! HASH names the ring and its instance (see [`super::unixsock`], which binds them). The
+//! sockets are files rather than abstract names because an abstract name belongs to its
+//! network namespace: a consumer in a container with a network namespace of its own, sharing
+//! only the ring directory with its producer, could neither knock nor be knocked on. A file
+//! reaches whoever sees the directory and may write the file, whose mode follows the ring's
+//! ([`super::unixsock::socket_mode`]).
 //!
 //! Why sockets rather than eventfds passed with SCM_RIGHTS: a `write` to an fd received from a
 //! peer blocks if the peer clears `O_NONBLOCK` on the shared file description, and the
 //! producer must never block on a consumer. `MSG_DONTWAIT` is per call, so a knock can only
 //! fail (the queue is full: the bell is rung already). No fd crosses processes, and nothing
 //! received is trusted: a datagram from anyone only causes a spurious wake-up.
-//!
-//! Abstract socket names are per network namespace: a consumer in another one (a container with
-//! its own network but the host's /dev/shm) cannot reach the producer's doorbell nor be reached;
-//! its async waits then fall back to a timer (see `docs/guide.md`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use rustix::io::Errno;
 use rustix::net::{
-    bind, recv, sendto, socket_with, AddressFamily, RecvFlags, SendFlags, SocketAddrUnix,
-    SocketFlags, SocketType,
+    recv, sendto, socket_with, AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags,
+    SocketType,
 };
+
+use super::dir::RingDir;
+use super::unixsock::{address, bind_in, consumer_file, producer_file, socket_mode, SocketFile};
 
 /// The most datagrams one [`Doorbell::quiet`] reads, so that a flood cannot hold its caller.
 pub const QUIET_MAX: usize = 64;
 
-/// `gpuring/EPOCH/HASH` of ring `name`'s instance `epoch` (the name is hashed: names may be
-/// longer than a socket address).
-pub(crate) fn base(name: &str, epoch: u64) -> String {
-    // FNV-1a: a stable, dependency-free hash; the epoch already makes the name unique.
-    let hash = name
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    format!("gpuring/{epoch:016x}/{hash:016x}")
+/// The producer's doorbell address for ring `name`, instance `epoch`, in `dir`. Good while
+/// `dir` is open (see [`super::unixsock::address`]).
+///
+/// ```
+/// use gpuring::shm::dir::RingDir;
+/// use gpuring::shm::doorbell::producer_address;
+///
+/// let dir = RingDir::open("/dev/shm")?;
+/// let at = producer_address(&dir, "cam0", 7)?;
+/// let path = at.path().unwrap();
+/// assert!(path.to_str()?.starts_with("/dev/shm/.gpuring."));
+/// assert!(at.abstract_name().is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn producer_address(dir: &RingDir, name: &str, epoch: u64) -> io::Result<SocketAddrUnix> {
+    address(dir, &producer_file(name, epoch))
 }
 
-/// The producer's doorbell address for ring `name`, instance `epoch`.
-pub fn producer_address(name: &str, epoch: u64) -> io::Result<SocketAddrUnix> {
-    Ok(SocketAddrUnix::new_abstract_name(format!("{}/p", base(name, epoch)).as_bytes())?)
-}
-
-/// The address of the consumer doorbell named by `token` in ring `name`, instance `epoch`.
-pub fn consumer_address(name: &str, epoch: u64, token: u64) -> io::Result<SocketAddrUnix> {
-    let path = format!("{}/c/{token:016x}", base(name, epoch));
-    Ok(SocketAddrUnix::new_abstract_name(path.as_bytes())?)
+/// The address of the consumer doorbell named by `token` in ring `name`, instance `epoch`, in
+/// `dir`.
+pub fn consumer_address(
+    dir: &RingDir,
+    name: &str,
+    epoch: u64,
+    token: u64,
+) -> io::Result<SocketAddrUnix> {
+    address(dir, &consumer_file(name, epoch, token))
 }
 
 /// A fresh random doorbell token (never 0, which means "none").
@@ -61,20 +76,44 @@ pub fn new_token() -> io::Result<u64> {
     Ok(u64::from_ne_bytes(bytes).max(1))
 }
 
-/// A bound, non-blocking datagram socket: someone's doorbell.
+/// A bound, non-blocking datagram socket: someone's doorbell. Dropping it removes its file,
+/// unless another doorbell was bound at the same name since.
 #[derive(Debug)]
 pub struct Doorbell {
     socket: OwnedFd,
     /// Where it is bound.
     at: SocketAddrUnix,
+    /// Its file; holds the directory open, which `at` may need (a `/proc/self/fd` path).
+    file: SocketFile,
 }
 
 impl Doorbell {
-    /// Binds a doorbell at `addr`. Fails with `AddrInUse` if another socket has it.
-    pub fn bind(addr: &SocketAddrUnix) -> io::Result<Doorbell> {
+    /// Binds a doorbell at `file` in `dir`, for the users that ring mode `ring_mode` lets use
+    /// the ring ([`socket_mode`]). Replaces whatever socket was at `file` (one a killed
+    /// process left, or another's), as [`bind_in`] does.
+    ///
+    /// ```
+    /// use gpuring::shm::dir::RingDir;
+    /// use gpuring::shm::doorbell::{producer_address, Doorbell, Knocker};
+    /// use gpuring::shm::unixsock::producer_file;
+    ///
+    /// let dir = RingDir::open(std::env::temp_dir())?;
+    /// let (name, epoch) = ("doc-doorbell", u64::from(std::process::id()));
+    /// let bell = Doorbell::bind(&dir, &producer_file(name, epoch), 0o600)?;
+    /// Knocker::new()?.knock(&producer_address(&dir, name, epoch)?);
+    /// assert_eq!(bell.quiet(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bind(dir: &RingDir, file: &str, ring_mode: u32) -> io::Result<Doorbell> {
         let socket = datagram_socket()?;
-        bind(&socket, addr)?;
-        Ok(Doorbell { socket, at: addr.clone() })
+        let file = bind_in(dir, file, &socket, socket_mode(ring_mode))?;
+        let at = file.address()?;
+        Ok(Doorbell { socket, at, file })
+    }
+
+    /// Its file's name in the ring directory.
+    pub fn file(&self) -> &str {
+        self.file.file()
     }
 
     /// Rings itself (from its own socket), as [`Knocker::knock`] would.
@@ -141,10 +180,16 @@ mod tests {
         std::process::id() as u64
     }
 
+    fn temp() -> RingDir {
+        RingDir::open(std::env::temp_dir()).unwrap()
+    }
+
     #[test]
     fn a_knock_rings_the_doorbell_and_quiet_empties_it() {
-        let at = consumer_address("doorbell-knock", epoch(), new_token().unwrap()).unwrap();
-        let bell = Doorbell::bind(&at).unwrap();
+        let (dir, token) = (temp(), new_token().unwrap());
+        let bell = Doorbell::bind(&dir, &consumer_file("doorbell-knock", epoch(), token), 0o600)
+            .unwrap();
+        let at = consumer_address(&dir, "doorbell-knock", epoch(), token).unwrap();
         let knocker = Knocker::new().unwrap();
         assert_eq!(bell.quiet(), 0);
         knocker.knock(&at);
@@ -156,16 +201,35 @@ mod tests {
     }
 
     #[test]
-    fn a_second_doorbell_at_the_same_address_is_refused() {
-        let at = producer_address("doorbell-twice", epoch()).unwrap();
-        let _first = Doorbell::bind(&at).unwrap();
-        let err = Doorbell::bind(&at).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    fn a_second_doorbell_at_the_same_name_takes_it_over() {
+        let dir = temp();
+        let file = producer_file("doorbell-twice", epoch());
+        let first = Doorbell::bind(&dir, &file, 0o600).unwrap();
+        let second = Doorbell::bind(&dir, &file, 0o600).unwrap();
+        let at = producer_address(&dir, "doorbell-twice", epoch()).unwrap();
+        Knocker::new().unwrap().knock(&at);
+        assert_eq!((first.quiet(), second.quiet()), (0, 1));
+        // The first one's drop leaves the second's file.
+        drop(first);
+        Knocker::new().unwrap().knock(&at);
+        assert_eq!(second.quiet(), 1);
+        drop(second);
+        assert!(!dir.display(&file).exists(), "the last one's drop removes it");
+    }
+
+    #[test]
+    fn a_doorbell_has_the_rings_mode_with_write_bits() {
+        let dir = temp();
+        let file = producer_file("doorbell-mode", epoch());
+        let bell = Doorbell::bind(&dir, &file, 0o640).unwrap();
+        assert_eq!(bell.file(), file);
+        let st = rustix::fs::stat(dir.display(&file)).unwrap();
+        assert_eq!(st.st_mode & 0o7777, 0o660);
     }
 
     #[test]
     fn knocking_on_nobody_is_harmless_and_tokens_differ() {
-        let at = consumer_address("doorbell-nobody", epoch(), 7).unwrap();
+        let at = consumer_address(&temp(), "doorbell-nobody", epoch(), 7).unwrap();
         Knocker::new().unwrap().knock(&at);
         assert_ne!(new_token().unwrap(), new_token().unwrap());
     }

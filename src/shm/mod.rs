@@ -1,17 +1,22 @@
-//! The OS layer: POSIX shared memory segments, their header, names, owner checks, process
-//! identity, replacing a dead producer's segment (`stale`), the doorbells that wake async
-//! waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
+//! The OS layer: shared memory segments in a ring directory, their header, names, owner checks,
+//! liveness locks (`presence`), namespace identities, replacing a dead producer's segment
+//! (`stale`), the doorbells that wake async waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
 //! places bytes and checks them.
 
+pub mod dir;
 pub mod doorbell;
 #[cfg(not(loom))]
 pub mod fdpass;
 mod guard;
 mod name;
+pub mod ns;
+pub mod presence;
 pub mod process;
 mod segment;
 #[cfg(not(loom))]
 pub(crate) mod stale;
+pub mod unixsock;
 
+pub use dir::{default_dir, RingDir, DIR_ENV};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};
 pub use segment::{OpenOptions, Segment};

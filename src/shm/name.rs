@@ -1,9 +1,9 @@
-//! Ring names and the POSIX shm names they map to.
+//! Ring names and the file names they map to in a ring directory.
 
 use crate::error::NameError;
 
-/// Every ring's shm object is `/dev/shm/gpuring.NAME`, so rings are easy to find and never
-/// collide with other programs' segments.
+/// Every ring's file is `DIR/gpuring.NAME` (`DIR` is its ring directory, `/dev/shm` by
+/// default), so rings are easy to find and never collide with other programs' files.
 pub const SHM_PREFIX: &str = "gpuring.";
 
 /// Longest ring name, in bytes. Leaves room under the 255-byte `NAME_MAX` for the prefix and a
@@ -14,7 +14,8 @@ pub const MAX_NAME_LEN: usize = 200;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ShmName {
     ring: String,
-    shm: String,
+    /// `gpuring.NAME`.
+    file: String,
 }
 
 impl ShmName {
@@ -35,7 +36,7 @@ impl ShmName {
         if name == "." || name == ".." {
             return Err(NameError::Dots);
         }
-        Ok(ShmName { ring: name.to_owned(), shm: format!("/{SHM_PREFIX}{name}") })
+        Ok(ShmName { ring: name.to_owned(), file: format!("{SHM_PREFIX}{name}") })
     }
 
     /// The ring name as the user gave it.
@@ -43,14 +44,9 @@ impl ShmName {
         &self.ring
     }
 
-    /// The name passed to `shm_open`: `/gpuring.NAME`.
-    pub fn shm(&self) -> &str {
-        &self.shm
-    }
-
-    /// The file under /dev/shm.
-    pub fn path(&self) -> String {
-        format!("/dev/shm{}", self.shm)
+    /// The file's name in its ring directory: `gpuring.NAME`.
+    pub fn file(&self) -> &str {
+        &self.file
     }
 }
 
@@ -67,8 +63,7 @@ mod tests {
         let long = "x".repeat(MAX_NAME_LEN + 1);
         assert_eq!(ShmName::new(&long), Err(NameError::TooLong { len: MAX_NAME_LEN + 1 }));
         let n = ShmName::new("cam0.rgba").unwrap();
-        assert_eq!(n.shm(), "/gpuring.cam0.rgba");
-        assert_eq!(n.path(), "/dev/shm/gpuring.cam0.rgba");
+        assert_eq!(n.file(), "gpuring.cam0.rgba");
         assert!(ShmName::new(&"x".repeat(MAX_NAME_LEN)).is_ok());
     }
 }

@@ -1,22 +1,25 @@
-//! Creating, opening, mapping and unlinking a POSIX shm segment.
+//! Creating, opening, mapping and unlinking a segment: a file in a ring directory, always
+//! opened relative to the directory's descriptor, never through a symlink.
 //!
 //! A created segment's pages are reserved on the file system at once (`fallocate`), so a full
-//! /dev/shm is a [`CreateErrorKind::NoSpace`] at create rather than a SIGBUS at some later write.
-//! Its creator holds a `flock` on the file for as long as it lives: exclusive while it builds
-//! the segment, shared from [`Segment::mark_ready`]. That lock is how `stale.rs` tells a live
-//! ring from a dead producer's.
+//! directory is a [`CreateErrorKind::NoSpace`] at create rather than a SIGBUS at some later
+//! write. Its creator holds the producer's liveness lock ([`presence::PRODUCER`]) on the file
+//! from the moment the file exists until the segment drops or the process dies. That lock is
+//! how consumers, tools and `stale.rs` tell a live ring from a dead producer's, in any pid
+//! namespace.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Once;
 
 use memmap2::{MmapOptions, MmapRaw};
-use rustix::fs::{FallocateFlags, FileType, FlockOperation, Mode};
+use rustix::fs::{AtFlags, FallocateFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
-use rustix::shm;
 
+use super::dir::RingDir;
 use super::guard::Guard;
 use super::name::ShmName;
+use super::presence::{self, Holder};
 use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::Header;
 
@@ -41,20 +44,24 @@ pub struct Segment {
     guard: Guard,
     /// The mapping; `guard` covers it until it drops.
     map: MmapRaw,
-    /// The shm file (`None` for [`Segment::from_bytes`]). A segment made by
-    /// [`Segment::create`] holds a `flock` on it (see [`Segment::mark_ready`]), released when
-    /// this fd closes: when the segment drops or the process dies.
+    /// The description of the file that holds this participant's liveness locks (see
+    /// `presence`): the producer's from its create, a consumer's from its first
+    /// [`Segment::try_hold`]. The kernel releases them when it drops or the process dies.
+    holder: std::sync::OnceLock<Holder>,
+    /// The file (`None` for [`Segment::from_bytes`]): the description it is mapped from, which
+    /// holds no lock, and which lock probes ([`Segment::held`]) ask from.
     fd: Option<OwnedFd>,
+    /// The directory the file is in.
+    dir: RingDir,
     name: ShmName,
     /// (st_dev, st_ino) of the file, to unlink only our own file.
     id: (u64, u64),
     /// The file's owner.
     owner: u32,
+    /// The file's permission bits (`st_mode & 0o777`) when it was created or opened.
+    mode: u32,
 }
 
-fn nofollow() -> shm::OFlags {
-    shm::OFlags::from_bits_retain(rustix::fs::OFlags::NOFOLLOW.bits())
-}
 
 fn map(fd: &OwnedFd, len: usize) -> io::Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(fd)
@@ -74,9 +81,15 @@ pub(super) fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> rustix::
     }
 }
 
-/// Whether `name` refers to the file `id` (st_dev, st_ino) now.
-pub(super) fn names(name: &ShmName, id: (u64, u64)) -> bool {
-    rustix::fs::stat(name.path()).is_ok_and(|st| (st.st_dev, st.st_ino) == id)
+/// Whether `name` in `dir` refers to the file `id` (st_dev, st_ino) now.
+pub(super) fn names(dir: &RingDir, name: &ShmName, id: (u64, u64)) -> bool {
+    rustix::fs::statat(dir.fd(), name.file(), AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| (st.st_dev, st.st_ino) == id)
+}
+
+/// Unlinks `name` in `dir`, whatever file it refers to.
+pub(super) fn unlink_at(dir: &RingDir, name: &ShmName) -> rustix::io::Result<()> {
+    rustix::fs::unlinkat(dir.fd(), name.file(), AtFlags::empty())
 }
 
 /// Bytes that may still be allocated on `fd`'s file system (`f_bavail * f_frsize`), or `None`
@@ -122,37 +135,50 @@ fn reserve(fd: &OwnedFd, size: u64) -> Result<(), CreateErrorKind> {
 }
 
 impl Segment {
-    /// Creates a new segment of `size` bytes with permission bits `mode` (exactly: the umask is
-    /// not applied), every page reserved on the file system, and an exclusive `flock` on it,
-    /// held until [`Segment::mark_ready`] makes it shared.
+    /// Creates a new segment `name` in `dir` of `size` bytes with permission bits `mode`
+    /// (exactly: the umask is not applied), every page reserved on the file system, holding
+    /// the producer's liveness lock ([`presence::PRODUCER`]) from before anyone can judge it.
     ///
     /// Fails with
     /// - `AlreadyExists { pid: 0 }` if the name is taken (use `stale::create` to replace a dead
     ///   producer's segment), or if our file was replaced before we could lock it: between
-    ///   `shm_open` and `flock` it is empty and unlocked, as a creator that died there leaves
+    ///   `openat` and the lock it is empty and unlocked, as a creator that died there leaves
     ///   it, and `stale::create` may take it for one;
     /// - `NoSpace` if the file system has less free space than `size`;
     /// - `PermissionDenied`, or `Io`.
     ///
-    /// Once the file is locked, every failure unlinks it again. (If the `flock` itself fails,
-    /// the empty, unlocked file stays, and the next create replaces it.)
-    pub fn create(name: &ShmName, size: usize, mode: u32) -> Result<Segment, CreateErrorKind> {
-        let flags = shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR | nofollow();
+    /// Once the file is locked, every failure unlinks it again. (If the lock itself fails, the
+    /// empty, unlocked file stays, and the next create replaces it.)
+    pub fn create(
+        dir: &RingDir,
+        name: &ShmName,
+        size: usize,
+        mode: u32,
+    ) -> Result<Segment, CreateErrorKind> {
+        let flags =
+            OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let mode = Mode::from_bits_truncate(mode);
-        let fd = shm::open(name.shm(), flags, mode).map_err(|e| match e {
+        let fd = rustix::fs::openat(dir.fd(), name.file(), flags, mode).map_err(|e| match e {
             Errno::EXIST => CreateErrorKind::AlreadyExists { pid: 0 },
             Errno::ACCESS | Errno::PERM => CreateErrorKind::PermissionDenied,
             e => io_error(e),
         })?;
-        // Blocks only while a replacer that took our empty file for a dead creator's holds it:
-        // until it has made its own segment.
-        retry(|| rustix::fs::flock(&fd, FlockOperation::LockExclusive)).map_err(io_error)?;
         let st = rustix::fs::fstat(&fd).map_err(io_error)?;
         let id = (st.st_dev, st.st_ino);
-        if !names(name, id) {
+        // The lock goes on a description of its own (see `presence`). None: our file was
+        // replaced already.
+        let holder = Holder::open(dir, name.file(), id)
+            .map_err(CreateErrorKind::Io)?
+            .ok_or(CreateErrorKind::AlreadyExists { pid: 0 })?;
+        // Blocks only while a replacer that took our empty file for a dead creator's holds it:
+        // until it has unlinked it and let go.
+        holder.hold(presence::PRODUCER).map_err(CreateErrorKind::Io)?;
+        if !names(dir, name, id) {
             return Err(CreateErrorKind::AlreadyExists { pid: 0 });
         }
-        // From here the name stays ours: a replacer unlinks only a file whose lock it holds.
+        let holder = std::sync::OnceLock::from(holder);
+        // From here the name stays ours: a replacer unlinks only a file whose producer's lock
+        // it holds.
         let made = (|| {
             rustix::fs::fchmod(&fd, mode).map_err(io_error)?;
             rustix::fs::ftruncate(&fd, size as u64).map_err(io_error)?;
@@ -165,42 +191,37 @@ impl Segment {
                 // before it in `Segment`, so it unregisters before the unmap.
                 let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
                 let owner = st.st_uid;
-                Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id, owner })
+                Ok(Segment {
+                    guard,
+                    map,
+                    holder,
+                    fd: Some(fd),
+                    dir: dir.clone(),
+                    name: name.clone(),
+                    id,
+                    owner,
+                    mode: mode.bits() & 0o777,
+                })
             }
             Err(e) => {
-                let _ = shm::unlink(name.shm());
+                let _ = unlink_at(dir, name);
                 Err(e)
             }
         }
     }
 
-    /// Marks a segment made by [`Segment::create`] as built: its exclusive `flock` becomes a
-    /// shared one, held until the segment drops or the process dies. Call it once the header
-    /// is published (`magic` stored). Either lock keeps `stale::create` from replacing the
-    /// segment; the shared one also tells a built segment from one being built (a
-    /// `LOCK_SH | LOCK_NB` succeeds on it).
-    ///
-    /// Linux converts a `flock` by dropping the old lock and then taking the new one, so the
-    /// file is unlocked for a moment. A replacer that takes its exclusive lock then finds the
-    /// header naming a live producer and leaves the segment alone (which is why
-    /// `stale::create` checks the pid as well as the lock); meanwhile this call waits for the
-    /// shared lock. If the lock cannot be had, a warning is logged: the pid check alone still
-    /// protects the ring.
-    pub fn mark_ready(&self) {
-        let Some(fd) = &self.fd else { return };
-        if let Err(e) = retry(|| rustix::fs::flock(fd, FlockOperation::LockShared)) {
-            tracing::warn!(ring = %self.name.ring(), error = %e, "cannot lock the segment");
-        }
-    }
-
-    /// Opens file `name` with `flags` (and never through a symlink), after checking that it is a
-    /// regular file owned by this user (unless `opts` allows otherwise). Returns it and its status.
+    /// Opens file `name` in `dir` with `flags` (and never through a symlink), after checking
+    /// that it is a regular file owned by this user (unless `opts` allows otherwise). Returns it
+    /// and its status.
     pub(super) fn open_file(
+        dir: &RingDir,
         name: &ShmName,
-        flags: shm::OFlags,
+        flags: OFlags,
         opts: OpenOptions,
     ) -> Result<(OwnedFd, rustix::fs::Stat), OpenErrorKind> {
-        let fd = shm::open(name.shm(), flags | nofollow(), Mode::empty()).map_err(|e| match e {
+        let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let opened = rustix::fs::openat(dir.fd(), name.file(), flags, Mode::empty());
+        let fd = opened.map_err(|e| match e {
             Errno::NOENT => OpenErrorKind::NotFound,
             Errno::ACCESS | Errno::PERM => OpenErrorKind::PermissionDenied,
             Errno::LOOP => OpenErrorKind::NotASegment,
@@ -220,8 +241,8 @@ impl Segment {
     /// Opens and maps an existing segment, after checking that it is a regular file owned by
     /// this user (unless allowed otherwise) and large enough for a header. The header itself is
     /// not checked here.
-    pub fn open(name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenErrorKind> {
-        let (fd, st) = Segment::open_file(name, shm::OFlags::RDWR, opts)?;
+    pub fn open(dir: &RingDir, name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenErrorKind> {
+        let (fd, st) = Segment::open_file(dir, name, OFlags::RDWR, opts)?;
         let size = st.st_size.max(0) as u64;
         let needed = std::mem::size_of::<Header>() as u64;
         // Empty: a producer between its `shm_open` and `ftruncate` (or one that died there).
@@ -238,7 +259,63 @@ impl Segment {
         // in `Segment`, so it unregisters before the unmap.
         let guard = unsafe { Guard::register(map.as_mut_ptr(), map.len()) };
         let id = (st.st_dev, st.st_ino);
-        Ok(Segment { guard, map, fd: Some(fd), name: name.clone(), id, owner: st.st_uid })
+        Ok(Segment {
+            guard,
+            map,
+            holder: std::sync::OnceLock::new(),
+            fd: Some(fd),
+            dir: dir.clone(),
+            name: name.clone(),
+            id,
+            owner: st.st_uid,
+            mode: st.st_mode & 0o777,
+        })
+    }
+
+    /// Takes the liveness lock on `byte` of the file, without waiting (see `presence`), on
+    /// this segment's lock description (opened on first use). `Ok(false)`: someone else holds
+    /// it. Fails for a segment without a file, or whose name now names another file.
+    pub fn try_hold(&self, byte: u64) -> io::Result<bool> {
+        if self.fd.is_none() {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        let holder = match self.holder.get() {
+            Some(h) => h,
+            None => {
+                let opened = Holder::open(&self.dir, self.name.file(), self.id)?;
+                let opened = opened.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotFound, "the ring's file was replaced")
+                })?;
+                // Another thread may have set one meanwhile: then ours is dropped unused.
+                let _ = self.holder.set(opened);
+                self.holder.get().expect("set above")
+            }
+        };
+        holder.try_hold(byte)
+    }
+
+    /// Releases this segment's lock on `byte` (nothing if it holds none).
+    pub fn release(&self, byte: u64) {
+        if let Some(h) = self.holder.get() {
+            h.release(byte);
+        }
+    }
+
+    /// Whether another description of the file holds a lock on `byte`: that participant is
+    /// alive (see `presence::held`). A segment without a file has no peers: false.
+    pub fn held(&self, byte: u64) -> bool {
+        self.fd.as_ref().is_some_and(|fd| presence::held(fd.as_fd(), byte))
+    }
+
+    /// The file's permission bits, as when it was created or opened: the ring's mode, which its
+    /// sockets take too.
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    /// The directory the segment's file is in.
+    pub fn dir(&self) -> &RingDir {
+        &self.dir
     }
 
     /// The uid that owns the segment's file.
@@ -267,7 +344,18 @@ impl Segment {
         let map = MmapRaw::from(anon);
         let name = ShmName::new("fuzz").expect("valid name");
         let owner = rustix::process::geteuid().as_raw();
-        Ok(Segment { guard: Guard::none(), map, fd: None, name, id: (u64::MAX, u64::MAX), owner })
+        let dir = RingDir::open("/")?;
+        Ok(Segment {
+            guard: Guard::none(),
+            map,
+            holder: std::sync::OnceLock::new(),
+            fd: None,
+            dir,
+            name,
+            id: (u64::MAX, u64::MAX),
+            owner,
+            mode: 0o600,
+        })
     }
 
     /// The header.
@@ -317,8 +405,8 @@ impl Segment {
     /// Unlinks the name if it still refers to this segment's file (not to a newer ring that
     /// reused the name). The mapping stays valid.
     pub fn unlink(&self) {
-        if names(&self.name, self.id) {
-            let _ = shm::unlink(self.name.shm());
+        if names(&self.dir, &self.name, self.id) {
+            let _ = unlink_at(&self.dir, &self.name);
         }
     }
 
@@ -328,9 +416,9 @@ impl Segment {
         self.fd.as_ref().expect("a file-backed segment")
     }
 
-    /// Unlinks the name whatever file it refers to.
-    pub fn unlink_name(name: &ShmName) -> io::Result<()> {
-        shm::unlink(name.shm()).map_err(Into::into)
+    /// Unlinks `name` in `dir` whatever file it refers to.
+    pub fn unlink_name(dir: &RingDir, name: &ShmName) -> io::Result<()> {
+        unlink_at(dir, name).map_err(Into::into)
     }
 }
 
@@ -343,9 +431,13 @@ mod tests {
         ShmName::new(&format!("unit-{tag}-{}", std::process::id())).unwrap()
     }
 
+    fn dir() -> RingDir {
+        RingDir::open("/dev/shm").unwrap()
+    }
+
     #[test]
     fn guard_unregisters_before_the_unmap() {
-        let seg = Segment::create(&name("guard"), 3 * 4096, 0o600).unwrap();
+        let seg = Segment::create(&dir(), &name("guard"), 3 * 4096, 0o600).unwrap();
         seg.unlink();
         let base = seg.base() as usize;
         assert!(guard::registered(base) && guard::registered(base + 3 * 4096 - 1));
@@ -359,49 +451,84 @@ mod tests {
     }
 
     #[test]
-    fn create_locks_and_mark_ready_shares() {
-        let n = name("lock");
-        let seg = Segment::create(&n, 4096, 0o600).unwrap();
-        let other = shm::open(n.shm(), shm::OFlags::RDONLY, Mode::empty()).unwrap();
-        let shared = FlockOperation::NonBlockingLockShared;
-        assert_eq!(
-            rustix::fs::flock(&other, shared),
-            Err(Errno::WOULDBLOCK),
-            "not locked while built"
-        );
-        seg.mark_ready();
-        rustix::fs::flock(&other, shared).expect("shared lock once ready");
-        let exclusive = FlockOperation::NonBlockingLockExclusive;
-        rustix::fs::flock(&other, FlockOperation::Unlock).unwrap();
-        assert_eq!(rustix::fs::flock(&other, exclusive), Err(Errno::WOULDBLOCK));
+    fn a_mapping_kept_past_the_segment_does_not_keep_its_lock() {
+        let (d, n) = (dir(), name("mapped"));
+        let seg = Segment::create(&d, &n, 4096, 0o600).unwrap();
+        let kept = seg.map_again().unwrap();
+        let other = Segment::open(&d, &n, OpenOptions::default()).unwrap();
         seg.unlink();
         drop(seg);
-        // A child that another test forks shares every open file description until it execs,
-        // and with it our lock: give such a child a moment.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            match rustix::fs::flock(&other, exclusive) {
-                Ok(()) => break,
-                Err(Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
-                Err(e) => panic!("not released with the segment: {e}"),
+        assert!(!other.held(presence::PRODUCER), "a mapping kept the producer's lock");
+        drop(kept);
+    }
+
+    #[test]
+    fn create_holds_the_producer_lock_until_dropped() {
+        let (d, n) = (dir(), name("lock"));
+        let seg = Segment::create(&d, &n, 4096, 0o600).unwrap();
+        let other = Segment::open(&d, &n, OpenOptions::default()).unwrap();
+        assert!(other.held(presence::PRODUCER), "held from create");
+        assert!(!other.try_hold(presence::PRODUCER).unwrap(), "and not to be taken");
+        assert!(seg.held(presence::PRODUCER), "the mapped description is not the lock's");
+        // An unrelated flock, as any process may take, changes nothing.
+        rustix::fs::flock(other.fd_for_tests(), rustix::fs::FlockOperation::LockShared).unwrap();
+        assert!(other.held(presence::PRODUCER));
+        seg.unlink();
+        drop(seg);
+        // A child that another test forks without exec'ing does not keep it: the fork handler
+        // points the child's copy elsewhere.
+        assert!(!other.held(presence::PRODUCER), "released with the segment");
+        assert!(other.try_hold(presence::PRODUCER).unwrap());
+    }
+
+    #[test]
+    fn a_forked_child_does_not_keep_the_lock() {
+        let (d, n) = (dir(), name("fork"));
+        let seg = Segment::create(&d, &n, 4096, 0o600).unwrap();
+        seg.unlink();
+        // A second description of the (unlinked) file, made from our own descriptor.
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(seg.fd_for_tests()));
+        let other = OwnedFd::from(std::fs::File::open(path).unwrap());
+        // SAFETY: fork in a test; the child only sleeps (async-signal-safe) and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls only, in the child.
+            unsafe {
+                libc::sleep(5);
+                libc::_exit(0);
             }
         }
+        assert!(pid > 0, "fork failed");
+        assert!(presence::held(other.as_fd(), presence::PRODUCER), "the parent holds it");
+        drop(seg);
+        // The child's fork handler runs in the child after `fork` returned here: give it a
+        // moment (a generous deadline; the child sleeps far longer).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut freed = false;
+        while !freed && std::time::Instant::now() < deadline {
+            freed = !presence::held(other.as_fd(), presence::PRODUCER);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: plain system calls on the child we made.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert!(freed, "a forked child kept the dropped producer's lock");
     }
 
     #[test]
     fn create_reserves_and_checks_free_space() {
-        let n = name("reserve");
-        let seg = Segment::create(&n, 64 * 4096, 0o600).unwrap();
-        let st = rustix::fs::stat(n.path()).unwrap();
+        let (d, n) = (dir(), name("reserve"));
+        let seg = Segment::create(&d, &n, 64 * 4096, 0o600).unwrap();
+        let st = rustix::fs::statat(d.fd(), n.file(), AtFlags::empty()).unwrap();
         assert!(st.st_blocks as u64 * 512 >= 64 * 4096, "{} blocks", st.st_blocks);
         seg.unlink();
         let fd = seg.fd.as_ref().unwrap();
         if let Some(free) = free_bytes(fd).unwrap() {
             let n = name("too-big");
             let size = usize::try_from(free + (1 << 20)).unwrap();
-            match Segment::create(&n, size, 0o600) {
+            match Segment::create(&d, &n, size, 0o600) {
                 Err(CreateErrorKind::NoSpace { needed, available }) => {
                     assert_eq!(needed, size as u64);
                     assert!(available < needed);
@@ -412,7 +539,7 @@ mod tests {
                 }
                 Err(e) => panic!("expected NoSpace, got {e:?}"),
             }
-            assert!(rustix::fs::stat(n.path()).is_err(), "left behind");
+            assert!(rustix::fs::statat(d.fd(), n.file(), AtFlags::empty()).is_err(), "left behind");
         }
     }
 }

@@ -120,6 +120,7 @@ pub fn sample_segment(kind: MemoryKind, capacity: u32, max_consumers: u32, slot:
         producer_pid: 1,
         producer_start_time: 1,
         epoch: 7,
+        producer_ns: [0; 5],
     };
     let layout = Layout::of(&p);
     let mut bytes = vec![0u8; layout.total];

@@ -15,3 +15,26 @@ pub mod kernels;
 pub mod pattern;
 #[cfg(not(loom))]
 pub mod payload;
+
+/// How this process's async waits (feature `tokio`) that found something ended: woken by a
+/// doorbell's knock, or by their timer. With doorbells that work, a stream of messages is
+/// delivered by knocks alone; timer wakes that deliver mean knocks did not arrive (a peer that
+/// cannot reach the doorbell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AsyncWakes {
+    /// Waits ended by a knock.
+    pub doorbell: u64,
+    /// Waits with a doorbell ended by their timer.
+    pub timer: u64,
+}
+
+/// This process's [`AsyncWakes`] so far.
+#[cfg(all(feature = "tokio", not(loom)))]
+pub fn async_wakes() -> AsyncWakes {
+    use std::sync::atomic::Ordering;
+    // Relaxed: counters read for a test's assertions, after the waits they count.
+    AsyncWakes {
+        doorbell: crate::asynch::DOORBELL_WAKES.load(Ordering::Relaxed),
+        timer: crate::asynch::TIMER_WAKES.load(Ordering::Relaxed),
+    }
+}

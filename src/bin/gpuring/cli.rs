@@ -1,6 +1,7 @@
 //! The commands: list, inspect and remove rings, and a quick bench.
 //!
 //! ```text
+//! gpuring [--dir DIR] COMMAND ...       (every command; default $GPURING_DIR, else /dev/shm)
 //! gpuring list [--json]
 //! gpuring stat NAME [--watch] [--json]
 //! gpuring rm NAME [--force] [--json]
@@ -28,13 +29,18 @@ use serde::Serialize;
 #[derive(Parser)]
 #[command(name = "gpuring", version, about = "List, inspect and remove gpuring rings")]
 struct Cli {
+    /// The ring directory: where rings and their sockets live. Default: $GPURING_DIR, else
+    /// /dev/shm. Containers that share a directory (a volume) pass it here on both sides.
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every ring in /dev/shm: memory, capacity, slot size, policy, producer, consumers.
+    /// Every ring in the ring directory: memory, capacity, slot size, policy, producer,
+    /// consumers.
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -52,7 +58,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a ring's name from /dev/shm. Refused while its producer is alive.
+    /// Remove a ring's file (and its sockets) from the ring directory. Refused while its
+    /// producer is alive, in whatever container it runs.
     Rm {
         /// The ring's name.
         name: String,
@@ -97,6 +104,8 @@ enum Cmd {
 #[derive(Serialize)]
 struct RingJson {
     name: String,
+    /// The ring directory, as this process sees it.
+    dir: String,
     memory: &'static str,
     capacity: u32,
     spares: u32,
@@ -107,6 +116,8 @@ struct RingJson {
     policy: &'static str,
     producer_pid: u32,
     producer_alive: bool,
+    /// The kinds of namespace the producer runs in apart from us ("pid", "network", ...).
+    producer_elsewhere: Vec<String>,
     closed: bool,
     epoch: u64,
     published: u64,
@@ -168,6 +179,7 @@ fn mode_name(m: Option<Mode>) -> &'static str {
 fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> RingJson {
     RingJson {
         name: s.name.clone(),
+        dir: s.dir.display().to_string(),
         memory: memory_name(s.memory),
         capacity: s.capacity,
         spares: s.spares,
@@ -178,6 +190,7 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         policy: s.policy.name(),
         producer_pid: s.producer_pid,
         producer_alive: s.producer_alive,
+        producer_elsewhere: s.producer_elsewhere().iter().map(|k| k.to_string()).collect(),
         closed: s.closed,
         epoch: s.epoch,
         published: s.published,
@@ -233,7 +246,8 @@ fn producer_state(s: &RingStatus) -> &'static str {
 }
 
 fn list(json: bool) -> Result<(), String> {
-    let names = inspect::ring_names().map_err(|e| format!("reading /dev/shm: {e}"))?;
+    let dir = gpuring::shm::default_dir();
+    let names = inspect::ring_names().map_err(|e| format!("reading {}: {e}", dir.display()))?;
     let mut rings = Vec::new();
     let mut unreadable = Vec::new();
     for name in names {
@@ -297,6 +311,14 @@ fn print_stat(
         producer_state(now),
         now.epoch
     );
+    let elsewhere = now.producer_elsewhere();
+    if !elsewhere.is_empty() {
+        println!(
+            "the producer runs {} (its pid is its own namespace's; liveness is its lock on the \
+             ring's file)",
+            gpuring::shm::ns::describe(&elsewhere)
+        );
+    }
     println!(
         "published {} ({:.0}/s), producer blocked {:.1} % of the time ({:.3} s in all)",
         now.published,
@@ -381,7 +403,9 @@ fn stat(name: &str, watch: bool, json: bool) -> Result<(), String> {
 
 fn rm(name: &str, force: bool, json: bool) -> Result<(), String> {
     inspect::remove(name, force).map_err(|e| match e {
-        RemoveError::NotFound => format!("no ring named {name:?}"),
+        RemoveError::NotFound => {
+            format!("no ring named {name:?} in {}", gpuring::shm::default_dir().display())
+        }
         RemoveError::Open(e) => e.to_string(),
         e => format!("ring {name:?}: {e}"),
     })?;
@@ -405,6 +429,11 @@ pub(crate) fn parse_policy(s: &str) -> Result<Policy, String> {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(dir) = &cli.dir {
+        // Before any thread starts: the library's default ring directory, for this process and
+        // the processes it starts (bench consumers, doctor's echo).
+        std::env::set_var(gpuring::shm::DIR_ENV, dir);
+    }
     let result = match cli.cmd {
         Cmd::List { json } => list(json),
         Cmd::Stat { name, watch, json } => stat(&name, watch, json),

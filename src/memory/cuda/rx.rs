@@ -27,7 +27,6 @@ use crate::format::Params;
 use crate::memory::{ConsumerSide, Fault, RxSettings};
 use crate::ring::{Leave, Pinned};
 use crate::shm::fdpass::{fd_address, fetch_from, FetchError};
-use crate::shm::process::ProcessId;
 use crate::wait::{self, Deadline};
 
 /// Why a pool could not be mapped.
@@ -73,12 +72,12 @@ impl OpenFault {
     }
 }
 
-/// Whether the ring's producer closed it or is dead.
+/// Whether the ring's producer closed it or is dead (its liveness lock is free:
+/// `shm::presence`).
 fn producer_gone(map: &MappedRing) -> bool {
-    let params = map.params();
-    let producer = ProcessId { pid: params.producer_pid, start_time: params.producer_start_time };
     // Acquire: pairs with the producer's Release store of `closed`.
-    map.header().closed.load(Ordering::Acquire) != 0 || !producer.is_alive()
+    map.header().closed.load(Ordering::Acquire) != 0
+        || !map.segment().held(crate::shm::presence::PRODUCER)
 }
 
 /// VMM: how long a consumer retries an unreachable fd server whose producer still looks alive.
@@ -331,15 +330,15 @@ impl CudaRx {
             }
             RxShare::Vmm(_) => {
                 let epoch = map.params().epoch;
-                let addr = fd_address(map.segment().name().ring(), epoch)
+                let addr = fd_address(map.segment().dir(), map.segment().name().ring(), epoch)
                     .map_err(|e| OpenFault::Fetch(e.to_string()))?;
-                let (pid, owner) = (map.params().producer_pid, map.segment().owner());
+                let owner = map.segment().owner();
                 // A killed producer's socket closes before the kernel reports the process gone
                 // (while its device files are torn down): look again for a while, so that the
                 // open ends as `Disconnected` rather than `MemoryUnavailable`.
                 let deadline = Instant::now() + FETCH_PATIENCE;
                 let fetched = loop {
-                    match fetch_from(&addr, pid, owner) {
+                    match fetch_from(&addr, owner) {
                         Err(FetchError::Unreachable(_))
                             if Instant::now() < deadline && !producer_gone(map) =>
                         {

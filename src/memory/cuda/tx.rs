@@ -26,8 +26,9 @@ use crate::memory::{Fault, ProducerSide, TxSettings};
 use crate::producer::{Producer, ProducerRing, WriteSlot};
 use crate::ring::lease::{self, evict_reason};
 use crate::ring::Ring;
-use crate::shm::fdpass::{fd_address, FdServer, PeerPolicy};
-use crate::shm::process::ProcessId;
+use crate::shm::fdpass::{FdServer, PeerPolicy};
+use crate::shm::unixsock::fd_file;
+use crate::shm::Segment;
 use crate::wait::{self, Deadline, WaitConfig};
 
 /// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
@@ -153,8 +154,9 @@ impl VmmTx {
     fn start(ctx: &Arc<Context>, map: &MappedRing, policy: PeerPolicy) -> Result<VmmTx, CudaError> {
         let epoch = map.params().epoch;
         let name = map.segment().name().ring();
-        let served = fd_address(name, epoch)
-            .and_then(|addr| FdServer::start(&addr, Vec::new(), encode(epoch, &[]), policy));
+        let (dir, mode) = (map.segment().dir(), map.segment().mode());
+        let payload = encode(epoch, &[]);
+        let served = FdServer::start(dir, &fd_file(name, epoch), mode, Vec::new(), payload, policy);
         let server = served.map_err(|e| {
             CudaError::Unavailable(format!("cannot serve the ring's memory by fd: {e}"))
         })?;
@@ -450,25 +452,14 @@ impl EventFault {
 }
 
 /// Whether every owned entry of `ring` is gone for a closing producer: free, or owned by a
-/// dead process. (A retiring entry is freed by the closing producer's reaps.)
-fn consumers_gone(ring: &Ring<'_>) -> bool {
-    ring.consumers.iter().all(|e| {
+/// dead process (its entry's liveness lock is free: `shm::presence`). (A retiring entry is
+/// freed by the closing producer's reaps.)
+fn consumers_gone(seg: &Segment, ring: &Ring<'_>) -> bool {
+    ring.consumers.iter().enumerate().all(|(index, e)| {
         // Acquire: pairs with a leaving consumer's Release CAS, made after it closed its
         // mappings of our memory.
         let l = e.lease.load(Ordering::Acquire);
-        match lease::state(l) {
-            lease::FREE => true,
-            _ => {
-                // Relaxed: identifies a process to probe; nothing is read through it.
-                let start_time = e.start_time.load(Ordering::Relaxed);
-                let owner = ProcessId { pid: lease::pid(l), start_time };
-                if start_time == 0 {
-                    !crate::shm::process::is_running(owner.pid)
-                } else {
-                    !owner.is_alive()
-                }
-            }
-        }
+        lease::state(l) == lease::FREE || !seg.held(crate::shm::presence::consumer(index))
     })
 }
 
@@ -674,7 +665,7 @@ impl ProducerSide for CudaTx {
             if tick {
                 let _ = ring.reap_with(&mut |e, g| self.forget_reader(e, g));
             }
-            consumers_gone(&ring.map().ring()).then_some(())
+            consumers_gone(ring.map().segment(), &ring.map().ring()).then_some(())
         })
         .is_some();
         // Our own writes must end before the memory is freed. Poll rather than synchronize: a

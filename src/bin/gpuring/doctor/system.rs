@@ -201,15 +201,19 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
 }
 
-/// Check 3: /dev/shm's size and free space, against the rings there and against a default
-/// host ring of 1080p RGBA frames.
+/// Check 3: the ring directory's size and free space, against the rings there and against a
+/// default host ring of 1080p RGBA frames; and what its file system and permissions allow.
 pub fn shm() -> Check {
-    let st = match rustix::fs::statvfs("/dev/shm") {
+    let dir = gpuring::shm::default_dir();
+    let shown = dir.display().to_string();
+    let st = match rustix::fs::statvfs(&dir) {
         Ok(st) => st,
         Err(e) => {
-            let finding = format!("/dev/shm: cannot stat it ({e}): rings cannot be created");
-            return Check::new("shm", Verdict::Fail, finding)
-                .fix("mount a tmpfs on /dev/shm (in Docker: --shm-size=1g or --ipc=host)");
+            let finding = format!("ring directory {shown}: cannot stat it ({e}): rings cannot be created");
+            return Check::new("shm", Verdict::Fail, finding).fix(
+                "create it, or point GPURING_DIR (or --dir) at a tmpfs directory every ring \
+                 process shares; for /dev/shm in Docker: --shm-size=1g",
+            );
         }
     };
     let size = st.f_blocks * st.f_frsize;
@@ -217,48 +221,50 @@ pub fn shm() -> Check {
     let rings = inspect::ring_names().unwrap_or_default();
     let used: u64 = rings
         .iter()
-        .filter_map(|n| fs::metadata(format!("/dev/shm/{}{n}", gpuring::shm::SHM_PREFIX)).ok())
+        .filter_map(|n| fs::metadata(dir.join(format!("{}{n}", gpuring::shm::SHM_PREFIX))).ok())
         .map(|m| m.len())
         .sum();
+    let concerns: Vec<String> = gpuring::shm::RingDir::open(&dir)
+        .and_then(|d| d.check())
+        .map(|c| c.iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
     // A default host ring (8 slots + DEFAULT_SPARES spare buffers) of 1920x1080 RGBA frames
     // (7.9 MiB, slots of 8 MiB). A CUDA ring keeps its frames on the GPU: its segment is
     // descriptors and handles, well under a MiB.
     let frame: u64 = 8 << 20;
     let need = (8 + u64::from(gpuring::DEFAULT_SPARES)) * frame;
     let value = json!({
-        "size_bytes": size, "free_bytes": free, "rings": rings.len(), "rings_bytes": used,
-        "host_1080p_ring_bytes": need,
+        "dir": shown, "size_bytes": size, "free_bytes": free, "rings": rings.len(),
+        "rings_bytes": used, "host_1080p_ring_bytes": need, "concerns": concerns,
     });
-    let finding = format!(
-        "/dev/shm: {} size, {} free; {} ring(s) use {}; a default host ring of 1080p RGBA \
-         frames needs ~{}",
+    let mut finding = format!(
+        "ring directory {shown}: {} size, {} free; {} ring(s) use {}; a default host ring of \
+         1080p RGBA frames needs ~{}",
         mib(size),
         mib(free),
         rings.len(),
         mib(used),
         mib(need)
     );
-    let fix = "give /dev/shm more room: Docker `--shm-size=1g` (its default, 64 MiB, fits no \
-               default host ring of 1080p frames) or `--ipc=host`; Kubernetes: an emptyDir with \
-               medium Memory on /dev/shm; or use CUDA rings (frames on the GPU)";
+    for c in &concerns {
+        finding.push_str(&format!("; {c}"));
+    }
+    let fix = "give the ring directory more room: Docker `--shm-size=1g` for /dev/shm (its \
+               default, 64 MiB, fits no default host ring of 1080p frames), a larger tmpfs \
+               volume; Kubernetes: an emptyDir with medium Memory; or use CUDA rings (frames on \
+               the GPU)";
     let verdict = match free {
         0 => Verdict::Fail,
         f if f < need => Verdict::Warn,
+        _ if !concerns.is_empty() => Verdict::Warn,
         _ => Verdict::Ok,
     };
     let check = Check::new("shm", verdict, finding).value(value);
-    if verdict == Verdict::Ok {
-        check
-    } else {
-        check.fix(fix)
+    match verdict {
+        Verdict::Ok => check,
+        _ if free >= need => check.fix("see the concerns above"),
+        _ => check.fix(fix),
     }
-}
-
-/// The inode of namespace link `/proc/PID/ns/KIND` ("ipc:[4026531839]" -> 4026531839).
-fn ns(pid: &str, kind: &str) -> Option<u64> {
-    let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
-    let s = link.to_str()?;
-    s.strip_prefix(&format!("{kind}:["))?.strip_suffix(']')?.parse().ok()
 }
 
 /// The kernel's initial namespaces' inodes (PROC_IPC_INIT_INO, PROC_PID_INIT_INO in
@@ -266,34 +272,76 @@ fn ns(pid: &str, kind: &str) -> Option<u64> {
 const INIT_IPC: u64 = 0xEFFF_FFFF;
 const INIT_PID: u64 = 0xEFFF_FFFC;
 
-/// Check 4: IPC and pid namespaces. Rings are shm names (IPC namespace: /dev/shm is per mount,
-/// but a container's is private) and liveness is by pid (pid namespace).
+/// Check 4: namespaces. Rings need no shared pid, network, IPC or mount namespace: liveness is
+/// a lock on the ring's file and sockets are files in the ring directory. What peers in other
+/// containers must share is that directory. This compares our namespaces with each ring's
+/// producer's and says what that means.
 pub fn namespaces() -> Check {
-    let (ipc, pid) = (ns("self", "ipc"), ns("self", "pid"));
-    let (ipc1, pid1) = (ns("1", "ipc"), ns("1", "pid"));
-    let value = json!({ "ipc": ipc, "pid": pid, "init_ipc": ipc1, "init_pid": pid1 });
-    let (Some(ipc), Some(pid)) = (ipc, pid) else {
+    use gpuring::shm::ns::{describe, Kind, Namespaces};
+    let me = Namespaces::current();
+    let dir = gpuring::shm::default_dir();
+    let value_of = |elsewhere: &[(String, Vec<Kind>)]| {
+        json!({
+            "pid": me.pid, "net": me.net, "ipc": me.ipc, "mnt": me.mnt,
+            "dir": dir.display().to_string(),
+            "rings_elsewhere": elsewhere.iter().map(|(n, k)| {
+                json!({ "ring": n, "kinds": k.iter().map(ToString::to_string).collect::<Vec<_>>() })
+            }).collect::<Vec<_>>(),
+        })
+    };
+    if !me.known() {
         return Check::new("namespaces", Verdict::Skip, "/proc/self/ns is not readable")
-            .value(value);
-    };
-    let same1 = match (ipc1, pid1) {
-        (Some(a), Some(b)) if (a, b) == (ipc, pid) => " (the same as pid 1's)",
-        (Some(_), Some(_)) => " (not pid 1's)",
-        _ => " (pid 1's not readable)",
-    };
-    let host = ipc == INIT_IPC && pid == INIT_PID;
-    let finding = format!(
-        "ipc namespace {ipc}, pid namespace {pid}{same1}: {}",
-        if host { "the host's" } else { "looks like a container" }
-    );
-    if host {
-        return Check::new("namespaces", Verdict::Ok, finding).value(value);
+            .value(value_of(&[]));
     }
-    let fix = "fine if every ring process runs in this container; peers in other containers \
-               need the same IPC and pid namespaces (`--ipc=host --pid=host`, or \
-               `--ipc=container:NAME --pid=container:NAME`); VMM sharing also needs a shared \
-               network namespace for its abstract socket (`--network container:NAME`)";
-    Check::new("namespaces", Verdict::Warn, finding).fix(fix).value(value)
+    let host = me.ipc == INIT_IPC && me.pid == INIT_PID;
+    let names = inspect::ring_names().unwrap_or_default();
+    let mut elsewhere = Vec::new();
+    let mut cuda_elsewhere = Vec::new();
+    for name in &names {
+        let Ok(s) = inspect::status(name) else { continue };
+        let kinds = s.producer_elsewhere();
+        if kinds.is_empty() {
+            continue;
+        }
+        if s.memory == gpuring::MemoryKind::Cuda && kinds.contains(&Kind::Mnt) {
+            cuda_elsewhere.push(name.clone());
+        }
+        elsewhere.push((name.clone(), kinds));
+    }
+    let mut finding = format!(
+        "{}; ring directory {}",
+        if host { "the host's namespaces" } else { "in a container (not the host's pid or IPC namespace)" },
+        dir.display()
+    );
+    for (name, kinds) in &elsewhere {
+        finding.push_str(&format!(
+            "; ring {name}'s producer runs {}: fine, liveness is a lock on the ring's file and \
+             its sockets are in the ring directory",
+            describe(kinds)
+        ));
+    }
+    let value = value_of(&elsewhere);
+    if !cuda_elsewhere.is_empty() {
+        finding.push_str(&format!(
+            "; CUDA ring(s) {} come from another mount namespace: legacy IPC events cannot \
+             cross a private /dev/shm",
+            cuda_elsewhere.join(", ")
+        ));
+        return Check::new("namespaces", Verdict::Warn, finding)
+            .fix("use VMM sharing or memory-word fences for those rings (docs/gpu.md)")
+            .value(value);
+    }
+    if !host && names.is_empty() {
+        finding.push_str(": no rings here");
+        return Check::new("namespaces", Verdict::Warn, finding)
+            .fix(
+                "if the producer runs in another container, this one cannot see its /dev/shm: \
+                 share a directory (a volume; Kubernetes: an emptyDir with medium Memory) and \
+                 set GPURING_DIR (or --dir) to it on both sides",
+            )
+            .value(value);
+    }
+    Check::new("namespaces", Verdict::Ok, finding).value(value)
 }
 
 /// Check 5: RLIMIT_MEMLOCK.
@@ -374,13 +422,16 @@ pub fn peer_access(gpus: &[Gpu]) -> Check {
     Check::new("peer-access", Verdict::Skip, "built without the `cuda` feature")
 }
 
-/// Check 7: rings whose producer is dead (their names stay in /dev/shm until removed), and
-/// segments too damaged to read.
+/// Check 7: rings whose producer is dead (their files stay in the ring directory until
+/// removed), and segments too damaged to read. A producer in another container is judged by
+/// its lock on the ring's file, never by its pid, so it is never called dead here.
 pub fn stale_rings() -> Check {
     let names = match inspect::ring_names() {
         Ok(n) => n,
         Err(e) => {
-            return Check::new("stale-rings", Verdict::Skip, format!("cannot read /dev/shm: {e}"))
+            let dir = gpuring::shm::default_dir();
+            let finding = format!("cannot read {}: {e}", dir.display());
+            return Check::new("stale-rings", Verdict::Skip, finding);
         }
     };
     let (mut dead, mut unreadable) = (Vec::new(), Vec::new());
@@ -401,11 +452,12 @@ pub fn stale_rings() -> Check {
         return Check::new("stale-rings", Verdict::Ok, finding).value(value);
     }
     let mut found: Vec<String> =
-        dead.iter().map(|(n, pid)| format!("{n} (producer pid {pid} is dead)")).collect();
+        dead.iter().map(|(n, pid)| format!("{n} (its producer, pid {pid}, is gone)")).collect();
     found.extend(unreadable.iter().map(|(n, why)| format!("{n} (unreadable: {why})")));
     let mut fixes: Vec<String> = dead.iter().map(|(n, _)| format!("gpuring rm {n}")).collect();
     fixes.extend(unreadable.iter().map(|(n, _)| format!("gpuring rm --force {n}")));
-    let finding = format!("stale rings hold /dev/shm space: {}", found.join(", "));
+    let dir = gpuring::shm::default_dir();
+    let finding = format!("stale rings hold {} space: {}", dir.display(), found.join(", "));
     Check::new("stale-rings", Verdict::Warn, finding)
         .fix(format!("remove them: {}", fixes.join("; ")))
         .value(value)
