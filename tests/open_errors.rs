@@ -156,8 +156,18 @@ fn foreign_owner_refused_unless_allowed() {
         Consumer::open(&name).map_err(OpenError::into_kind),
         Err(OpenErrorKind::ForeignOwner { uid: 65534 })
     ));
-    // Allowed: the header is checked as usual (the forged copy's producer is this process).
+    // Allowed: the header is checked as usual, and the producer must be alive: as a live
+    // producer does, hold the forged copy's producer lock.
+    let lock = fs::OpenOptions::new().read(true).write(true).open(path(&name)).unwrap();
+    let byte = gpuring::shm::presence::PRODUCER;
+    assert!(gpuring::shm::presence::try_hold(std::os::fd::AsFd::as_fd(&lock), byte).unwrap());
     assert!(Consumer::builder(&name).allow_foreign_owner(true).open().is_ok());
+    drop(lock);
+    // Without it, the ring's producer is dead.
+    assert!(matches!(
+        Consumer::builder(&name).allow_foreign_owner(true).open().map_err(OpenError::into_kind),
+        Err(OpenErrorKind::Disconnected)
+    ));
 }
 
 /// `open_gpu` refuses a host ring by its memory kind, before touching CUDA.
@@ -243,10 +253,10 @@ fn every_open_and_create_error_names_the_ring() {
     let name = unique_name("named");
     let q = format!("{name:?}");
     let absent = Consumer::open(&name).unwrap_err();
-    assert_eq!(absent.to_string(), format!("no ring named {q}"));
+    assert_eq!(absent.to_string(), format!("no ring named {q} in /dev/shm"));
     assert_eq!(absent.ring(), name);
     let waited = Consumer::builder(&name).open_timeout(std::time::Duration::from_millis(5));
-    assert_eq!(waited.unwrap_err().to_string(), format!("no ring named {q}"));
+    assert_eq!(waited.unwrap_err().to_string(), format!("no ring named {q} in /dev/shm"));
 
     let tx = Producer::builder(&name).max_consumers(1).create().unwrap();
     let again = Producer::builder(&name).create().unwrap_err();
