@@ -14,6 +14,7 @@ use crate::format::{MemoryKind, Params};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::Policy;
 use crate::shm::ns::{self, Namespaces};
+use crate::shm::stale::Refused;
 use crate::shm::{default_dir, presence, OpenOptions, RingDir, Segment, ShmName, SHM_PREFIX};
 use crate::stats::{self, ConsumerInfo};
 
@@ -355,22 +356,24 @@ pub fn remove_in(dir: &Path, name: &str, force: bool) -> Result<(), RemoveError>
         RemoveError::Open(OpenError::in_dir(name, dir, OpenErrorKind::InvalidName(e)))
     })?;
     let status = status_in(dir, name);
-    let epoch = status.as_ref().ok().map(|s| s.epoch);
-    match status {
+    let closed = match &status {
         Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => return Err(RemoveError::NotFound),
         Ok(s) if s.producer_alive && !s.closed && !force => {
             return Err(RemoveError::ProducerAlive { pid: s.producer_pid })
         }
-        Err(e) if !force => return Err(RemoveError::Open(e)),
-        _ => {}
-    }
+        Ok(s) => s.closed,
+        Err(_) if force => false,
+        Err(_) => return Err(RemoveError::Open(status.unwrap_err())),
+    };
     let ring_dir = RingDir::open(dir).map_err(RemoveError::Io)?;
-    if let Some(epoch) = epoch {
-        // Best effort: a socket left behind is replaced by the next instance's bind.
-        let _ = crate::shm::unixsock::remove_instance(&ring_dir, name, epoch);
-    }
-    Segment::unlink_name(&ring_dir, &shm).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => RemoveError::NotFound,
-        _ => RemoveError::Io(e),
+    // Checked again under the ring's locks: its producer may have started since.
+    crate::shm::stale::remove(&ring_dir, &shm, force || closed).map_err(|e| match e {
+        Refused::NotFound => RemoveError::NotFound,
+        Refused::Alive { pid } => RemoveError::ProducerAlive { pid },
+        Refused::Busy => RemoveError::Io(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "another process is replacing or removing it",
+        )),
+        Refused::Io(e) => RemoveError::Io(e),
     })
 }

@@ -103,19 +103,30 @@ impl ConsumerRing {
         let me = ProcessId::current();
         let ring = map.ring();
         let seg = map.segment();
-        // The entry's liveness lock is ours from before the claim (see `ring::reclaim`). A file
-        // system that cannot lock: the producer then takes every consumer for alive.
-        let hold = |entry| {
-            seg.try_hold(presence::consumer(entry)).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot take a liveness lock: the producer will not see this consumer die");
-                true
-            })
+        // The description our liveness locks go on: a ring we cannot lock is not joined, since
+        // the producer would take us for dead (`ring::reclaim`).
+        seg.open_holder().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => OpenErrorKind::Disconnected,
+            _ => OpenErrorKind::Io(e),
+        })?;
+        // The entry's lock is ours from before the claim. A lock that fails (out of locks)
+        // skips the entry, and the failure is what the open reports if no entry is left.
+        let failed = std::cell::RefCell::new(None);
+        let hold = |entry| match seg.try_hold(presence::consumer(entry)) {
+            Ok(took) => took,
+            Err(e) => {
+                *failed.borrow_mut() = Some(e);
+                false
+            }
         };
         let let_go = |entry| seg.release(presence::consumer(entry));
         let joining = ConsumerCore::claim_held(&ring, me.pid, me.start_time, hold, let_go);
-        let joining = joining.map_err(|e| match e {
-            JoinError::Full => OpenErrorKind::TooManyConsumers { max: params.max_consumers },
-            JoinError::Lost => lost(0),
+        let joining = joining.map_err(|e| match (e, failed.take()) {
+            (JoinError::Full, Some(e)) => OpenErrorKind::Io(e),
+            (JoinError::Full, None) => {
+                OpenErrorKind::TooManyConsumers { max: params.max_consumers }
+            }
+            (JoinError::Lost, _) => lost(0),
         })?;
         let joining_index = joining.index();
         for (word, value) in ring.consumers[joining_index].namespaces.iter().zip(Namespaces::current().to_words()) {
@@ -428,6 +439,9 @@ impl ConsumerRing {
     #[cfg(feature = "cuda")]
     pub(crate) fn step_aside(&mut self) -> bool {
         self.left = true;
+        // The entry stays ours until the process exits: so does its liveness lock, or the
+        // producer would take us for dead and reclaim what our GPU work still reads.
+        self.map.segment_mut().keep_presence_until_exit();
         self.disarm();
         let core = &self.receiving.get_mut().unwrap_or_else(PoisonError::into_inner).core;
         core.step_aside(&self.map.ring())

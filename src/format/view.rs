@@ -53,6 +53,11 @@ impl MappedRing {
         &self.seg
     }
 
+    /// The segment, to change what this process keeps of it (its liveness locks).
+    pub fn segment_mut(&mut self) -> &mut Segment {
+        &mut self.seg
+    }
+
     /// The header.
     pub fn header(&self) -> &Header {
         self.seg.header()

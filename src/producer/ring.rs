@@ -242,6 +242,13 @@ impl ProducerRing {
         &self.map
     }
 
+    /// Keeps the producer's liveness lock until the process exits (`Segment::
+    /// keep_presence_until_exit`): for a close that leaves device memory to process exit.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn keep_presence_until_exit(&mut self) {
+        self.map.segment_mut().keep_presence_until_exit();
+    }
+
     /// How waiting is configured.
     pub(crate) fn wait_config(&self) -> WaitConfig {
         self.wait

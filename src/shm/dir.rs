@@ -83,12 +83,15 @@ impl fmt::Display for DirConcern {
 }
 
 impl RingDir {
-    /// Opens directory `path` (never through a symlink at its last component).
+    /// Opens directory `path`, resolved once to its canonical path (symlinks and `..`
+    /// followed, relative to the current directory now): files are then opened relative to the
+    /// descriptor, and sockets, which are addressed by path, by the canonical path, so a later
+    /// `chdir` or a symlink changed meanwhile cannot split a ring's files between directories.
     pub fn open(path: impl AsRef<Path>) -> io::Result<RingDir> {
-        let path = path.as_ref();
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let fd = rustix::fs::open(path, flags, Mode::empty())?;
-        Ok(RingDir { path: Arc::from(path), fd: Arc::new(fd) })
+        let path = std::fs::canonicalize(path.as_ref())?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(&path, flags, Mode::empty())?;
+        Ok(RingDir { path: Arc::from(path.as_path()), fd: Arc::new(fd) })
     }
 
     /// The default directory ([`default_dir`]).

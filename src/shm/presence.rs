@@ -32,12 +32,16 @@
 //! points each of them, in the child only, at an empty file (`dup3` over the descriptor, which
 //! drops the child's reference to the description without unlocking it: an unlock would free
 //! the parent's lock). The child therefore cannot use its parent's rings: it opens its own.
-//! Descriptors are opened `O_CLOEXEC`, so an `exec`ed child never has them. A process with more
-//! than [`MAX_REGISTERED`] of them at once leaves the rest unregistered (with a warning).
+//! Descriptors are opened `O_CLOEXEC`, so an `exec`ed child never has them. A holder is opened
+//! and registered, and unregistered and closed, under a guard that the fork handler's prepare
+//! step also takes, so no fork falls between the two. A process with more than
+//! [`MAX_REGISTERED`] of them at once leaves the rest unregistered (with a warning). A
+//! participant that leaves its entry for its death to release ([`Holder::keep_until_exit`])
+//! keeps its lock until then.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
 
 use rustix::fs::{Mode, OFlags};
@@ -61,16 +65,6 @@ pub fn try_hold(fd: BorrowedFd<'_>, byte: u64) -> io::Result<bool> {
         Ok(_) => Ok(true),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
         Err(e) => Err(e),
-    }
-}
-
-/// Takes the write lock on `byte`, waiting while another description holds it.
-pub fn hold(fd: BorrowedFd<'_>, byte: u64) -> io::Result<()> {
-    loop {
-        match lock(fd, byte, libc::F_WRLCK, libc::F_OFD_SETLKW) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other.map(drop),
-        }
     }
 }
 
@@ -118,42 +112,80 @@ fn lock(fd: BorrowedFd<'_>, byte: u64, kind: i32, cmd: i32) -> io::Result<libc::
 /// mapped, registered with the fork handler, released (with every lock) when dropped.
 #[derive(Debug)]
 pub struct Holder {
-    /// Declared before `fd`, so it unregisters before the descriptor closes.
-    _registered: Registered,
-    fd: OwnedFd,
+    /// The registry slot of `fd`; the drop unregisters and closes under the fork guard.
+    slot: Option<usize>,
+    /// `None` only after [`Holder::keep_until_exit`].
+    fd: Option<OwnedFd>,
 }
 
 impl Holder {
     /// Opens file `file` of `dir` once more, read-write (write locks need a writable
     /// description), never through a symlink. `Ok(None)` if the name no longer refers to the
-    /// file `id` (st_dev, st_ino): it was replaced meanwhile.
+    /// file `id` (st_dev, st_ino): it was replaced or removed meanwhile.
     pub fn open(dir: &RingDir, file: &str, id: (u64, u64)) -> io::Result<Option<Holder>> {
+        match Holder::open_any(dir, file)? {
+            Some((h, st)) if (st.st_dev, st.st_ino) == id => Ok(Some(h)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Opens file `file` of `dir` read-write, never through a symlink, whatever file it is
+    /// (the caller checks the returned status). `Ok(None)` if there is none.
+    ///
+    /// The open and the registration happen under the fork guard: a child forked meanwhile
+    /// never holds an unregistered copy of a description that will hold locks.
+    pub fn open_any(dir: &RingDir, file: &str) -> io::Result<Option<(Holder, rustix::fs::Stat)>> {
+        install();
         let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let _guard = ForkGuard::take();
         let fd = match rustix::fs::openat(dir.fd(), file, flags, Mode::empty()) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let st = rustix::fs::fstat(&fd)?;
-        if (st.st_dev, st.st_ino) != id {
-            return Ok(None);
-        }
-        Ok(Some(Holder { _registered: Registered::new(fd.as_fd()), fd }))
+        let slot = register(fd.as_raw_fd());
+        Ok(Some((Holder { slot, fd: Some(fd) }, st)))
+    }
+
+    /// The description, for reads and probes (never for mapping: see the module docs).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_ref().expect("a holder kept until exit is not used again").as_fd()
     }
 
     /// [`try_hold`] on this description.
     pub fn try_hold(&self, byte: u64) -> io::Result<bool> {
-        try_hold(self.fd.as_fd(), byte)
-    }
-
-    /// [`hold`] on this description.
-    pub fn hold(&self, byte: u64) -> io::Result<()> {
-        hold(self.fd.as_fd(), byte)
+        try_hold(self.fd(), byte)
     }
 
     /// [`release`] on this description.
     pub fn release(&self, byte: u64) {
-        release(self.fd.as_fd(), byte)
+        release(self.fd(), byte)
+    }
+
+    /// Keeps this description, and every lock it holds, until the process exits: for a
+    /// participant that leaves its entry to be reclaimed at its death (its GPU work may still
+    /// run), so that nobody takes it for dead before then. It stays registered, so a child
+    /// forked later still drops its copy.
+    pub fn keep_until_exit(mut self) {
+        if let Some(fd) = self.fd.take() {
+            std::mem::forget(fd);
+        }
+        self.slot = None;
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let Some(fd) = self.fd.take() else { return };
+        // Unregister and close under the fork guard: a child forked between the two would keep
+        // the description (and its locks) without the handler knowing.
+        let _guard = ForkGuard::take();
+        if let Some(slot) = self.slot {
+            // Release: pairs with the next registration's CAS of this slot.
+            REGISTRY[slot].store(-1, Ordering::Release);
+        }
+        drop(fd);
     }
 }
 
@@ -163,72 +195,99 @@ pub const MAX_REGISTERED: usize = 1024;
 /// The registered descriptors; -1 marks a free slot.
 static REGISTRY: [AtomicI32; MAX_REGISTERED] = [const { AtomicI32::new(-1) }; MAX_REGISTERED];
 
-/// An empty file the child handler points registered descriptors at (-1: none could be made).
+/// An empty file the child handler points registered descriptors at (-1: none could be made),
+/// and its inode, which the handler checks first: if the program closed our placeholder and
+/// the number now names another file, the handler leaves the descriptors alone rather than
+/// dup3 a stranger over them.
 static PLACEHOLDER: AtomicI32 = AtomicI32::new(-1);
+static PLACEHOLDER_INO: AtomicU64 = AtomicU64::new(0);
 
-/// A registration of a lock-holding descriptor with the fork handler, undone on drop. Drop it
-/// before the descriptor closes, so that the number is never reused while registered.
-#[derive(Debug)]
-pub struct Registered {
-    /// The slot in `REGISTRY`, if one was free.
-    slot: Option<usize>,
-}
+/// Set while a holder is opened and registered, or unregistered and closed, and from the fork
+/// handler's prepare step until its parent or child step: a fork never falls between the two
+/// halves of either.
+static FORKING: AtomicBool = AtomicBool::new(false);
 
-impl Registered {
-    /// Registers `fd` (see the module docs).
-    pub fn new(fd: BorrowedFd<'_>) -> Registered {
-        install();
-        let raw = fd.as_raw_fd();
-        for (slot, cell) in REGISTRY.iter().enumerate() {
-            // Release: a fork's child handler that loads this slot (Acquire) sees an open fd.
-            if cell.compare_exchange(-1, raw, Ordering::Release, Ordering::Relaxed).is_ok() {
-                return Registered { slot: Some(slot) };
-            }
+/// The fork guard, held for a few system calls.
+struct ForkGuard;
+
+impl ForkGuard {
+    fn take() -> ForkGuard {
+        let backoff = crossbeam_utils::Backoff::new();
+        // Acquire: what the previous holder did (a registration) happens before our section.
+        while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
         }
-        static WARNED: Once = Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!(
-                "more than {MAX_REGISTERED} ring locks in one process: a child forked now keeps \
-                 the rest held until it exits or execs"
-            )
-        });
-        Registered { slot: None }
+        ForkGuard
     }
 }
 
-impl Drop for Registered {
+impl Drop for ForkGuard {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            // Release: pairs with the next registration's CAS of this slot.
-            REGISTRY[slot].store(-1, Ordering::Release);
-        }
+        // Release: our section happens before the next holder's.
+        FORKING.store(false, Ordering::Release);
     }
 }
 
-/// Installs the fork handler once, with its placeholder file.
+/// Registers `fd` in a free slot, or none if all are taken (with a warning once).
+fn register(fd: RawFd) -> Option<usize> {
+    for (slot, cell) in REGISTRY.iter().enumerate() {
+        // Release: a fork's child handler that loads this slot (Acquire) sees an open fd.
+        if cell.compare_exchange(-1, fd, Ordering::Release, Ordering::Relaxed).is_ok() {
+            return Some(slot);
+        }
+    }
+    static WARNED: Once = Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "more than {MAX_REGISTERED} ring locks in one process: a child forked now keeps the \
+             rest held until it exits or execs"
+        )
+    });
+    None
+}
+
+/// Installs the fork handlers once, with the placeholder file.
 fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let placeholder = rustix::fs::memfd_create("gpuring-forked", rustix::fs::MemfdFlags::CLOEXEC);
-        match placeholder {
-            Ok(fd) => {
-                // Kept open for the life of the process.
-                let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-                // Release: the handler's Acquire load sees an open descriptor.
-                PLACEHOLDER.store(raw, Ordering::Release);
+        let flags = rustix::fs::MemfdFlags::CLOEXEC;
+        let placeholder = rustix::fs::memfd_create("gpuring-forked", flags).or_else(|_| {
+            rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        });
+        match placeholder.and_then(|fd| Ok((rustix::fs::fstat(&fd)?.st_ino, fd))) {
+            Ok((ino, fd)) => {
+                PLACEHOLDER_INO.store(ino, Ordering::Relaxed);
+                // Kept open for the life of the process. Release: the handler's Acquire load
+                // sees the inode stored above and an open descriptor.
+                PLACEHOLDER.store(std::os::fd::IntoRawFd::into_raw_fd(fd), Ordering::Release);
             }
             Err(e) => tracing::warn!(
                 error = %e,
                 "no placeholder file: a forked child keeps ring locks held until it exits or execs"
             ),
         }
-        // SAFETY: `in_child` is an `extern "C"` function that only makes async-signal-safe
-        // system calls (dup3, close) and atomic loads, as a handler run after fork must.
-        let r = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        // SAFETY: the handlers are `extern "C"` functions that only make async-signal-safe
+        // system calls (fstat, dup3) and atomic operations, as handlers around fork must.
+        let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(in_child)) };
         if r != 0 {
             tracing::warn!(error = r, "pthread_atfork failed: forked children keep ring locks held");
         }
     });
+}
+
+/// Before a fork, in the parent: waits for any open-and-register or unregister-and-close to
+/// finish, and keeps new ones out until the fork is done.
+extern "C" fn before_fork() {
+    // Acquire: as `ForkGuard::take`.
+    while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        std::hint::spin_loop();
+    }
+}
+
+/// After a fork, in the parent.
+extern "C" fn after_fork() {
+    // Release: as `ForkGuard`'s drop.
+    FORKING.store(false, Ordering::Release);
 }
 
 /// The fork handler, run in the child: drops the child's references to every registered
@@ -236,16 +295,25 @@ fn install() {
 extern "C" fn in_child() {
     // Acquire (all loads): pair with the Release stores that registered each descriptor.
     let placeholder: RawFd = PLACEHOLDER.load(Ordering::Acquire);
-    for cell in REGISTRY.iter() {
-        let fd = cell.load(Ordering::Acquire);
-        if fd < 0 {
-            continue;
-        }
-        if placeholder >= 0 {
-            // SAFETY: plain system call on descriptor numbers; `fd` is open in the child
-            // (inherited), and replacing it leaves the number open, so the owner's later close
-            // closes the placeholder copy, never an unrelated file.
-            unsafe { libc::dup3(placeholder, fd, libc::O_CLOEXEC) };
+    let ino = PLACEHOLDER_INO.load(Ordering::Relaxed);
+    // SAFETY: `stat` is plain data, all-zero valid; `fstat` is async-signal-safe and writes
+    // only into it.
+    let ours = placeholder >= 0 && unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino
+    };
+    if ours {
+        for cell in REGISTRY.iter() {
+            let fd = cell.load(Ordering::Acquire);
+            if fd >= 0 {
+                // SAFETY: plain system call on descriptor numbers; `fd` is open in the child
+                // (inherited, and registered only while open), and replacing it leaves the
+                // number open, so the owner's later close closes the placeholder copy, never
+                // an unrelated file.
+                unsafe { libc::dup3(placeholder, fd, libc::O_CLOEXEC) };
+            }
         }
     }
+    // Release: the child's own later holders start from a free guard.
+    FORKING.store(false, Ordering::Release);
 }

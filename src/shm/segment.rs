@@ -23,6 +23,10 @@ use super::presence::{self, Holder};
 use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::Header;
 
+/// How long a creator waits for its new file's producer lock, which only a replacer that took
+/// the empty file for a dead creator's can hold (for a moment).
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How to open an existing segment.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions {
@@ -158,7 +162,10 @@ impl Segment {
         let flags =
             OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let mode = Mode::from_bits_truncate(mode);
-        let fd = rustix::fs::openat(dir.fd(), name.file(), flags, mode).map_err(|e| match e {
+        // Owner read-write until the lock is taken (a second description opens it read-write);
+        // the exact mode is set below.
+        let first = Mode::RUSR | Mode::WUSR;
+        let fd = rustix::fs::openat(dir.fd(), name.file(), flags, first).map_err(|e| match e {
             Errno::EXIST => CreateErrorKind::AlreadyExists { pid: 0 },
             Errno::ACCESS | Errno::PERM => CreateErrorKind::PermissionDenied,
             e => io_error(e),
@@ -170,12 +177,22 @@ impl Segment {
         let holder = Holder::open(dir, name.file(), id)
             .map_err(CreateErrorKind::Io)?
             .ok_or(CreateErrorKind::AlreadyExists { pid: 0 })?;
-        // Blocks only while a replacer that took our empty file for a dead creator's holds it:
-        // until it has unlinked it and let go.
-        holder.hold(presence::PRODUCER).map_err(CreateErrorKind::Io)?;
+        // Taken at once unless a replacer took our empty file for a dead creator's: it then
+        // unlinks it and lets go within moments, and our name check below fails. A replacer
+        // stopped (SIGSTOP, a paused container) is not waited for past a deadline.
+        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+        while !holder.try_hold(presence::PRODUCER).map_err(CreateErrorKind::Io)? {
+            if std::time::Instant::now() >= deadline {
+                return Err(CreateErrorKind::AlreadyExists { pid: 0 });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         if !names(dir, name, id) {
             return Err(CreateErrorKind::AlreadyExists { pid: 0 });
         }
+        // A shared `flock` as well, which an older gpuring's replacer takes for a live
+        // producer (ours judge by the lock above only).
+        let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockShared);
         let holder = std::sync::OnceLock::from(holder);
         // From here the name stays ours: a replacer unlinks only a file whose producer's lock
         // it holds.
@@ -204,7 +221,9 @@ impl Segment {
                 })
             }
             Err(e) => {
-                let _ = unlink_at(dir, name);
+                if names(dir, name, id) {
+                    let _ = unlink_at(dir, name);
+                }
                 Err(e)
             }
         }
@@ -276,22 +295,35 @@ impl Segment {
     /// this segment's lock description (opened on first use). `Ok(false)`: someone else holds
     /// it. Fails for a segment without a file, or whose name now names another file.
     pub fn try_hold(&self, byte: u64) -> io::Result<bool> {
+        self.open_holder()?;
+        self.holder.get().expect("opened above").try_hold(byte)
+    }
+
+    /// Opens the description that holds this segment's liveness locks, if not yet open: a
+    /// consumer does so before it claims an entry, so that no claim can go without its lock.
+    /// Fails with `NotFound` if the ring's name no longer refers to this segment's file.
+    pub fn open_holder(&self) -> io::Result<()> {
         if self.fd.is_none() {
             return Err(io::ErrorKind::Unsupported.into());
         }
-        let holder = match self.holder.get() {
-            Some(h) => h,
-            None => {
-                let opened = Holder::open(&self.dir, self.name.file(), self.id)?;
-                let opened = opened.ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "the ring's file was replaced")
-                })?;
-                // Another thread may have set one meanwhile: then ours is dropped unused.
-                let _ = self.holder.set(opened);
-                self.holder.get().expect("set above")
-            }
-        };
-        holder.try_hold(byte)
+        if self.holder.get().is_none() {
+            let opened = Holder::open(&self.dir, self.name.file(), self.id)?;
+            let opened = opened.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, "the ring's file was removed or replaced")
+            })?;
+            // Another thread may have set one meanwhile: then ours is dropped unused.
+            let _ = self.holder.set(opened);
+        }
+        Ok(())
+    }
+
+    /// Keeps this segment's liveness locks until the process exits (see
+    /// `presence::Holder::keep_until_exit`): for a participant that leaves its entry for its
+    /// death to release, while its GPU work may still run.
+    pub fn keep_presence_until_exit(&mut self) {
+        if let Some(h) = self.holder.take() {
+            h.keep_until_exit();
+        }
     }
 
     /// Releases this segment's lock on `byte` (nothing if it holds none).

@@ -38,16 +38,16 @@
 //! /dev/shm) must not refuse the new one for the dead one's memory. (Consumers of the dead ring
 //! that still map it keep its pages until they drop it.)
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use rustix::fs::{FlockOperation, OFlags};
+use rustix::fs::{FileType, FlockOperation};
 use rustix::io::Errno;
 
 use super::dir::RingDir;
 use super::name::ShmName;
-use super::presence;
-use super::segment::{names, retry, unlink_at, OpenOptions, Segment};
+use super::presence::{self, Holder};
+use super::segment::{names, retry, unlink_at, Segment};
 use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::header::LAYOUT_VERSION;
 use crate::format::Header;
@@ -76,22 +76,21 @@ fn replace(
     size: usize,
     mode: u32,
 ) -> Result<Segment, CreateErrorKind> {
-    let old = match open(dir, name) {
-        Ok(fd) => fd,
+    let (old, st) = match open(dir, name) {
+        Ok(opened) => opened,
         // Removed since our create found it: the name is free, unless another is faster.
         Err(OpenErrorKind::NotFound) => return Segment::create(dir, name, size, mode),
         Err(e) => return Err(open_to_create(e)),
     };
     let io = |e: std::io::Error| CreateErrorKind::Io(e);
-    if !presence::try_hold(old.as_fd(), presence::REPLACER).map_err(io)? {
+    if !old.try_hold(presence::REPLACER).map_err(io)? {
         return Err(CreateErrorKind::AlreadyExists { pid: 0 });
     }
-    let header = read_header(&old);
-    if !presence::try_hold(old.as_fd(), presence::PRODUCER).map_err(io)? || older_and_locked(&old, header) {
+    let header = read_header(old.fd());
+    if !old.try_hold(presence::PRODUCER).map_err(io)? || older_and_locked(old.fd(), header) {
         let pid = header.map_or(0, |h| h.pid);
         return Err(CreateErrorKind::AlreadyExists { pid });
     }
-    let st = rustix::fs::fstat(&old).map_err(|e| CreateErrorKind::Io(e.into()))?;
     if !names(dir, name, (st.st_dev, st.st_ino)) {
         // Replaced (or removed) since we opened it: not the segment we found dead.
         return Segment::create(dir, name, size, mode);
@@ -114,11 +113,71 @@ fn replace(
     Segment::create(dir, name, size, mode)
 }
 
-/// Opens the file at `name` read-write (the locks need a writable description), with
-/// `Segment::open`'s checks (a regular file of this user, never through a symlink), without
-/// mapping it.
-fn open(dir: &RingDir, name: &ShmName) -> Result<OwnedFd, OpenErrorKind> {
-    Ok(Segment::open_file(dir, name, OFlags::RDWR, OpenOptions::default())?.0)
+/// Opens the file at `name` read-write as a lock holder (registered with the fork handler, so
+/// that a child forked meanwhile does not keep the locks taken on it), with `Segment::open`'s
+/// checks: a regular file of this user, never through a symlink. Never mapped.
+fn open(dir: &RingDir, name: &ShmName) -> Result<(Holder, rustix::fs::Stat), OpenErrorKind> {
+    let opened = Holder::open_any(dir, name.file()).map_err(|e| match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => OpenErrorKind::PermissionDenied,
+        Some(libc::ELOOP) => OpenErrorKind::NotASegment,
+        _ => OpenErrorKind::Io(e),
+    })?;
+    let (holder, st) = opened.ok_or(OpenErrorKind::NotFound)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(OpenErrorKind::NotASegment);
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(OpenErrorKind::ForeignOwner { uid: st.st_uid });
+    }
+    Ok((holder, st))
+}
+
+/// Why [`remove`] did not remove a ring.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// No ring of that name.
+    NotFound,
+    /// Its producer holds its lock (`pid` as its header names it).
+    Alive { pid: u32 },
+    /// Another replacer or remover is at work on it.
+    Busy,
+    /// The file could not be opened or unlinked.
+    Io(std::io::Error),
+}
+
+/// Removes ring `name` from `dir`, with the sockets of its instance, the way a replacement
+/// does: holding its replacer and producer locks while it checks that the name still refers
+/// to the file and unlinks it, so that it never removes a ring created meanwhile. Refused while
+/// the producer holds its lock, unless `live_ok` (a forced removal, or a ring its producer
+/// closed).
+pub(crate) fn remove(dir: &RingDir, name: &ShmName, live_ok: bool) -> Result<(), Refused> {
+    let (old, st) = match open(dir, name) {
+        Ok(opened) => opened,
+        Err(OpenErrorKind::NotFound) => return Err(Refused::NotFound),
+        Err(OpenErrorKind::Io(e)) => return Err(Refused::Io(e)),
+        // Another user's or not a regular file: removed by name only when forced.
+        Err(_) if live_ok => return unlink_at(dir, name).map_err(|e| Refused::Io(e.into())),
+        Err(e) => return Err(Refused::Io(std::io::Error::other(e.to_string()))),
+    };
+    if !old.try_hold(presence::REPLACER).map_err(Refused::Io)? && !live_ok {
+        return Err(Refused::Busy);
+    }
+    let header = read_header(old.fd());
+    if !old.try_hold(presence::PRODUCER).map_err(Refused::Io)? && !live_ok {
+        return Err(Refused::Alive { pid: header.map_or(0, |h| h.pid) });
+    }
+    if !names(dir, name, (st.st_dev, st.st_ino)) {
+        return Err(Refused::NotFound);
+    }
+    if let Some(h) = header.filter(|h| h.epoch != 0) {
+        let _ = crate::shm::unixsock::remove_instance(dir, name.ring(), h.epoch);
+    }
+    match unlink_at(dir, name) {
+        Ok(()) => Ok(()),
+        Err(Errno::NOENT) => Err(Refused::NotFound),
+        Err(e) => Err(Refused::Io(e.into())),
+    }
 }
 
 /// What the replacement reads of an old header.
@@ -132,7 +191,7 @@ struct OldHeader {
 /// The old file's header fields that matter here, or `None` if the file is too small for a
 /// header. Read with `pread`, not through a mapping, so that a file truncated meanwhile gives a
 /// short read rather than a SIGBUS.
-fn read_header(fd: &OwnedFd) -> Option<OldHeader> {
+fn read_header(fd: BorrowedFd<'_>) -> Option<OldHeader> {
     let mut h = [0u8; std::mem::size_of::<Header>()];
     let n = retry(|| rustix::io::pread(fd, &mut h[..], 0)).ok()?;
     if n < h.len() {
@@ -153,12 +212,14 @@ fn read_header(fd: &OwnedFd) -> Option<OldHeader> {
     })
 }
 
-/// Whether the file is an older gpuring's ring (a layout version before the liveness locks)
-/// whose producer still holds the `flock` those took: such a producer holds no OFD lock.
-fn older_and_locked(fd: &OwnedFd, header: Option<OldHeader>) -> bool {
-    let Some(_old) = header.filter(|h| h.version != 0 && h.version < LAYOUT_VERSION) else {
+/// Whether the file may be an older gpuring's ring (a layout version before the liveness
+/// locks, or a header not written yet, as an older builder leaves it) whose producer still
+/// holds the `flock` those took: such a producer holds no OFD lock. A ring of this layout has
+/// its version written and is judged by its lock alone, so a stray `flock` cannot keep it.
+fn older_and_locked(fd: BorrowedFd<'_>, header: Option<OldHeader>) -> bool {
+    if header.is_some_and(|h| h.version == LAYOUT_VERSION) {
         return false;
-    };
+    }
     match retry(|| rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive)) {
         Ok(()) => {
             let _ = rustix::fs::flock(fd, FlockOperation::Unlock);
@@ -217,7 +278,7 @@ mod tests {
         new.unlink();
         // An empty file with no lock: a creator that died before its lock.
         let n = name("empty");
-        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR;
+        let flags = rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL | rustix::fs::OFlags::RDWR;
         drop(rustix::fs::openat(d.fd(), n.file(), flags, Mode::RUSR | Mode::WUSR).unwrap());
         let old = ino(&d, &n);
         let new = create(&d, &n, 4096, 0o600).unwrap();
@@ -229,9 +290,12 @@ mod tests {
     fn a_stray_flock_does_not_keep_a_dead_ring() {
         let (d, n) = (dir(), name("flock"));
         let seg = create(&d, &n, 4096, 0o600).unwrap();
+        // A ring of this layout (an older one, or a header not yet written, is judged by its
+        // flock as well).
+        seg.header().version.store(LAYOUT_VERSION, std::sync::atomic::Ordering::Relaxed);
         let old = ino(&d, &n);
-        let stray = open(&d, &n).unwrap();
-        rustix::fs::flock(&stray, FlockOperation::LockShared).unwrap();
+        let (stray, _) = open(&d, &n).unwrap();
+        rustix::fs::flock(stray.fd(), FlockOperation::LockShared).unwrap();
         drop(seg);
         let new = create(&d, &n, 4096, 0o600).expect("replaced despite another's flock");
         assert_ne!(ino(&d, &n), old);
@@ -239,12 +303,26 @@ mod tests {
     }
 
     #[test]
+    fn an_older_rings_flock_still_keeps_it() {
+        let (d, n) = (dir(), name("older"));
+        let seg = create(&d, &n, 4096, 0o600).unwrap();
+        seg.header().version.store(LAYOUT_VERSION - 1, std::sync::atomic::Ordering::Relaxed);
+        // An older producer: no OFD lock, a flock held.
+        let (older, _) = open(&d, &n).unwrap();
+        rustix::fs::flock(older.fd(), FlockOperation::LockShared).unwrap();
+        drop(seg);
+        assert!(matches!(create(&d, &n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { .. })));
+        drop(older);
+        create(&d, &n, 4096, 0o600).expect("replaced once its flock is gone").unlink();
+    }
+
+    #[test]
     fn a_replacer_at_work_blocks_another() {
         let (d, n) = (dir(), name("replacer"));
         let seg = create(&d, &n, 4096, 0o600).unwrap();
         drop(seg);
-        let busy = open(&d, &n).unwrap();
-        assert!(presence::try_hold(busy.as_fd(), presence::REPLACER).unwrap());
+        let (busy, _) = open(&d, &n).unwrap();
+        assert!(busy.try_hold(presence::REPLACER).unwrap());
         assert!(matches!(create(&d, &n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { pid: 0 })));
         drop(busy);
         create(&d, &n, 4096, 0o600).unwrap().unlink();

@@ -693,7 +693,8 @@ impl ProducerSide for CudaTx {
             );
             // Someone may still map the memory or wait on our events, or our GPU work may still
             // write it (or the segment's words): freeing it now could corrupt a reader. Leave
-            // it to process exit.
+            // it to process exit, and stay alive to consumers until then.
+            ring.keep_presence_until_exit();
             std::mem::forget(std::mem::take(&mut self.pools));
             let share = std::mem::replace(&mut self.share, TxShare::Legacy(LegacyTx::empty()));
             std::mem::forget(share);

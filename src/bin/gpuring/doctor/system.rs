@@ -328,7 +328,10 @@ pub fn namespaces() -> Check {
             cuda_elsewhere.join(", ")
         ));
         return Check::new("namespaces", Verdict::Warn, finding)
-            .fix("use VMM sharing or memory-word fences for those rings (docs/gpu.md)")
+            .fix(
+                "share the producer's /dev/shm with this container, or use VMM sharing for \
+                 those rings (docs/gpu.md, \"Containers\")",
+            )
             .value(value);
     }
     if !host && names.is_empty() {
