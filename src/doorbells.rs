@@ -154,23 +154,29 @@ pub(crate) struct BellCell {
     owed: AtomicBool,
 }
 
+/// The mode of a consumer's doorbell file (see [`BellCell::get`]).
+const KNOCK_MODE: u32 = 0o666;
+
 impl BellCell {
-    /// The doorbell of the consumer of ring `name` (instance `epoch`, in `dir`, with ring mode
-    /// `ring_mode`) whose entry's doorbell token is `token_at`, bound on first use at the file
-    /// named by a fresh token, which is then published in `token_at` for the producer to find.
+    /// The doorbell of the consumer of ring `name` (instance `epoch`, in `dir`) whose entry's
+    /// doorbell token is `token_at`, bound on first use at the file named by a fresh token,
+    /// which is then published in `token_at` for the producer to find.
+    ///
+    /// Its file is writable by everyone (mode 0666): the producer may run as another user than
+    /// the consumer (a ring shared with a group), and a knock carries nothing, so the worst a
+    /// stranger who can reach the directory does with it is a spurious wake-up.
     pub(crate) fn get(
         &self,
         dir: &RingDir,
         name: &str,
         epoch: u64,
-        ring_mode: u32,
         token_at: &AtomicU64,
     ) -> Option<&Doorbell> {
         self.bell
             .get_or_init(|| {
                 let token = new_token().ok()?;
                 let file = consumer_file(name, epoch, token);
-                let bell = match Doorbell::bind(dir, &file, ring_mode) {
+                let bell = match Doorbell::bind(dir, &file, KNOCK_MODE) {
                     Ok(bell) => bell,
                     Err(e) => {
                         tracing::warn!(ring = %name, error = %e, "no doorbell: async receive polls on a timer");
@@ -292,11 +298,11 @@ mod tests {
         let (dir, epoch) = (temp(), u64::from(std::process::id()) << 8 | 2);
         let (cell, token_at) = (BellCell::default(), AtomicU64::new(0));
         assert!(cell.bound().is_none());
-        let bell = cell.get(&dir, "bells-cell", epoch, 0o600, &token_at).unwrap();
+        let bell = cell.get(&dir, "bells-cell", epoch, &token_at).unwrap();
         let token = token_at.load(Ordering::Relaxed);
         assert_ne!(token, 0);
         assert_eq!(bell.file(), consumer_file("bells-cell", epoch, token));
-        let again = cell.get(&dir, "bells-cell", epoch, 0o600, &token_at).unwrap();
+        let again = cell.get(&dir, "bells-cell", epoch, &token_at).unwrap();
         assert!(std::ptr::eq(bell, again), "bound once");
         Knocker::new().unwrap().knock(&consumer_address(&dir, "bells-cell", epoch, token).unwrap());
         assert_eq!(bell.quiet(), 1);
@@ -314,8 +320,10 @@ mod tests {
         // A dead consumer's doorbell: the bound socket stays (its process would have closed
         // it), and forgetting its entry removes the file. A wrong token removes nothing.
         let (dead, live) = (new_token().unwrap(), new_token().unwrap());
-        let _dead = Doorbell::bind(&dir, &consumer_file("bells-files", epoch, dead), 0o600).unwrap();
-        let _live = Doorbell::bind(&dir, &consumer_file("bells-files", epoch, live), 0o600).unwrap();
+        let _dead =
+            Doorbell::bind(&dir, &consumer_file("bells-files", epoch, dead), 0o600).unwrap();
+        let _live =
+            Doorbell::bind(&dir, &consumer_file("bells-files", epoch, live), 0o600).unwrap();
         bells.forget(0, dead);
         bells.forget(1, 0);
         assert!(!dir.display(&consumer_file("bells-files", epoch, dead)).exists());

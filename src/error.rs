@@ -158,9 +158,9 @@ impl fmt::Display for CreateErrorKind {
             CreateErrorKind::InvalidConfig { field, reason } => {
                 write!(f, "invalid {field}: {reason}")
             }
-            CreateErrorKind::AlreadyExists { pid: 0 } => {
-                f.write_str("the ring exists and its producer is alive (or another is replacing it)")
-            }
+            CreateErrorKind::AlreadyExists { pid: 0 } => f.write_str(
+                "the ring exists and its producer is alive (or another is replacing it)",
+            ),
             CreateErrorKind::AlreadyExists { pid } => {
                 write!(f, "the ring exists and its producer (pid {pid}) is alive")
             }

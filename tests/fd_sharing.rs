@@ -21,10 +21,11 @@ fn dir() -> RingDir {
 /// admits or refuses the peers of other uids.
 const OPEN_MODE: u32 = 0o666;
 
-/// `nobody`.
-const OTHER_UID: u32 = 65534;
-/// `nogroup` (`nobody` on some distributions).
-const OTHER_GID: u32 = 65534;
+/// A uid no account has (not 65534, `nobody`: that is also the overflow uid an unmapped peer
+/// reads as, which the server refuses whatever the policy).
+const OTHER_UID: u32 = 4321;
+/// A gid no group has.
+const OTHER_GID: u32 = 4321;
 
 #[test]
 fn a_peer_of_another_uid_is_refused() {
@@ -138,8 +139,7 @@ fn peers_allowed_by_uid_or_group_are_served() {
     let memfd = || rustix::fs::memfd_create("pool", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     let start = |epoch, policy| {
         let file = fd_file(&name, epoch);
-        FdServer::start(&dir(), &file, OPEN_MODE, vec![memfd()], b"pools".to_vec(), policy)
-            .unwrap()
+        FdServer::start(&dir(), &file, OPEN_MODE, vec![memfd()], b"pools".to_vec(), policy).unwrap()
     };
     let _uid_server = start(1, PeerPolicy::uids([OTHER_UID]));
     let _gid_server = start(2, PeerPolicy::gids([OTHER_GID]));

@@ -1,5 +1,6 @@
 //! The exporting side: a consumer of a local ring that publishes each message on a Zenoh key.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -27,6 +28,8 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 #[derive(Clone, Debug)]
 pub struct ExportOptions {
     ring: String,
+    /// The ring directory; `None`: the library's default.
+    dir: Option<PathBuf>,
     key: Option<String>,
     mode: Mode,
     start: StartAt,
@@ -43,6 +46,7 @@ impl ExportOptions {
     pub fn new(ring: &str) -> ExportOptions {
         ExportOptions {
             ring: ring.to_owned(),
+            dir: None,
             key: None,
             mode: Mode::Latest,
             start: StartAt::Newest,
@@ -82,6 +86,31 @@ impl ExportOptions {
     pub fn start_at(mut self, start: StartAt) -> Self {
         self.start = start;
         self
+    }
+
+    /// The ring directory to find the ring in, as this process sees its producer's
+    /// ([`ConsumerBuilder::dir`](crate::ConsumerBuilder::dir)). Default: the directory the
+    /// environment variable `GPURING_DIR` names, else `/dev/shm`. The key does not depend on
+    /// it: give rings of one name in two directories of a host their own keys.
+    ///
+    /// ```
+    /// let o = gpuring::bridge::ExportOptions::new("cam0").dir("/rings");
+    /// assert_eq!(o.dir_or_default(), std::path::Path::new("/rings"));
+    /// ```
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// The ring directory it looks in: the one given, or the default (`GPURING_DIR`, else
+    /// `/dev/shm`).
+    ///
+    /// ```
+    /// let o = gpuring::bridge::ExportOptions::new("cam0");
+    /// assert_eq!(o.dir_or_default(), gpuring::shm::default_dir());
+    /// ```
+    pub fn dir_or_default(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(crate::shm::default_dir)
     }
 
     /// The key it publishes on: the one given, or the default.
@@ -125,7 +154,8 @@ pub fn export(
         .wait()
         .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
     let exporter = flow::new_id();
-    tracing::info!(ring = %opts.ring, %key, mode = ?opts.mode, exporter, "exporting");
+    let dir = opts.dir_or_default();
+    tracing::info!(ring = %opts.ring, dir = %dir.display(), %key, mode = ?opts.mode, exporter, "exporting");
     let lossless = opts.mode == Mode::Lossless;
     // A lossless export keeps at most a window of messages unacknowledged (`flow`).
     let acks = Arc::new(flow::Acks::default());
@@ -216,7 +246,8 @@ fn join(
     old_epoch: Option<u64>,
     stop: &AtomicBool,
 ) -> Result<Option<Source>, BridgeError> {
-    let b = Consumer::builder(&opts.ring).mode(opts.mode).start_at(opts.start);
+    let b = Consumer::builder(&opts.ring).dir(opts.dir_or_default());
+    let b = b.mode(opts.mode).start_at(opts.start);
     while !stop.load(Ordering::Relaxed) {
         let opened = match b.clone().open_in_when_ready::<Host>(old_epoch, TICK) {
             #[cfg(feature = "cuda")]

@@ -1,5 +1,6 @@
 //! The importing side: a Zenoh subscriber that produces what it receives into a local ring.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ pub const DEFAULT_MAX_RING_BYTES: u64 = 4 << 30;
 pub struct ImportOptions {
     key: String,
     ring: String,
+    /// The local ring's directory; `None`: the library's default.
+    dir: Option<PathBuf>,
     consumers: usize,
     memory: MemoryKind,
     device: i32,
@@ -50,6 +53,7 @@ impl ImportOptions {
         ImportOptions {
             key,
             ring,
+            dir: None,
             consumers: 0,
             memory: MemoryKind::Host,
             device: 0,
@@ -57,6 +61,31 @@ impl ImportOptions {
             #[cfg(feature = "cuda")]
             sharing: crate::Sharing::Legacy,
         }
+    }
+
+    /// The directory the local ring is made in
+    /// ([`ProducerBuilder::dir`](crate::ProducerBuilder::dir)): one its consumers share, a
+    /// volume of their containers, say. Default: the directory the environment variable
+    /// `GPURING_DIR` names, else `/dev/shm`.
+    ///
+    /// ```
+    /// let o = gpuring::bridge::ImportOptions::new("gpuring/hostA/cam0", "cam0").dir("/rings");
+    /// assert_eq!(o.dir_or_default(), std::path::Path::new("/rings"));
+    /// ```
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// The directory the local ring is made in: the one given, or the default
+    /// (`GPURING_DIR`, else `/dev/shm`).
+    ///
+    /// ```
+    /// let o = gpuring::bridge::ImportOptions::new("gpuring/hostA/cam0", "cam0");
+    /// assert_eq!(o.dir_or_default(), gpuring::shm::default_dir());
+    /// ```
+    pub fn dir_or_default(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(crate::shm::default_dir)
     }
 
     /// How a CUDA local ring shares its memory (default legacy IPC; `Sharing::Vmm` also lets
@@ -177,7 +206,8 @@ pub fn import(
         .with(zenoh::handlers::RingChannel::new(flow::QUEUE))
         .wait()
         .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
-    tracing::info!(key = %opts.key, ring = %opts.ring, "importing");
+    let dir = opts.dir_or_default();
+    tracing::info!(key = %opts.key, ring = %opts.ring, dir = %dir.display(), "importing");
     let mut local: Option<Local> = None;
     let mut acks = Acker::new();
     let mut published = 0u64;
@@ -319,6 +349,7 @@ fn make(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> {
         )));
     }
     let b = Producer::builder(&opts.ring)
+        .dir(opts.dir_or_default())
         .capacity(g.capacity)
         .slot_size(g.slot_size as usize)
         .user_header_size(g.user_header_size)

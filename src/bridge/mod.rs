@@ -24,6 +24,8 @@ mod export;
 mod flow;
 mod import;
 mod session;
+#[cfg(test)]
+mod tests;
 
 pub use export::{export, ExportOptions};
 pub use import::{import, ImportOptions, DEFAULT_MAX_RING_BYTES};

@@ -129,7 +129,9 @@ impl ConsumerRing {
             (JoinError::Lost, _) => lost(0),
         })?;
         let joining_index = joining.index();
-        for (word, value) in ring.consumers[joining_index].namespaces.iter().zip(Namespaces::current().to_words()) {
+        for (word, value) in
+            ring.consumers[joining_index].namespaces.iter().zip(Namespaces::current().to_words())
+        {
             // Relaxed: for display; published by the Release CAS to ACTIVE.
             word.store(value, Ordering::Relaxed);
         }
@@ -251,7 +253,7 @@ impl ConsumerRing {
     pub(crate) fn doorbell(&self) -> Option<&Doorbell> {
         let entry = &self.map.ring().consumers[self.index];
         let seg = self.map.segment();
-        self.bell.get(seg.dir(), self.name(), self.map.params().epoch, seg.mode(), &entry.bell)
+        self.bell.get(seg.dir(), self.name(), self.map.params().epoch, &entry.bell)
     }
 
     /// Parks it for an outside event loop, once however often it is called: from here on the
@@ -414,7 +416,11 @@ impl ConsumerRing {
         let ring = self.map.ring();
         wait::wake_all(ring.producer_wake);
         if park::has_parked(ring.producer_wake) {
-            self.bells.knock_producer(self.map.segment().dir(), self.name(), self.map.params().epoch);
+            self.bells.knock_producer(
+                self.map.segment().dir(),
+                self.name(),
+                self.map.params().epoch,
+            );
         }
     }
 

@@ -39,7 +39,6 @@ pub(crate) struct ProducerRing {
 /// `generation`): drop what it opened of it. Called before the entry is freed.
 pub(crate) type OnFree<'a> = &'a mut (dyn FnMut(usize, u32) + Send);
 
-
 /// Reaps `ring`'s consumer table (see [`crate::ring::reclaim`]): dead consumers are taken out,
 /// retired entries finished, evicted ones' holds given back. Wakes consumers if it froze buffers.
 /// Unless the ring is `closed`, and if the last claim found every candidate held, also audits

@@ -187,8 +187,8 @@ mod tests {
     #[test]
     fn a_knock_rings_the_doorbell_and_quiet_empties_it() {
         let (dir, token) = (temp(), new_token().unwrap());
-        let bell = Doorbell::bind(&dir, &consumer_file("doorbell-knock", epoch(), token), 0o600)
-            .unwrap();
+        let bell =
+            Doorbell::bind(&dir, &consumer_file("doorbell-knock", epoch(), token), 0o600).unwrap();
         let at = consumer_address(&dir, "doorbell-knock", epoch(), token).unwrap();
         let knocker = Knocker::new().unwrap();
         assert_eq!(bell.quiet(), 0);

@@ -36,10 +36,9 @@ use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use rustix::net::{
-    accept_with, connect, listen, recvmsg, sendmsg, shutdown, socket_with, sockopt,
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, Shutdown, SocketAddrUnix, SocketFlags,
-    SocketType,
+    accept_with, connect, listen, recvmsg, sendmsg, shutdown, socket_with, sockopt, AddressFamily,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, Shutdown, SocketAddrUnix, SocketFlags, SocketType,
 };
 
 use super::dir::RingDir;
@@ -146,7 +145,9 @@ pub fn fd_address(dir: &RingDir, name: &str, epoch: u64) -> io::Result<SocketAdd
 /// namespace (read once from `/proc/sys/kernel/overflowuid`).
 ///
 /// ```
-/// assert_eq!(gpuring::shm::fdpass::overflow_uid(), 65534); // unless an administrator changed it
+/// let set = std::fs::read_to_string("/proc/sys/kernel/overflowuid");
+/// let want = set.map_or(65534, |s| s.trim().parse().unwrap());
+/// assert_eq!(gpuring::shm::fdpass::overflow_uid(), want);
 /// ```
 pub fn overflow_uid() -> u32 {
     static UID: OnceLock<u32> = OnceLock::new();
@@ -670,8 +671,7 @@ fn peer_cred(socket: BorrowedFd<'_>) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let size = std::mem::size_of::<libc::ucred>();
     let mut len = size as libc::socklen_t;
-    // SAFETY: `socket` is an open fd for the whole call; `cred` is a writable `ucred` of `len`
-    // bytes, and the kernel writes at most `len` bytes to it and the size written to `len`.
+    // SAFETY: `socket` is open throughout; the kernel writes at most `len` bytes into `cred`.
     let rc = unsafe {
         libc::getsockopt(
             socket.as_raw_fd(),

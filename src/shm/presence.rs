@@ -82,9 +82,9 @@ pub fn held(fd: BorrowedFd<'_>, byte: u64) -> bool {
         Ok(found) => found.l_type != libc::F_UNLCK as libc::c_short,
         Err(e) => {
             static WARNED: Once = Once::new();
-            WARNED.call_once(|| {
-                tracing::warn!(error = %e, "cannot probe ring locks: peers are taken for alive")
-            });
+            WARNED.call_once(
+                || tracing::warn!(error = %e, "cannot probe ring locks: peers are taken for alive"),
+            );
             true
         }
     }
@@ -214,7 +214,10 @@ impl ForkGuard {
     fn take() -> ForkGuard {
         let backoff = crossbeam_utils::Backoff::new();
         // Acquire: what the previous holder did (a registration) happens before our section.
-        while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        while FORKING
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             backoff.snooze();
         }
         ForkGuard
@@ -268,9 +271,13 @@ fn install() {
         }
         // SAFETY: the handlers are `extern "C"` functions that only make async-signal-safe
         // system calls (fstat, dup3) and atomic operations, as handlers around fork must.
-        let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(in_child)) };
+        let r =
+            unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(in_child)) };
         if r != 0 {
-            tracing::warn!(error = r, "pthread_atfork failed: forked children keep ring locks held");
+            tracing::warn!(
+                error = r,
+                "pthread_atfork failed: forked children keep ring locks held"
+            );
         }
     });
 }
@@ -279,7 +286,8 @@ fn install() {
 /// finish, and keeps new ones out until the fork is done.
 extern "C" fn before_fork() {
     // Acquire: as `ForkGuard::take`.
-    while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+    while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
+    {
         std::hint::spin_loop();
     }
 }
@@ -298,10 +306,11 @@ extern "C" fn in_child() {
     let ino = PLACEHOLDER_INO.load(Ordering::Relaxed);
     // SAFETY: `stat` is plain data, all-zero valid; `fstat` is async-signal-safe and writes
     // only into it.
-    let ours = placeholder >= 0 && unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino
-    };
+    let ours = placeholder >= 0
+        && unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino
+        };
     if ours {
         for cell in REGISTRY.iter() {
             let fd = cell.load(Ordering::Acquire);

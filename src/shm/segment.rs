@@ -66,7 +66,6 @@ pub struct Segment {
     mode: u32,
 }
 
-
 fn map(fd: &OwnedFd, len: usize) -> io::Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(fd)
 }
@@ -260,7 +259,11 @@ impl Segment {
     /// Opens and maps an existing segment, after checking that it is a regular file owned by
     /// this user (unless allowed otherwise) and large enough for a header. The header itself is
     /// not checked here.
-    pub fn open(dir: &RingDir, name: &ShmName, opts: OpenOptions) -> Result<Segment, OpenErrorKind> {
+    pub fn open(
+        dir: &RingDir,
+        name: &ShmName,
+        opts: OpenOptions,
+    ) -> Result<Segment, OpenErrorKind> {
         let (fd, st) = Segment::open_file(dir, name, OFlags::RDWR, opts)?;
         let size = st.st_size.max(0) as u64;
         let needed = std::mem::size_of::<Header>() as u64;

@@ -278,7 +278,8 @@ mod tests {
         new.unlink();
         // An empty file with no lock: a creator that died before its lock.
         let n = name("empty");
-        let flags = rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL | rustix::fs::OFlags::RDWR;
+        let flags =
+            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL | rustix::fs::OFlags::RDWR;
         drop(rustix::fs::openat(d.fd(), n.file(), flags, Mode::RUSR | Mode::WUSR).unwrap());
         let old = ino(&d, &n);
         let new = create(&d, &n, 4096, 0o600).unwrap();
@@ -323,7 +324,10 @@ mod tests {
         drop(seg);
         let (busy, _) = open(&d, &n).unwrap();
         assert!(busy.try_hold(presence::REPLACER).unwrap());
-        assert!(matches!(create(&d, &n, 4096, 0o600), Err(CreateErrorKind::AlreadyExists { pid: 0 })));
+        assert!(matches!(
+            create(&d, &n, 4096, 0o600),
+            Err(CreateErrorKind::AlreadyExists { pid: 0 })
+        ));
         drop(busy);
         create(&d, &n, 4096, 0o600).unwrap().unlink();
     }

@@ -210,7 +210,12 @@ pub fn bind_in(dir: &RingDir, file: &str, socket: &OwnedFd, mode: u32) -> io::Re
             // Someone who may write the directory replaced it already.
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "socket file replaced"));
         }
-        rustix::fs::chmodat(dir.fd(), tmp.as_str(), Mode::from_bits_truncate(mode), AtFlags::empty())?;
+        rustix::fs::chmodat(
+            dir.fd(),
+            tmp.as_str(),
+            Mode::from_bits_truncate(mode),
+            AtFlags::empty(),
+        )?;
         rustix::fs::renameat(dir.fd(), tmp.as_str(), dir.fd(), file)?;
         Ok(id)
     })();
@@ -396,6 +401,8 @@ mod tests {
         let dir = RingDir::open(&deep).unwrap();
         let file = producer_file("long", 1);
         assert!(dir.display(&file).as_os_str().len() > 108);
+        let at = address(&dir, &file).unwrap();
+        assert!(at.path().unwrap().to_bytes().starts_with(b"/proc/self/fd/"), "{at:?}");
         let socket = datagram();
         let bound = bind_in(&dir, &file, &socket, 0o600).unwrap();
         assert!(deep.join(&file).exists(), "the file is in the deep directory");

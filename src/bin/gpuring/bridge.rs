@@ -1,6 +1,7 @@
 //! `gpuring bridge export|import` (feature `zenoh`): carries a ring to other hosts over Zenoh
 //! ([`gpuring::bridge`], docs/bridge.md). Runs until SIGINT or SIGTERM; logs with `tracing`
-//! (`RUST_LOG=gpuring=debug` for more).
+//! (`RUST_LOG=gpuring=debug` for more). Both sides use the ring directory of the global
+//! `--dir` (which sets `GPURING_DIR` for the process), else `$GPURING_DIR`, else /dev/shm.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -147,7 +148,11 @@ pub fn run(o: &Options) -> ExitCode {
             if let Some(key) = key {
                 e = e.key(key);
             }
-            eprintln!("gpuring bridge: exporting ring {ring:?} on key {}", e.key_or_default());
+            eprintln!(
+                "gpuring bridge: exporting ring {ring:?} of {} on key {}",
+                e.dir_or_default().display(),
+                e.key_or_default()
+            );
             bridge::export(&e, &zenoh.options(), &STOP).map(|n| format!("{n} messages sent"))
         }
         Options::Import {
@@ -161,8 +166,12 @@ pub fn run(o: &Options) -> ExitCode {
             sharing,
             zenoh,
         } => {
-            eprintln!("gpuring bridge: importing key {key} into ring {ring:?}");
-            let i = ImportOptions::new(key, ring)
+            let i = ImportOptions::new(key, ring);
+            eprintln!(
+                "gpuring bridge: importing key {key} into ring {ring:?} in {}",
+                i.dir_or_default().display()
+            );
+            let i = i
                 .wait_for_consumers(*wait_for_consumers)
                 .memory(*memory)
                 .device(*device)

@@ -209,7 +209,8 @@ pub fn shm() -> Check {
     let st = match rustix::fs::statvfs(&dir) {
         Ok(st) => st,
         Err(e) => {
-            let finding = format!("ring directory {shown}: cannot stat it ({e}): rings cannot be created");
+            let finding =
+                format!("ring directory {shown}: cannot stat it ({e}): rings cannot be created");
             return Check::new("shm", Verdict::Fail, finding).fix(
                 "create it, or point GPURING_DIR (or --dir) at a tmpfs directory every ring \
                  process shares; for /dev/shm in Docker: --shm-size=1g",
@@ -310,7 +311,11 @@ pub fn namespaces() -> Check {
     }
     let mut finding = format!(
         "{}; ring directory {}",
-        if host { "the host's namespaces" } else { "in a container (not the host's pid or IPC namespace)" },
+        if host {
+            "the host's namespaces"
+        } else {
+            "in a container (not the host's pid or IPC namespace)"
+        },
         dir.display()
     );
     for (name, kinds) in &elsewhere {
