@@ -4,8 +4,10 @@ Consumers whose slots export zero-copy tensors (DLPack, ``__cuda_array_interface
 buffer protocol), and a producer that publishes tensors. See docs/python.md.
 """
 
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, final, type_check_only
 
@@ -64,7 +66,7 @@ def handle_sigterm(enable: bool) -> None:
 
     The handler removes the names of the rings this process's live producers created, then
     lets SIGTERM end the process as before, so `docker stop` or `systemctl stop` leaves nothing
-    in /dev/shm. Consumers see the producer gone (`ended == "died"`). It is installed only on
+    in /dev/shm (or the producers' `dir`). Consumers see the producer gone (`ended == "died"`). It is installed only on
     the main thread and never over a SIGTERM handler of the application's own. Call before
     creating producers."""
 
@@ -96,6 +98,8 @@ class Consumer:
       dead one's).
     - `allow_foreign_owner`: open a ring whose segment another user owns (its producer made it
       readable and writable for us with `permissions=`). Refused by default.
+    - `dir`: the directory to find the ring in, as this process sees the producer's; default
+      the `GPURING_DIR` environment variable if set, else `/dev/shm`.
 
     Iterating yields messages until the producer closes the ring.
     """
@@ -112,6 +116,7 @@ class Consumer:
         mode: Literal["lossless", "queue", "latest"] | None = None,
         wait: float = 0.0,
         allow_foreign_owner: bool = False,
+        dir: str | os.PathLike[str] | None = None,
     ) -> Self: ...
     def recv(self, timeout: float | None = None) -> Slot:
         """The next message, waiting at most `timeout` seconds (None: as long as it takes).
@@ -162,6 +167,10 @@ class Consumer:
     @property
     def name(self) -> str:
         """The ring's name."""
+
+    @property
+    def dir(self) -> Path:
+        """The ring directory the ring was opened in (absolute)."""
 
     @property
     def memory(self) -> _Memory:
@@ -327,8 +336,10 @@ class Producer:
     also of the uids in `allow_uids` and the groups in `allow_gids`; a refused consumer gets
     `PermissionError`). `permissions`: the ring's file mode (default 0o600: this user only);
     consumers of other users need read and write (for example 0o666, and
-    `Consumer(..., allow_foreign_owner=True)`). The ring is removed when the producer is closed
-    or freed.
+    `Consumer(..., allow_foreign_owner=True)`). `dir`: the directory the ring's file and sockets
+    go in (default the `GPURING_DIR` environment variable if set, else `/dev/shm`); consumers
+    pass the same directory, as they see it (for containers: a volume both mount). The ring is
+    removed when the producer is closed or freed.
     """
 
     def __new__(
@@ -347,6 +358,7 @@ class Producer:
         allow_uids: list[int] | None = None,
         allow_gids: list[int] | None = None,
         permissions: int | None = None,
+        dir: str | os.PathLike[str] | None = None,
     ) -> Self: ...
     def send(
         self,
@@ -396,6 +408,10 @@ class Producer:
     @property
     def name(self) -> str:
         """The ring's name."""
+
+    @property
+    def dir(self) -> Path:
+        """The ring directory the ring was created in (absolute)."""
 
     @property
     def memory(self) -> _Memory:

@@ -226,6 +226,17 @@ pub fn status_in(dir: &Path, name: &str) -> Result<RingStatus, OpenError> {
 impl RingStatus {
     /// The kinds of namespace in which the producer runs elsewhere than this process (pid,
     /// network, IPC, mount): empty when it shares ours, or when either side could not tell.
+    ///
+    /// ```
+    /// # let _tx = gpuring::Producer::builder("doc-inspect-elsewhere").create()?;
+    /// let s = gpuring::inspect::status("doc-inspect-elsewhere")?;
+    /// let kinds = s.producer_elsewhere();
+    /// if !kinds.is_empty() {
+    ///     println!("the producer runs {}", gpuring::shm::ns::describe(&kinds));
+    /// }
+    /// # assert!(kinds.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn producer_elsewhere(&self) -> Vec<ns::Kind> {
         Namespaces::current().differ(&self.producer_namespaces)
     }

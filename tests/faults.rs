@@ -186,7 +186,12 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
     }
     let victim_entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
     // The victim's entry and hold records, as offsets in the segment.
-    let seg = Segment::open(&RingDir::open_default().unwrap(), &ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+    let seg = Segment::open(
+        &RingDir::open_default().unwrap(),
+        &ShmName::new(&name).unwrap(),
+        OpenOptions::default(),
+    )
+    .unwrap();
     let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
     let stride = gpuring::ring::hold::stride(params.buffers() as usize) * 8;
     let regions = [

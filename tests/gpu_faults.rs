@@ -413,7 +413,12 @@ fn a_consumer_with_a_damaged_release_event_is_evicted() {
     wait_for_consumers(&tx, 3);
     let entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
     // Its release lines' handles: 16 bytes into each 128-byte line (see cuda::layout).
-    let seg = Segment::open(&RingDir::open_default().unwrap(), &ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+    let seg = Segment::open(
+        &RingDir::open_default().unwrap(),
+        &ShmName::new(&name).unwrap(),
+        OpenOptions::default(),
+    )
+    .unwrap();
     let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
     // One release line per buffer (slots and spares), `buffers` lines per entry.
     let buffers = params.buffers() as usize;

@@ -113,10 +113,18 @@ fn cli_lists_stats_and_removes() {
 
     let (code, _, err) = run_cli(&["stat", &name]);
     assert_eq!(code, 1);
-    assert_eq!(err.trim_end(), format!("gpuring: no ring named {name:?} in /dev/shm"), "one wording");
+    assert_eq!(
+        err.trim_end(),
+        format!("gpuring: no ring named {name:?} in /dev/shm"),
+        "one wording"
+    );
     let (code, _, err) = run_cli(&["rm", &name]);
     assert_eq!(code, 1);
-    assert_eq!(err.trim_end(), format!("gpuring: no ring named {name:?} in /dev/shm"), "one wording");
+    assert_eq!(
+        err.trim_end(),
+        format!("gpuring: no ring named {name:?} in /dev/shm"),
+        "one wording"
+    );
     drop(tx);
 }
 

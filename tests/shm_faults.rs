@@ -121,7 +121,12 @@ fn foreign_sigbus_in_a_ring_kills() {
             .ok();
         let name = env::<String>("RING");
         let _tx = Producer::builder(&name).create().unwrap();
-        let seg = Segment::open(&RingDir::open_default().unwrap(), &ShmName::new(&name).unwrap(), OpenOptions::default()).unwrap();
+        let seg = Segment::open(
+            &RingDir::open_default().unwrap(),
+            &ShmName::new(&name).unwrap(),
+            OpenOptions::default(),
+        )
+        .unwrap();
         let addr = seg.base() as usize + 64;
         forged_sigbus(addr);
         eprintln!(

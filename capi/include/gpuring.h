@@ -21,7 +21,7 @@ typedef enum gpuring_status {
   GPURING_TIMEOUT = 1,
   // The producer closed the ring (or died) and every message was received.
   GPURING_DISCONNECTED = 2,
-  // No ring has this name.
+  // No ring has this name (in the ring directory).
   GPURING_NOT_FOUND = 3,
   // A ring with this name exists and its producer is alive.
   GPURING_ALREADY_EXISTS = 4,
@@ -118,6 +118,10 @@ typedef struct gpuring_consumer_options {
   int32_t device;
   // Open a ring whose segment another user owns. Default false.
   bool allow_foreign_owner;
+  // The ring directory to find the ring in (the producer's, as this process sees it), a
+  // path read during `gpuring_consumer_open` (not kept). NULL or "": the `GPURING_DIR`
+  // environment variable if set, else /dev/shm. Default NULL.
+  const char *dir;
 } gpuring_consumer_options;
 
 // What a message is.
@@ -165,6 +169,11 @@ typedef struct gpuring_producer_options {
   bool vmm;
   // The segment's file mode (0: the default, 0600).
   uint32_t file_mode;
+  // The ring directory: where the ring's file and sockets go, a path read during
+  // `gpuring_producer_create` (not kept). NULL or "": the `GPURING_DIR` environment variable
+  // if set, else /dev/shm. Consumers must name the same directory, as they see it. Default
+  // NULL.
+  const char *dir;
 } gpuring_producer_options;
 
 #ifdef __cplusplus
@@ -181,8 +190,9 @@ const char *gpuring_version(void);
 // The defaults: any memory, the ring's default mode, start at the newest message.
 struct gpuring_consumer_options gpuring_consumer_options_default(void);
 
-// Opens ring `name` and joins it with `options` (NULL: the defaults). On success `*out` is the
-// consumer; free it with `gpuring_consumer_free` after releasing its messages.
+// Opens ring `name` of the options' ring directory and joins it with `options` (NULL: the
+// defaults). On success `*out` is the consumer; free it with `gpuring_consumer_free` after
+// releasing its messages.
 enum gpuring_status gpuring_consumer_open(const char *name,
                                           const struct gpuring_consumer_options *options,
                                           struct gpuring_consumer **out);
@@ -216,8 +226,8 @@ enum gpuring_memory gpuring_consumer_memory(const struct gpuring_consumer *c);
 // The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
 struct gpuring_producer_options gpuring_producer_options_default(void);
 
-// Creates ring `name` with `options` (NULL: the defaults). On success `*out` is the producer;
-// free it with `gpuring_producer_free`, which closes the ring.
+// Creates ring `name` with `options` (NULL: the defaults) in the options' ring directory. On
+// success `*out` is the producer; free it with `gpuring_producer_free`, which closes the ring.
 enum gpuring_status gpuring_producer_create(const char *name,
                                             const struct gpuring_producer_options *options,
                                             struct gpuring_producer **out);

@@ -11,7 +11,9 @@ use gpuring::{
 };
 
 use crate::gpuring_status::*;
-use crate::{fail, gpuring_memory, gpuring_status, guard, open_args, open_status, timeout};
+use crate::{
+    fail, gpuring_memory, gpuring_status, guard, open_args, open_status, ring_dir, timeout,
+};
 
 /// How a consumer receives.
 #[repr(C)]
@@ -54,6 +56,10 @@ pub struct gpuring_consumer_options {
     pub device: i32,
     /// Open a ring whose segment another user owns. Default false.
     pub allow_foreign_owner: bool,
+    /// The ring directory to find the ring in (the producer's, as this process sees it), a
+    /// path read during `gpuring_consumer_open` (not kept). NULL or "": the `GPURING_DIR`
+    /// environment variable if set, else /dev/shm. Default NULL.
+    pub dir: *const c_char,
 }
 
 /// The defaults: any memory, the ring's default mode, start at the newest message.
@@ -65,6 +71,7 @@ pub extern "C" fn gpuring_consumer_options_default() -> gpuring_consumer_options
         start: gpuring_start::GPURING_START_NEWEST as u32,
         device: -1,
         allow_foreign_owner: false,
+        dir: std::ptr::null(),
     }
 }
 
@@ -133,8 +140,9 @@ pub struct gpuring_message_info {
     pub stream: *mut c_void,
 }
 
-/// Opens ring `name` and joins it with `options` (NULL: the defaults). On success `*out` is the
-/// consumer; free it with `gpuring_consumer_free` after releasing its messages.
+/// Opens ring `name` of the options' ring directory and joins it with `options` (NULL: the
+/// defaults). On success `*out` is the consumer; free it with `gpuring_consumer_free` after
+/// releasing its messages.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_consumer_open(
     name: *const c_char,
@@ -165,6 +173,10 @@ pub unsafe extern "C" fn gpuring_consumer_open(
         };
         if o.device >= 0 {
             b = b.device(o.device);
+        }
+        // SAFETY: `dir` is null or a C string, valid for the call, by the caller's contract.
+        if let Some(dir) = unsafe { ring_dir(o.dir) } {
+            b = b.dir(dir);
         }
         let opened = match o.memory {
             1 => open::<Host>(b).map(Rx::Host),

@@ -33,7 +33,7 @@ pub enum gpuring_status {
     GPURING_TIMEOUT = 1,
     /// The producer closed the ring (or died) and every message was received.
     GPURING_DISCONNECTED = 2,
-    /// No ring has this name.
+    /// No ring has this name (in the ring directory).
     GPURING_NOT_FOUND = 3,
     /// A ring with this name exists and its producer is alive.
     GPURING_ALREADY_EXISTS = 4,
@@ -103,6 +103,21 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, gpuring_stat
     unsafe { CStr::from_ptr(s) }
         .to_str()
         .map_err(|_| fail(GPURING_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
+}
+
+/// The ring directory an options struct names: `None` (the library's default: `GPURING_DIR`
+/// if set, else `/dev/shm`) for NULL or "". Any bytes: a path need not be UTF-8.
+///
+/// # Safety
+/// `dir` is null or a NUL-terminated string valid for the call.
+unsafe fn ring_dir(dir: *const c_char) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    if dir.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let bytes = unsafe { CStr::from_ptr(dir) }.to_bytes();
+    (!bytes.is_empty()).then(|| std::ffi::OsStr::from_bytes(bytes).into())
 }
 
 /// The arguments every create and open takes: the name as UTF-8, the options (`None` for

@@ -11,7 +11,9 @@ use gpuring::{
 };
 
 use crate::gpuring_status::*;
-use crate::{create_status, fail, gpuring_memory, gpuring_status, guard, open_args, timeout};
+use crate::{
+    create_status, fail, gpuring_memory, gpuring_status, guard, open_args, ring_dir, timeout,
+};
 
 /// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
 /// that choose none.
@@ -50,6 +52,11 @@ pub struct gpuring_producer_options {
     pub vmm: bool,
     /// The segment's file mode (0: the default, 0600).
     pub file_mode: u32,
+    /// The ring directory: where the ring's file and sockets go, a path read during
+    /// `gpuring_producer_create` (not kept). NULL or "": the `GPURING_DIR` environment variable
+    /// if set, else /dev/shm. Consumers must name the same directory, as they see it. Default
+    /// NULL.
+    pub dir: *const c_char,
 }
 
 /// The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
@@ -66,6 +73,7 @@ pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options
         max_consumers: 0,
         vmm: false,
         file_mode: 0,
+        dir: std::ptr::null(),
     }
 }
 
@@ -118,8 +126,8 @@ impl Drop for gpuring_producer {
     }
 }
 
-/// Creates ring `name` with `options` (NULL: the defaults). On success `*out` is the producer;
-/// free it with `gpuring_producer_free`, which closes the ring.
+/// Creates ring `name` with `options` (NULL: the defaults) in the options' ring directory. On
+/// success `*out` is the producer; free it with `gpuring_producer_free`, which closes the ring.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_create(
     name: *const c_char,
@@ -155,6 +163,10 @@ pub unsafe extern "C" fn gpuring_producer_create(
         }
         if o.vmm {
             b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
+        }
+        // SAFETY: `dir` is null or a C string, valid for the call, by the caller's contract.
+        if let Some(dir) = unsafe { ring_dir(o.dir) } {
+            b = b.dir(dir);
         }
         let cuda = match o.memory {
             1 => false,

@@ -151,3 +151,51 @@ fn a_consumer_freed_with_a_message_out_goes_at_its_release() {
         gpuring_producer_free(p);
     }
 }
+
+#[test]
+fn a_ring_in_another_directory_is_found_there_only() {
+    let dir = std::env::temp_dir().join(format!("capi-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let n = name("dir");
+    let mut o = gpuring_producer_options_default();
+    o.memory = gpuring_memory::GPURING_MEMORY_HOST as u32;
+    o.slot_size = 64;
+    o.dir = dir_c.as_ptr();
+    // SAFETY: valid names, options (their `dir` outlives the calls) and out-pointers; live
+    // handles.
+    unsafe {
+        let mut p = null_mut();
+        assert_eq!(gpuring_producer_create(n.as_ptr(), &o, &mut p), GPURING_OK);
+        let file = dir.join(format!("gpuring.{}", n.to_str().unwrap()));
+        assert!(file.exists(), "the ring's file is in the directory");
+
+        // Not in the default directory: NULL and "" both mean it.
+        let mut c = null_mut();
+        assert_eq!(gpuring_consumer_open(n.as_ptr(), null(), &mut c), GPURING_NOT_FOUND);
+        let default = gpuring::shm::default_dir();
+        let wanted = format!("no ring named {:?} in {}", n.to_str().unwrap(), default.display());
+        assert_eq!(last_error(), wanted);
+        let mut co = gpuring_consumer_options_default();
+        co.dir = c"".as_ptr();
+        assert_eq!(gpuring_consumer_open(n.as_ptr(), &co, &mut c), GPURING_NOT_FOUND);
+
+        co.dir = dir_c.as_ptr();
+        co.start = gpuring_start::GPURING_START_NEXT as u32;
+        assert_eq!(gpuring_consumer_open(n.as_ptr(), &co, &mut c), GPURING_OK);
+        let data = *b"elsewhere";
+        assert_eq!(
+            gpuring_producer_send(p, data.as_ptr(), data.len(), null(), 0, -1, null_mut()),
+            GPURING_OK
+        );
+        let mut m = null_mut();
+        let mut info = std::mem::zeroed::<gpuring_message_info>();
+        assert_eq!(gpuring_consumer_recv(c, 1000, null_mut(), &mut m, &mut info), GPURING_OK);
+        assert_eq!(std::slice::from_raw_parts(info.ptr as *const u8, info.len), b"elsewhere");
+        assert_eq!(gpuring_message_release(m), GPURING_OK);
+        gpuring_consumer_free(c);
+        gpuring_producer_free(p);
+        assert!(!file.exists(), "closing removes the ring's file");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

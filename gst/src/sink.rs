@@ -44,6 +44,8 @@ pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
 #[derive(Clone, Debug)]
 struct Settings {
     ring: Option<String>,
+    /// The ring directory; empty: the library's default (`GPURING_DIR`, else /dev/shm).
+    dir: String,
     capacity: u32,
     spare_buffers: u32,
     policy: Policy,
@@ -57,6 +59,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             ring: None,
+            dir: String::new(),
             capacity: 8,
             spare_buffers: gpuring::DEFAULT_SPARES,
             policy: Policy::Block,
@@ -121,7 +124,12 @@ mod imp {
                 vec![
                     glib::ParamSpecString::builder("ring")
                         .nick("Ring")
-                        .blurb("Name of the ring to create (/dev/shm/gpuring.NAME)")
+                        .blurb("Name of the ring to create (DIR/gpuring.NAME, DIR the dir property)")
+                        .build(),
+                    glib::ParamSpecString::builder("dir")
+                        .nick("Ring directory")
+                        .blurb("Directory of the ring's file and sockets, shared with its consumers; empty: $GPURING_DIR if set, else /dev/shm")
+                        .default_value(Some(""))
                         .build(),
                     glib::ParamSpecUInt::builder("capacity")
                         .blurb("Slots in the ring (messages in flight)")
@@ -162,6 +170,10 @@ mod imp {
             let mut s = self.settings.lock().unwrap();
             match pspec.name() {
                 "ring" => s.ring = value.get().expect("type checked"),
+                "dir" => {
+                    let dir: Option<String> = value.get().expect("type checked");
+                    s.dir = dir.unwrap_or_default();
+                }
                 "capacity" => s.capacity = value.get().expect("type checked"),
                 "spare-buffers" => s.spare_buffers = value.get().expect("type checked"),
                 "policy" => {
@@ -197,6 +209,7 @@ mod imp {
             let s = self.settings.lock().unwrap();
             match pspec.name() {
                 "ring" => s.ring.to_value(),
+                "dir" => s.dir.to_value(),
                 "capacity" => s.capacity.to_value(),
                 "spare-buffers" => s.spare_buffers.to_value(),
                 "policy" => s.policy.name().to_value(),
@@ -337,12 +350,15 @@ mod imp {
                 return Err(gst::FlowError::Error);
             };
             let slot = if s.slot_size > 0 { s.slot_size as usize } else { size };
-            let builder = Producer::builder(&name)
+            let mut builder = Producer::builder(&name)
                 .capacity(s.capacity)
                 .spare_buffers(s.spare_buffers)
                 .policy(s.policy)
                 .slot_size(slot)
                 .user_header_size(USER_HEADER_SIZE as u32);
+            if !s.dir.is_empty() {
+                builder = builder.dir(&s.dir);
+            }
             let cuda = match s.memory {
                 Memory::Cuda => true,
                 Memory::Host => false,

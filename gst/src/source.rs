@@ -51,6 +51,8 @@ pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
 #[derive(Clone, Debug)]
 struct Settings {
     ring: Option<String>,
+    /// The ring directory; empty: the library's default (`GPURING_DIR`, else /dev/shm).
+    dir: String,
     /// None: the ring's policy decides (lossless on a block ring, queue on an overwrite ring).
     mode: Option<Mode>,
     /// -1: the ring's own GPU.
@@ -61,7 +63,14 @@ struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { ring: None, mode: None, device: -1, wait: true, reconnect: false }
+        Settings {
+            ring: None,
+            dir: String::new(),
+            mode: None,
+            device: -1,
+            wait: true,
+            reconnect: false,
+        }
     }
 }
 
@@ -130,7 +139,14 @@ mod imp {
         fn properties() -> &'static [glib::ParamSpec] {
             static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
                 vec![
-                    glib::ParamSpecString::builder("ring").blurb("Name of the ring to read").build(),
+                    glib::ParamSpecString::builder("ring")
+                        .blurb("Name of the ring to read (DIR/gpuring.NAME, DIR the dir property)")
+                        .build(),
+                    glib::ParamSpecString::builder("dir")
+                        .nick("Ring directory")
+                        .blurb("Directory to find the ring in, the producer's as this process sees it; empty: $GPURING_DIR if set, else /dev/shm")
+                        .default_value(Some(""))
+                        .build(),
                     glib::ParamSpecString::builder("mode")
                         .blurb("lossless, queue or latest; default: the ring's policy decides")
                         .default_value(Some("default"))
@@ -157,6 +173,10 @@ mod imp {
             let mut s = self.settings.lock().unwrap();
             match pspec.name() {
                 "ring" => s.ring = value.get().expect("type checked"),
+                "dir" => {
+                    let dir: Option<String> = value.get().expect("type checked");
+                    s.dir = dir.unwrap_or_default();
+                }
                 "mode" => {
                     let name: Option<String> = value.get().expect("type checked");
                     match name.as_deref() {
@@ -182,6 +202,7 @@ mod imp {
             let s = self.settings.lock().unwrap();
             match pspec.name() {
                 "ring" => s.ring.to_value(),
+                "dir" => s.dir.to_value(),
                 "mode" => s.mode.map_or("default", |m| m.name()).to_value(),
                 "device" => s.device.to_value(),
                 "wait" => s.wait.to_value(),
@@ -318,7 +339,10 @@ mod imp {
 
     impl RingSrc {
         fn builder(&self, s: &Settings) -> ConsumerBuilder {
-            let b = Consumer::builder(s.ring.as_deref().unwrap_or_default());
+            let mut b = Consumer::builder(s.ring.as_deref().unwrap_or_default());
+            if !s.dir.is_empty() {
+                b = b.dir(&s.dir);
+            }
             match s.mode {
                 Some(m) => b.mode(m),
                 None => b,

@@ -264,3 +264,67 @@ fn source_ends_the_stream_when_the_producer_is_killed() {
     // The killed producer could not remove its segment.
     let _ = std::fs::remove_file(format!("/dev/shm/gpuring.{ring}"));
 }
+
+/// `dir`: a sink and a source that name the same ring directory (one that containers share,
+/// say) exchange every frame; a source that looks in the default directory finds no ring.
+#[test]
+fn sink_and_source_in_another_directory() {
+    const N: u64 = 30;
+    match role().as_deref() {
+        Some("producer") => {
+            init();
+            let (ring, dir): (String, String) = (env("RING"), env("DIR"));
+            run_producer(&format!(
+                "videotestsrc num-buffers={N} pattern=ball ! {} ! gpuringsink ring={ring} dir={dir} wait-for-consumers=1",
+                caps()
+            ));
+            return;
+        }
+        Some("consumer") => {
+            init();
+            let extra = format!("dir={} mode=lossless", env::<String>("DIR"));
+            assert_eq!(gst_consumer(&env::<String>("RING"), N, &extra), N);
+            return;
+        }
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    init();
+    for factory in ["gpuringsink", "gpuringsrc"] {
+        let e = gst::ElementFactory::make(factory).build().unwrap();
+        assert_eq!(e.property::<String>("dir"), "", "{factory}: the library's default");
+        e.set_property("dir", "/rings");
+        assert_eq!(e.property::<String>("dir"), "/rings");
+    }
+    let ring = unique_name("gst-dir");
+    let dir = std::env::temp_dir().join(&ring);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("gpuring.{ring}"));
+    let env = [("RING", ring.clone()), ("DIR", dir.to_str().unwrap().to_owned())];
+    let test = "sink_and_source_in_another_directory";
+    let producer = spawn(test, "producer", &env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "the sink made no ring in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Not in the default directory: a source that does not wait fails, naming where it looked.
+    let desc = format!("gpuringsrc ring={ring} wait=false ! fakesink");
+    let pipeline = gst::parse::launch(&desc).unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let msg = pipeline
+        .bus()
+        .unwrap()
+        .timed_pop_filtered(gst::ClockTime::from_seconds(30), &[gst::MessageType::Error])
+        .expect("an error from the source");
+    let gst::MessageView::Error(err) = msg.view() else { unreachable!() };
+    let wanted = format!("no ring named {ring:?} in {}", gpuring::shm::default_dir().display());
+    let debug = err.debug().unwrap_or_default();
+    assert!(debug.contains(&wanted), "{debug}");
+    pipeline.set_state(gst::State::Null).unwrap();
+
+    expect_success(spawn(test, "consumer", &env), "consumer");
+    expect_success(producer, "producer");
+    assert!(!file.exists(), "the sink removed its ring");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

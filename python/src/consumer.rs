@@ -1,6 +1,7 @@
 //! `gpuring.Consumer`: opens a ring of either memory kind and receives `Slot`s. Blocking waits
 //! release the GIL and wake every 100 ms to let Ctrl-C (and other signals) through.
 
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,8 @@ use crate::held::{Held, Reader, Receiver};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
 
-/// Consumer(name, stream=None, *, dtype=None, shape=None, device=None, start="newest", wait=0.0)
+/// Consumer(name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None,
+///          wait=0.0, allow_foreign_owner=False, dir=None)
 ///
 /// Opens ring `name` as a consumer, in whatever memory (CUDA or host) the producer chose.
 ///
@@ -39,11 +41,15 @@ use crate::slot::{stream_number, Slot};
 ///   one's).
 /// - `allow_foreign_owner`: open a ring whose segment another user owns (its producer made it
 ///   readable and writable for us with `permissions=`). Refused by default.
+/// - `dir`: the directory (a `str` or `os.PathLike`) to find the ring in, as this process sees
+///   the producer's; default the `GPURING_DIR` environment variable if set, else `/dev/shm`.
 #[pyclass(module = "gpuring")]
 pub struct Consumer {
     /// None once closed. Bound to the thread that opened it (see `bound`).
     shared: ThreadBound<Option<Rc<dyn Receiver>>>,
     name: String,
+    /// The ring directory it was opened in.
+    dir: PathBuf,
     wanted: Wanted,
     /// The GPU the consumer reads on; None for host rings.
     device: Option<i32>,
@@ -53,7 +59,7 @@ pub struct Consumer {
 impl Consumer {
     #[new]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
-    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None, wait=0.0, allow_foreign_owner=false))]
+    #[pyo3(signature = (name, stream=None, *, dtype=None, shape=None, device=None, start="newest", mode=None, wait=0.0, allow_foreign_owner=false, dir=None))]
     fn new(
         py: Python<'_>,
         name: &str,
@@ -65,7 +71,9 @@ impl Consumer {
         mode: Option<&str>,
         wait: f64,
         allow_foreign_owner: bool,
+        dir: Option<PathBuf>,
     ) -> PyResult<Consumer> {
+        let dir = crate::ring_dir(dir);
         let wanted = Wanted::from_args(dtype, shape)?;
         let start = match start {
             "newest" => StartAt::Newest,
@@ -89,7 +97,7 @@ impl Consumer {
         let stream = stream.filter(|s| !s.is_none()).map(stream_handle).transpose()?;
         let until = deadline(Some(wait))?;
         let rx = loop {
-            match open(name, start, mode, device, stream, allow_foreign_owner) {
+            match open(name, &dir, start, mode, device, stream, allow_foreign_owner) {
                 // Not there yet, still being built, or a dead producer's ring that its
                 // successor will replace: what `open_when_ready` waits through too.
                 Err(e)
@@ -111,14 +119,15 @@ impl Consumer {
                         OpenErrorKind::NotInitialized | OpenErrorKind::Truncated { .. }
                     ) && wait > 0.0 =>
                 {
-                    break Err(open_error(OpenError::new(name, OpenErrorKind::TimedOut)))?;
+                    let e = OpenError::in_dir(name, &dir, OpenErrorKind::TimedOut);
+                    break Err(open_error(e))?;
                 }
                 other => break other.map_err(open_error)?,
             }
         };
         let device = rx.device();
         let shared = ThreadBound::new(Some(rx));
-        Ok(Consumer { shared, name: name.to_owned(), wanted, device })
+        Ok(Consumer { shared, name: name.to_owned(), dir, wanted, device })
     }
 
     /// recv(timeout=None) -> Slot
@@ -255,6 +264,12 @@ impl Consumer {
         &self.name
     }
 
+    /// The ring directory the ring was opened in (absolute, a `pathlib.Path`).
+    #[getter]
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// "cuda" or "host".
     #[getter]
     fn memory(&self) -> &'static str {
@@ -355,17 +370,20 @@ pub fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     obj.getattr("cuda_stream")?.extract::<u64>()
 }
 
-/// Opens `name` as whichever kind of consumer its memory needs.
+/// Opens `name` of ring directory `dir` as whichever kind of consumer its memory needs.
 fn open(
     name: &str,
+    dir: &Path,
     start: StartAt,
     mode: Option<Mode>,
     device: Option<i32>,
     stream: Option<u64>,
     allow_foreign_owner: bool,
 ) -> Result<Rc<dyn Receiver>, OpenError> {
-    let builder =
-        RingConsumer::builder(name).start_at(start).allow_foreign_owner(allow_foreign_owner);
+    let builder = RingConsumer::builder(name)
+        .dir(dir)
+        .start_at(start)
+        .allow_foreign_owner(allow_foreign_owner);
     let builder = match mode {
         Some(m) => builder.mode(m),
         None => builder,

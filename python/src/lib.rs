@@ -30,6 +30,15 @@ mod producer;
 mod sigterm;
 mod slot;
 
+/// The ring directory of a `dir=` argument: the library's default (`GPURING_DIR`, else
+/// `/dev/shm`) when None, made absolute now, so that the `dir` property and the SIGTERM
+/// cleanup name the same directory after a change of working directory or environment.
+fn ring_dir(dir: Option<std::path::PathBuf>) -> std::path::PathBuf {
+    let dir = dir.unwrap_or_else(gpuring::shm::default_dir);
+    // Fails only for an empty path (or no working directory): left for the open to report.
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
 /// The `gpuring` module.
 #[pymodule]
 #[pyo3(name = "gpuring")]

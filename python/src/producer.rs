@@ -1,6 +1,7 @@
 //! `gpuring.Producer`: publishes tensors (CUDA rings: a device-to-device copy on the caller's
 //! stream, then publish) or buffers (host rings: a copy into the shared slot).
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use gpuring::tensor::TensorHeader;
@@ -45,7 +46,7 @@ trait Sender {
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
 ///          policy="block", max_consumers=None, spares=None, sharing="legacy",
-///          allow_uids=None, allow_gids=None, permissions=None)
+///          allow_uids=None, allow_gids=None, permissions=None, dir=None)
 ///
 /// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: the delivery mode of consumers
@@ -56,25 +57,29 @@ trait Sender {
 /// 8, fewer where the ring's limits leave less room). `sharing` (CUDA rings): "legacy" (IPC
 /// handles in the ring, which any process that can read it may map) or "vmm" (memory handed
 /// out by file descriptor to processes of this uid only, or also of the uids in `allow_uids`
-/// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). The
-/// ring is removed when the producer is closed or freed.
+/// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). `dir`: the
+/// directory (a `str` or `os.PathLike`) the ring's file and sockets go in; default the
+/// `GPURING_DIR` environment variable if set, else `/dev/shm`. Consumers must pass the same
+/// directory (as they see it). The ring is removed when the producer is closed or freed.
 #[pyclass(module = "gpuring")]
 pub struct Producer {
     /// None once closed. Bound to the thread that made it (see `bound`).
     tx: ThreadBound<Option<Box<dyn Sender>>>,
     name: String,
+    /// The ring directory the ring was created in.
+    dir: PathBuf,
 }
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        crate::sigterm::closed(&self.name);
+        crate::sigterm::closed(&self.dir, &self.name);
     }
 }
 
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", allow_uids=None, allow_gids=None, permissions=None))]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", allow_uids=None, allow_gids=None, permissions=None, dir=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -91,6 +96,7 @@ impl Producer {
         allow_uids: Option<Vec<u32>>,
         allow_gids: Option<Vec<u32>>,
         permissions: Option<u32>,
+        dir: Option<PathBuf>,
     ) -> PyResult<Producer> {
         let policy = Policy::from_name(policy).ok_or_else(|| {
             PyValueError::new_err(format!("policy={policy:?}: use \"block\" or \"overwrite\""))
@@ -109,6 +115,8 @@ impl Producer {
         if let Some(mode) = permissions {
             builder = builder.mode(mode);
         }
+        let dir = crate::ring_dir(dir);
+        builder = builder.dir(&dir);
         let cuda = match memory {
             "cuda" => true,
             "host" => false,
@@ -143,8 +151,8 @@ impl Producer {
         let builder = builder.device(device).sharing(sharing);
         let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
         let tx = tx.map_err(error)?;
-        let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned() };
-        crate::sigterm::created(py, name)?;
+        let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned(), dir };
+        crate::sigterm::created(py, &producer.dir, name)?;
         Ok(producer)
     }
 
@@ -188,7 +196,7 @@ impl Producer {
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         self.tx.close(py)?;
         crate::bound::drain();
-        crate::sigterm::closed(&self.name);
+        crate::sigterm::closed(&self.dir, &self.name);
         Ok(())
     }
 
@@ -223,7 +231,7 @@ impl Producer {
                 tx.abort();
             }
         });
-        crate::sigterm::closed(&self.name);
+        crate::sigterm::closed(&self.dir, &self.name);
         Ok(())
     }
 
@@ -231,6 +239,12 @@ impl Producer {
     #[getter]
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The ring directory the ring was created in (absolute, a `pathlib.Path`).
+    #[getter]
+    fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// "cuda" or "host".

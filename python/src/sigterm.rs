@@ -1,6 +1,7 @@
 //! Cleaning up on SIGTERM, the way systemd and Docker stop services: Python's default for
 //! SIGTERM ends the process at once, without running `close()` or finalizers, which left the
-//! ring's name in /dev/shm until the next create reclaimed it.
+//! ring's name in its directory (`/dev/shm`, or the producer's `dir`) until the next create
+//! reclaimed it.
 //!
 //! When a process creates its first producer on the main thread and SIGTERM still has its
 //! default action, the package installs a handler that removes the names of the rings this
@@ -9,19 +10,20 @@
 //! producer gone ("died": the stream was cut). An application that handles SIGTERM itself
 //! keeps its handler; `gpuring.handle_sigterm(False)` (or `GPURING_SIGTERM=0`) opts out.
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
-/// Rings created by this process's live producers.
-static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Rings created by this process's live producers: their directories and names.
+static LIVE: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
 
 /// Whether the handler may be installed (`handle_sigterm`, `GPURING_SIGTERM`).
 static ENABLED: Mutex<Option<bool>> = Mutex::new(None);
 
-/// Records ring `name`, just created, and installs the handler if it may be.
-pub fn created(py: Python<'_>, name: &str) -> PyResult<()> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+/// Records ring `name` of directory `dir`, just created, and installs the handler if it may be.
+pub fn created(py: Python<'_>, dir: &Path, name: &str) -> PyResult<()> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner()).push((dir.to_owned(), name.to_owned()));
     if enabled() {
         // A handler that cannot be installed leaves SIGTERM as it was: no reason to refuse
         // the producer.
@@ -30,9 +32,11 @@ pub fn created(py: Python<'_>, name: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Forgets ring `name`: its producer closed it (or was dropped).
-pub fn closed(name: &str) {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| n != name);
+/// Forgets ring `name` of directory `dir`: its producer closed it (or was dropped).
+pub fn closed(dir: &Path, name: &str) {
+    LIVE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(d, n)| (d.as_path(), n.as_str()) != (dir, name));
 }
 
 fn enabled() -> bool {
@@ -63,10 +67,10 @@ fn install(py: Python<'_>) -> PyResult<()> {
 fn on_sigterm(py: Python<'_>, _signum: i32, _frame: &Bound<'_, PyAny>) -> PyResult<()> {
     let me = std::process::id();
     let names = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|p| p.into_inner()));
-    for name in names {
+    for (dir, name) in names {
         // Only a ring this process still produces: never a successor's of the same name.
-        if gpuring::inspect::status(&name).is_ok_and(|s| s.producer_pid == me) {
-            let _ = gpuring::inspect::remove(&name, true);
+        if gpuring::inspect::status_in(&dir, &name).is_ok_and(|s| s.producer_pid == me) {
+            let _ = gpuring::inspect::remove_in(&dir, &name, true);
         }
     }
     let signal = py.import("signal")?;

@@ -230,6 +230,23 @@ def test_sigterm_leaves_no_ring_behind(ring_name, opt_out):
         os.remove(path)
 
 
+def test_sigterm_removes_a_ring_of_another_directory(ring_name, tmp_path):
+    # A relative `dir`, and a change of working directory after the create: the handler still
+    # removes the ring from the directory it was created in.
+    (tmp_path / "rings").mkdir()
+    code = (f"import gpuring, os, time; p = gpuring.Producer({ring_name!r}, 64, memory='host', dir='rings');"
+            "os.chdir('/'); print(p.dir, flush=True); time.sleep(30)")
+    env = dict(os.environ, GPURING_SIGTERM="1")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                             cwd=tmp_path)
+    assert child.stdout.readline().strip() == str(tmp_path / "rings")  # made absolute
+    path = tmp_path / "rings" / f"gpuring.{ring_name}"
+    assert path.exists()
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == -signal.SIGTERM
+    assert not path.exists()
+
+
 def test_an_exception_in_a_with_block_cuts_the_stream(ring_name):
     rx = None
     with pytest.raises(RuntimeError):
@@ -262,13 +279,34 @@ def test_open_errors(ring_name):
     absent = ring_name + "-absent"
     with pytest.raises(FileNotFoundError) as e:
         gpuring.Consumer(absent)
-    assert str(e.value) == f'no ring named "{absent}"'  # the Rust and CLI wording
+    assert str(e.value) == f'no ring named "{absent}" in /dev/shm'  # the Rust and CLI wording
     with pytest.raises(FileNotFoundError):
         gpuring.Consumer(absent, wait=0.05)
     with pytest.raises(ValueError):
         gpuring.Consumer(ring_name, start="later")
     with pytest.raises(ValueError):
         gpuring.Producer(ring_name, 64, memory="disk")
+
+
+def test_a_ring_in_another_directory(ring_name, tmp_path):
+    """`dir=`: the ring's file goes in that directory (one a container shares, say); consumers
+    that look elsewhere do not find it."""
+    with gpuring.Producer(ring_name, 64, memory="host", dir=tmp_path) as tx:
+        assert tx.dir == tmp_path
+        assert (tmp_path / f"gpuring.{ring_name}").exists()
+        assert not pathlib.Path(f"/dev/shm/gpuring.{ring_name}").exists()
+        with gpuring.Consumer(ring_name, start="next", dir=str(tmp_path)) as rx:  # str or PathLike
+            assert rx.dir == tmp_path
+            tx.send(b"first")
+            tx.send(b"second")
+            assert bytes(rx.recv(timeout=5))[:5] == b"first"
+            assert bytes(rx.recv(timeout=5))[:6] == b"second"
+        with pytest.raises(FileNotFoundError) as e:
+            gpuring.Consumer(ring_name)  # the default directory has no such ring
+        assert str(e.value) == f'no ring named "{ring_name}" in /dev/shm'
+        with pytest.raises(FileNotFoundError) as e:
+            gpuring.Consumer(ring_name, dir=tmp_path / "elsewhere", wait=0.05)
+    assert not (tmp_path / f"gpuring.{ring_name}").exists()  # removed on close
 
 
 def test_a_producer_waits_for_its_consumers(ring_name):
