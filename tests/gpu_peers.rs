@@ -610,8 +610,9 @@ fn two_gpus_vmm_kills_of_a_peer_consumer_and_of_the_producer() {
     kills("two_gpus_vmm_kills_of_a_peer_consumer_and_of_the_producer", Mode::Vmm);
 }
 
-/// `nobody`.
-const OTHER_UID: u32 = 65534;
+/// A uid no account has (not 65534, `nobody`: that is also the overflow uid an unmapped peer
+/// reads as, which the fd server refuses whatever its policy).
+const OTHER_UID: u32 = 4321;
 
 /// A VMM ring on GPU 0 with the default policy (its producer's uid only): a consumer of another
 /// uid asking for GPU 1 is refused before any memory is mapped, and gets no fd. Needs root.

@@ -12,8 +12,9 @@ use common::{env, expect_success, role, spawn, unique_name};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::{Consumer, OpenError, OpenErrorKind, PeerPolicy, Producer, Sharing};
 
-/// `nobody`.
-const OTHER_UID: u32 = 65534;
+/// A uid no account has (not 65534, `nobody`: that is also the overflow uid an unmapped peer
+/// reads as, which the fd server refuses whatever its policy).
+const OTHER_UID: u32 = 4321;
 const FRAMES: u64 = 50;
 const LEN: u64 = 1 << 20;
 

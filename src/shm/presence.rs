@@ -28,7 +28,7 @@
 //!
 //! A child made by `fork()` shares its parent's descriptions, so it would keep a dead parent's
 //! locks held, and the parent looking alive, for as long as it runs. Every descriptor that
-//! holds such a lock is registered here ([`Registered`]); a `pthread_atfork` child handler
+//! holds such a lock is registered here ([`Holder`]); a `pthread_atfork` child handler
 //! points each of them, in the child only, at an empty file (`dup3` over the descriptor, which
 //! drops the child's reference to the description without unlocking it: an unlock would free
 //! the parent's lock). The child therefore cannot use its parent's rings: it opens its own.

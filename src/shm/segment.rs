@@ -190,8 +190,9 @@ impl Segment {
             return Err(CreateErrorKind::AlreadyExists { pid: 0 });
         }
         // A shared `flock` as well, which an older gpuring's replacer takes for a live
-        // producer (ours judge by the lock above only).
-        let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockShared);
+        // producer (ours judge by the lock above only). On the holder's description, so that
+        // it goes with the producer, not with a child it forked.
+        let _ = rustix::fs::flock(holder.fd(), rustix::fs::FlockOperation::NonBlockingLockShared);
         let holder = std::sync::OnceLock::from(holder);
         // From here the name stays ours: a replacer unlinks only a file whose producer's lock
         // it holds.

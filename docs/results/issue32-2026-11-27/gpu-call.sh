@@ -18,7 +18,10 @@ n=$(nvidia-smi -L | wc -l); if [ "$n" -ge 2 ]; then skip=(); else skip=(--skip t
 if [[ $what == *tests* ]]; then
   timeout 330 $B/run-tests "${skip[@]}" > $R/gpu-tests.log 2>&1; echo "run-tests exit $?"
   tail -1 $R/gpu-tests.log; grep -E "FAILED|panicked" $R/gpu-tests.log | head -10
-  grep -E "^(cell|matrix)|namespaces" $R/gpu-tests.log | head -40
+  save
+  # The namespace matrix once more with its per-cell lines (the suite captures them).
+  timeout 120 $B/tests/namespaces --ignored --nocapture > $R/namespaces.log 2>&1
+  echo "namespaces exit $?"; grep -E "namespaces: \[|test result" $R/namespaces.log
   save
   PYTHONPATH=$PWD/$B/py/site GPURING_PIPELINE=$B/bin/pipeline timeout 100 \
     python3 -m pytest -ra -p no:cacheprovider python/tests > $R/pytest-gpu.log 2>&1
