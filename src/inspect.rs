@@ -367,18 +367,17 @@ pub fn remove_in(dir: &Path, name: &str, force: bool) -> Result<(), RemoveError>
         RemoveError::Open(OpenError::in_dir(name, dir, OpenErrorKind::InvalidName(e)))
     })?;
     let status = status_in(dir, name);
-    let closed = match &status {
+    match status {
         Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => return Err(RemoveError::NotFound),
         Ok(s) if s.producer_alive && !s.closed && !force => {
             return Err(RemoveError::ProducerAlive { pid: s.producer_pid })
         }
-        Ok(s) => s.closed,
-        Err(_) if force => false,
-        Err(_) => return Err(RemoveError::Open(status.unwrap_err())),
-    };
+        Err(e) if !force => return Err(RemoveError::Open(e)),
+        _ => {}
+    }
     let ring_dir = RingDir::open(dir).map_err(RemoveError::Io)?;
     // Checked again under the ring's locks: its producer may have started since.
-    crate::shm::stale::remove(&ring_dir, &shm, force || closed).map_err(|e| match e {
+    crate::shm::stale::remove(&ring_dir, &shm, force).map_err(|e| match e {
         Refused::NotFound => RemoveError::NotFound,
         Refused::Alive { pid } => RemoveError::ProducerAlive { pid },
         Refused::Busy => RemoveError::Io(io::Error::new(

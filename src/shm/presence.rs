@@ -32,16 +32,18 @@
 //! points each of them, in the child only, at an empty file (`dup3` over the descriptor, which
 //! drops the child's reference to the description without unlocking it: an unlock would free
 //! the parent's lock). The child therefore cannot use its parent's rings: it opens its own.
-//! Descriptors are opened `O_CLOEXEC`, so an `exec`ed child never has them. A holder is opened
-//! and registered, and unregistered and closed, under a guard that the fork handler's prepare
-//! step also takes, so no fork falls between the two. A process with more than
+//! Descriptors are opened `O_CLOEXEC`, so an `exec`ed child never has them. A holder opened
+//! while a fork began is opened again before any lock is taken on it, and a holder unlocks
+//! everything before it unregisters and closes, so no fork between those steps leaves a child
+//! holding a lock. No lock is held around any of it: a fork handler of another library never
+//! waits on ours. A process with more than
 //! [`MAX_REGISTERED`] of them at once leaves the rest unregistered (with a warning). A
 //! participant that leaves its entry for its death to release ([`Holder::keep_until_exit`])
 //! keeps its lock until then.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
 
 use rustix::fs::{Mode, OFlags};
@@ -92,13 +94,26 @@ pub fn held(fd: BorrowedFd<'_>, byte: u64) -> bool {
 
 /// One `fcntl` lock command on the byte `byte`; returns the `flock` the kernel wrote back.
 fn lock(fd: BorrowedFd<'_>, byte: u64, kind: i32, cmd: i32) -> io::Result<libc::flock> {
-    let start = libc::off_t::try_from(byte).map_err(|_| io::ErrorKind::InvalidInput)?;
+    lock_range(fd, byte, 1, kind, cmd)
+}
+
+/// One `fcntl` lock command on `len` bytes from `start` (0: to the end of any file).
+fn lock_range(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    kind: i32,
+    cmd: i32,
+) -> io::Result<libc::flock> {
+    let bad = |_| io::Error::from(io::ErrorKind::InvalidInput);
+    let (start, len) =
+        (libc::off_t::try_from(start).map_err(bad)?, libc::off_t::try_from(len).map_err(bad)?);
     // SAFETY: `flock` is plain data; all-zero is a valid value (l_pid must be 0 for OFD locks).
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = kind as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     fl.l_start = start;
-    fl.l_len = 1;
+    fl.l_len = len;
     // SAFETY: `fd` is an open descriptor for the duration of the call, and `fl` is a valid,
     // exclusively borrowed `struct flock`, which every one of these commands takes.
     let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
@@ -129,23 +144,43 @@ impl Holder {
         }
     }
 
-    /// Opens file `file` of `dir` read-write, never through a symlink, whatever file it is
-    /// (the caller checks the returned status). `Ok(None)` if there is none.
+    /// Opens file `file` of `dir` read-write, never through a symlink and never waiting (a
+    /// lease or a slow file system fails the open rather than stalling it), whatever file it
+    /// is (the caller checks the returned status). `Ok(None)` if there is none.
     ///
-    /// The open and the registration happen under the fork guard: a child forked meanwhile
-    /// never holds an unregistered copy of a description that will hold locks.
+    /// A child forked between the open and the registration would keep an unregistered copy
+    /// of the description, and with it every lock taken on it later. So the fork count
+    /// ([`FORKS`]) is read before the open and after the registration; if a fork began or was
+    /// under way meanwhile, this description (on which no lock was taken yet) is closed and
+    /// another opened. No lock is held across any of it, so no fork handler of another library
+    /// can wait on us.
     pub fn open_any(dir: &RingDir, file: &str) -> io::Result<Option<(Holder, rustix::fs::Stat)>> {
         install();
-        let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let _guard = ForkGuard::take();
-        let fd = match rustix::fs::openat(dir.fd(), file, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let st = rustix::fs::fstat(&fd)?;
-        let slot = register(fd.as_raw_fd());
-        Ok(Some((Holder { slot, fd: Some(fd) }, st)))
+        let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let mut tries = 0;
+        loop {
+            // Acquire (both loads): pair with the fork handlers' Release increments, so that a
+            // fork whose prepare step ran before our open is seen by the second load.
+            let before = FORKS.load(Ordering::Acquire);
+            let fd = match rustix::fs::openat(dir.fd(), file, flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let st = rustix::fs::fstat(&fd)?;
+            let holder = Holder { slot: register(fd.as_raw_fd()), fd: Some(fd) };
+            let after = FORKS.load(Ordering::Acquire);
+            // Even and unchanged: no fork was under way when we opened, and none began since.
+            tries += 1;
+            if (before == after && before % 2 == 0) || tries >= FORK_RETRIES {
+                if tries >= FORK_RETRIES {
+                    tracing::debug!("ring lock opened during a storm of forks");
+                }
+                return Ok(Some((holder, st)));
+            }
+            drop(holder);
+            std::thread::yield_now();
+        }
     }
 
     /// The description, for reads and probes (never for mapping: see the module docs).
@@ -178,9 +213,10 @@ impl Holder {
 impl Drop for Holder {
     fn drop(&mut self) {
         let Some(fd) = self.fd.take() else { return };
-        // Unregister and close under the fork guard: a child forked between the two would keep
-        // the description (and its locks) without the handler knowing.
-        let _guard = ForkGuard::take();
+        // Unlock first: a child forked between the unregistration and the close keeps a copy
+        // of the description, but then one that holds nothing.
+        let _ = lock_range(fd.as_fd(), 0, 0, libc::F_UNLCK, libc::F_OFD_SETLK);
+        let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::Unlock);
         if let Some(slot) = self.slot {
             // Release: pairs with the next registration's CAS of this slot.
             REGISTRY[slot].store(-1, Ordering::Release);
@@ -188,6 +224,9 @@ impl Drop for Holder {
         drop(fd);
     }
 }
+
+/// How often [`Holder::open_any`] opens again while forks keep coming.
+const FORK_RETRIES: u32 = 64;
 
 /// Most descriptors registered for the fork handler at once.
 pub const MAX_REGISTERED: usize = 1024;
@@ -201,35 +240,11 @@ static REGISTRY: [AtomicI32; MAX_REGISTERED] = [const { AtomicI32::new(-1) }; MA
 /// dup3 a stranger over them.
 static PLACEHOLDER: AtomicI32 = AtomicI32::new(-1);
 static PLACEHOLDER_INO: AtomicU64 = AtomicU64::new(0);
+static PLACEHOLDER_DEV: AtomicU64 = AtomicU64::new(0);
 
-/// Set while a holder is opened and registered, or unregistered and closed, and from the fork
-/// handler's prepare step until its parent or child step: a fork never falls between the two
-/// halves of either.
-static FORKING: AtomicBool = AtomicBool::new(false);
-
-/// The fork guard, held for a few system calls.
-struct ForkGuard;
-
-impl ForkGuard {
-    fn take() -> ForkGuard {
-        let backoff = crossbeam_utils::Backoff::new();
-        // Acquire: what the previous holder did (a registration) happens before our section.
-        while FORKING
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            backoff.snooze();
-        }
-        ForkGuard
-    }
-}
-
-impl Drop for ForkGuard {
-    fn drop(&mut self) {
-        // Release: our section happens before the next holder's.
-        FORKING.store(false, Ordering::Release);
-    }
-}
+/// Forks begun (incremented by the prepare handler) and ended (by the parent handler): odd
+/// while a fork is under way. Read around a holder's open (see [`Holder::open_any`]).
+static FORKS: AtomicU64 = AtomicU64::new(0);
 
 /// Registers `fd` in a free slot, or none if all are taken (with a warning once).
 fn register(fd: RawFd) -> Option<usize> {
@@ -257,9 +272,10 @@ fn install() {
         let placeholder = rustix::fs::memfd_create("gpuring-forked", flags).or_else(|_| {
             rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         });
-        match placeholder.and_then(|fd| Ok((rustix::fs::fstat(&fd)?.st_ino, fd))) {
-            Ok((ino, fd)) => {
-                PLACEHOLDER_INO.store(ino, Ordering::Relaxed);
+        match placeholder.and_then(|fd| Ok((rustix::fs::fstat(&fd)?, fd))) {
+            Ok((st, fd)) => {
+                PLACEHOLDER_INO.store(st.st_ino, Ordering::Relaxed);
+                PLACEHOLDER_DEV.store(st.st_dev, Ordering::Relaxed);
                 // Kept open for the life of the process. Release: the handler's Acquire load
                 // sees the inode stored above and an open descriptor.
                 PLACEHOLDER.store(std::os::fd::IntoRawFd::into_raw_fd(fd), Ordering::Release);
@@ -282,20 +298,17 @@ fn install() {
     });
 }
 
-/// Before a fork, in the parent: waits for any open-and-register or unregister-and-close to
-/// finish, and keeps new ones out until the fork is done.
+/// Before a fork, in the parent: counts it begun. Never waits.
 extern "C" fn before_fork() {
-    // Acquire: as `ForkGuard::take`.
-    while FORKING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
-    {
-        std::hint::spin_loop();
-    }
+    // Release: a holder opened after this (its first load sees an odd count, or its second a
+    // changed one) is opened again.
+    FORKS.fetch_add(1, Ordering::Release);
 }
 
-/// After a fork, in the parent.
+/// After a fork, in the parent: counts it ended.
 extern "C" fn after_fork() {
-    // Release: as `ForkGuard`'s drop.
-    FORKING.store(false, Ordering::Release);
+    // Release: as in `before_fork`.
+    FORKS.fetch_add(1, Ordering::Release);
 }
 
 /// The fork handler, run in the child: drops the child's references to every registered
@@ -304,12 +317,13 @@ extern "C" fn in_child() {
     // Acquire (all loads): pair with the Release stores that registered each descriptor.
     let placeholder: RawFd = PLACEHOLDER.load(Ordering::Acquire);
     let ino = PLACEHOLDER_INO.load(Ordering::Relaxed);
+    let dev = PLACEHOLDER_DEV.load(Ordering::Relaxed);
     // SAFETY: `stat` is plain data, all-zero valid; `fstat` is async-signal-safe and writes
     // only into it.
     let ours = placeholder >= 0
         && unsafe {
             let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino
+            libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino && st.st_dev == dev
         };
     if ours {
         for cell in REGISTRY.iter() {
@@ -323,6 +337,6 @@ extern "C" fn in_child() {
             }
         }
     }
-    // Release: the child's own later holders start from a free guard.
-    FORKING.store(false, Ordering::Release);
+    // Release: the child's count is even again (its prepare step counted this fork begun).
+    FORKS.fetch_add(1, Ordering::Release);
 }

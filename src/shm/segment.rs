@@ -161,9 +161,9 @@ impl Segment {
         let flags =
             OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let mode = Mode::from_bits_truncate(mode);
-        // Owner read-write until the lock is taken (a second description opens it read-write);
-        // the exact mode is set below.
-        let first = Mode::RUSR | Mode::WUSR;
+        // The ring's mode, and owner read-write at least until the lock is taken (a second
+        // description opens it read-write); the exact mode is set below.
+        let first = mode | Mode::RUSR | Mode::WUSR;
         let fd = rustix::fs::openat(dir.fd(), name.file(), flags, first).map_err(|e| match e {
             Errno::EXIST => CreateErrorKind::AlreadyExists { pid: 0 },
             Errno::ACCESS | Errno::PERM => CreateErrorKind::PermissionDenied,
@@ -186,13 +186,19 @@ impl Segment {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        // A shared `flock` as well, which an older gpuring's replacer takes for a live
+        // producer (ours judge by the lock above only). On the holder's description, so that
+        // it goes with the producer, not with a child it forked. An older replacer holds its
+        // exclusive one for a moment at most; the name check below then sees what it did.
+        let shared = rustix::fs::FlockOperation::NonBlockingLockShared;
+        while rustix::fs::flock(holder.fd(), shared).is_err()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         if !names(dir, name, id) {
             return Err(CreateErrorKind::AlreadyExists { pid: 0 });
         }
-        // A shared `flock` as well, which an older gpuring's replacer takes for a live
-        // producer (ours judge by the lock above only). On the holder's description, so that
-        // it goes with the producer, not with a child it forked.
-        let _ = rustix::fs::flock(holder.fd(), rustix::fs::FlockOperation::NonBlockingLockShared);
         let holder = std::sync::OnceLock::from(holder);
         // From here the name stays ours: a replacer unlinks only a file whose producer's lock
         // it holds.
@@ -242,6 +248,14 @@ impl Segment {
         let opened = rustix::fs::openat(dir.fd(), name.file(), flags, Mode::empty());
         let fd = opened.map_err(|e| match e {
             Errno::NOENT => OpenErrorKind::NotFound,
+            // A file being created is its creator's alone for a moment: empty, it is not ready
+            // rather than forbidden.
+            Errno::ACCESS | Errno::PERM
+                if rustix::fs::statat(dir.fd(), name.file(), AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| st.st_size == 0) =>
+            {
+                OpenErrorKind::NotInitialized
+            }
             Errno::ACCESS | Errno::PERM => OpenErrorKind::PermissionDenied,
             Errno::LOOP => OpenErrorKind::NotASegment,
             e => OpenErrorKind::Io(e.into()),

@@ -149,22 +149,23 @@ pub(crate) enum Refused {
 /// Removes ring `name` from `dir`, with the sockets of its instance, the way a replacement
 /// does: holding its replacer and producer locks while it checks that the name still refers
 /// to the file and unlinks it, so that it never removes a ring created meanwhile. Refused while
-/// the producer holds its lock, unless `live_ok` (a forced removal, or a ring its producer
-/// closed).
-pub(crate) fn remove(dir: &RingDir, name: &ShmName, live_ok: bool) -> Result<(), Refused> {
+/// the producer holds its lock and has not closed the ring (read under the locks, from the
+/// file it removes), unless `force`.
+pub(crate) fn remove(dir: &RingDir, name: &ShmName, force: bool) -> Result<(), Refused> {
     let (old, st) = match open(dir, name) {
         Ok(opened) => opened,
         Err(OpenErrorKind::NotFound) => return Err(Refused::NotFound),
         Err(OpenErrorKind::Io(e)) => return Err(Refused::Io(e)),
         // Another user's or not a regular file: removed by name only when forced.
-        Err(_) if live_ok => return unlink_at(dir, name).map_err(|e| Refused::Io(e.into())),
+        Err(_) if force => return unlink_at(dir, name).map_err(|e| Refused::Io(e.into())),
         Err(e) => return Err(Refused::Io(std::io::Error::other(e.to_string()))),
     };
-    if !old.try_hold(presence::REPLACER).map_err(Refused::Io)? && !live_ok {
+    if !old.try_hold(presence::REPLACER).map_err(Refused::Io)? && !force {
         return Err(Refused::Busy);
     }
     let header = read_header(old.fd());
-    if !old.try_hold(presence::PRODUCER).map_err(Refused::Io)? && !live_ok {
+    let closed = header.is_some_and(|h| h.closed != 0);
+    if !old.try_hold(presence::PRODUCER).map_err(Refused::Io)? && !force && !closed {
         return Err(Refused::Alive { pid: header.map_or(0, |h| h.pid) });
     }
     if !names(dir, name, (st.st_dev, st.st_ino)) {
@@ -186,6 +187,7 @@ struct OldHeader {
     version: u32,
     pid: u32,
     epoch: u64,
+    closed: u32,
 }
 
 /// The old file's header fields that matter here, or `None` if the file is too small for a
@@ -209,6 +211,7 @@ fn read_header(fd: BorrowedFd<'_>) -> Option<OldHeader> {
         version: u32_at(std::mem::offset_of!(Header, version)),
         pid: u32_at(std::mem::offset_of!(Header, producer_pid)),
         epoch: u64_at(std::mem::offset_of!(Header, epoch)),
+        closed: u32_at(std::mem::offset_of!(Header, closed)),
     })
 }
 
