@@ -43,7 +43,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
 
 use rustix::fs::{Mode, OFlags};
@@ -127,10 +127,19 @@ fn lock_range(
 /// mapped, registered with the fork handler, released (with every lock) when dropped.
 #[derive(Debug)]
 pub struct Holder {
-    /// The registry slot of `fd`; the drop unregisters and closes under the fork guard.
+    /// The registry slot of `fd`, if one was free.
     slot: Option<usize>,
     /// `None` only after [`Holder::keep_until_exit`].
     fd: Option<OwnedFd>,
+    /// The process that opened it. A forked child that drops a copy it inherited (one the
+    /// fork handler could not replace) only closes it: an unlock would free the parent's locks
+    /// through the shared description.
+    opener: u32,
+}
+
+/// This process's id.
+fn my_pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
 }
 
 impl Holder {
@@ -149,37 +158,51 @@ impl Holder {
     /// is (the caller checks the returned status). `Ok(None)` if there is none.
     ///
     /// A child forked between the open and the registration would keep an unregistered copy
-    /// of the description, and with it every lock taken on it later. So the fork count
-    /// ([`FORKS`]) is read before the open and after the registration; if a fork began or was
-    /// under way meanwhile, this description (on which no lock was taken yet) is closed and
-    /// another opened. No lock is held across any of it, so no fork handler of another library
-    /// can wait on us.
+    /// of the description, and with it every lock taken on it later. So the fork state
+    /// ([`FORKS`]: forks begun, and forks under way) is read before the open, when no fork is
+    /// under way, and again after the registration; if a fork began meanwhile, this
+    /// description (on which no lock was taken yet) is closed and another opened. No lock is
+    /// held across any of it, so no fork handler of another library can wait on us. Forks
+    /// that never end within [`FORK_PATIENCE`] (a fork storm) leave the holder unprotected,
+    /// with a warning.
     pub fn open_any(dir: &RingDir, file: &str) -> io::Result<Option<(Holder, rustix::fs::Stat)>> {
         install();
         let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-        let mut tries = 0;
+        let deadline = std::time::Instant::now() + FORK_PATIENCE;
+        let mut nap = std::time::Duration::from_micros(50);
         loop {
-            // Acquire (both loads): pair with the fork handlers' Release increments, so that a
-            // fork whose prepare step ran before our open is seen by the second load.
-            let before = FORKS.load(Ordering::Acquire);
-            let fd = match rustix::fs::openat(dir.fd(), file, flags, Mode::empty()) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            };
-            let st = rustix::fs::fstat(&fd)?;
-            let holder = Holder { slot: register(fd.as_raw_fd()), fd: Some(fd) };
-            let after = FORKS.load(Ordering::Acquire);
-            // Even and unchanged: no fork was under way when we opened, and none began since.
-            tries += 1;
-            if (before == after && before % 2 == 0) || tries >= FORK_RETRIES {
-                if tries >= FORK_RETRIES {
-                    tracing::debug!("ring lock opened during a storm of forks");
+            // Relaxed: ordered by the SeqCst fences here and in `before_fork` (below).
+            let before = FORKS.load(Ordering::Relaxed);
+            let calm = before & IN_FLIGHT == 0;
+            let late = std::time::Instant::now() >= deadline;
+            if calm || late {
+                let fd = match rustix::fs::openat(dir.fd(), file, flags, Mode::empty()) {
+                    Ok(fd) => fd,
+                    Err(rustix::io::Errno::NOENT) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let st = rustix::fs::fstat(&fd)?;
+                let holder =
+                    Holder { slot: register(fd.as_raw_fd(), &st), fd: Some(fd), opener: my_pid() };
+                // SeqCst: pairs with the fence after `before_fork`'s increment. Our open (a
+                // write to the descriptor table) and that increment, each followed by a full
+                // fence, cannot both miss the other: either the fork's copy of the table comes
+                // after the increment we load here, or it does not hold our descriptor.
+                fence(Ordering::SeqCst);
+                if FORKS.load(Ordering::Relaxed) == before && calm {
+                    return Ok(Some((holder, st)));
                 }
-                return Ok(Some((holder, st)));
+                if late {
+                    tracing::warn!(
+                        "forks kept coming while a ring lock was opened: a child forked now may \
+                         keep it held until it exits or execs"
+                    );
+                    return Ok(Some((holder, st)));
+                }
+                drop(holder);
             }
-            drop(holder);
-            std::thread::yield_now();
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(5));
         }
     }
 
@@ -214,9 +237,12 @@ impl Drop for Holder {
     fn drop(&mut self) {
         let Some(fd) = self.fd.take() else { return };
         // Unlock first: a child forked between the unregistration and the close keeps a copy
-        // of the description, but then one that holds nothing.
-        let _ = lock_range(fd.as_fd(), 0, 0, libc::F_UNLCK, libc::F_OFD_SETLK);
-        let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::Unlock);
+        // of the description, but then one that holds nothing. Only in the process that opened
+        // it (see `opener`).
+        if self.opener == my_pid() {
+            let _ = lock_range(fd.as_fd(), 0, 0, libc::F_UNLCK, libc::F_OFD_SETLK);
+            let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::Unlock);
+        }
         if let Some(slot) = self.slot {
             // Release: pairs with the next registration's CAS of this slot.
             REGISTRY[slot].store(-1, Ordering::Release);
@@ -225,8 +251,8 @@ impl Drop for Holder {
     }
 }
 
-/// How often [`Holder::open_any`] opens again while forks keep coming.
-const FORK_RETRIES: u32 = 64;
+/// How long [`Holder::open_any`] waits for a moment without a fork under way.
+pub const FORK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Most descriptors registered for the fork handler at once.
 pub const MAX_REGISTERED: usize = 1024;
@@ -242,15 +268,35 @@ static PLACEHOLDER: AtomicI32 = AtomicI32::new(-1);
 static PLACEHOLDER_INO: AtomicU64 = AtomicU64::new(0);
 static PLACEHOLDER_DEV: AtomicU64 = AtomicU64::new(0);
 
-/// Forks begun (incremented by the prepare handler) and ended (by the parent handler): odd
-/// while a fork is under way. Read around a holder's open (see [`Holder::open_any`]).
+/// The fork state, read around a holder's open (see [`Holder::open_any`]): forks begun in the
+/// high 32 bits (the prepare handler adds one), forks under way in the low 32 ([`IN_FLIGHT`]:
+/// the prepare handler adds one, the parent handler takes it away, the child handler clears
+/// them, since none is under way in a new child).
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
+/// The low half of [`FORKS`]: forks under way.
+const IN_FLIGHT: u64 = (1 << 32) - 1;
+
+/// The file each registered descriptor names (st_dev, st_ino), so that the child handler
+/// replaces only descriptors that still name it in the child (a number closed and reused by
+/// another thread while the fork copied the table names something else there).
+static SLOT_DEV: [AtomicU64; MAX_REGISTERED] = [const { AtomicU64::new(0) }; MAX_REGISTERED];
+static SLOT_INO: [AtomicU64; MAX_REGISTERED] = [const { AtomicU64::new(0) }; MAX_REGISTERED];
+
 /// Registers `fd` in a free slot, or none if all are taken (with a warning once).
-fn register(fd: RawFd) -> Option<usize> {
+fn register(fd: RawFd, st: &rustix::fs::Stat) -> Option<usize> {
     for (slot, cell) in REGISTRY.iter().enumerate() {
-        // Release: a fork's child handler that loads this slot (Acquire) sees an open fd.
-        if cell.compare_exchange(-1, fd, Ordering::Release, Ordering::Relaxed).is_ok() {
+        // Relaxed: only decides whether to try; the CAS below claims the slot.
+        if cell.load(Ordering::Relaxed) != -1 {
+            continue;
+        }
+        // Claim with a value no descriptor has, fill in the identity, then publish the fd.
+        // Relaxed: the Release store below publishes the slot.
+        if cell.compare_exchange(-1, -2, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            SLOT_DEV[slot].store(st.st_dev, Ordering::Relaxed);
+            SLOT_INO[slot].store(st.st_ino, Ordering::Relaxed);
+            // Release: a fork's child handler that loads this fd (Acquire) sees its identity.
+            cell.store(fd, Ordering::Release);
             return Some(slot);
         }
     }
@@ -300,15 +346,15 @@ fn install() {
 
 /// Before a fork, in the parent: counts it begun. Never waits.
 extern "C" fn before_fork() {
-    // Release: a holder opened after this (its first load sees an odd count, or its second a
-    // changed one) is opened again.
-    FORKS.fetch_add(1, Ordering::Release);
+    // Relaxed, then a SeqCst fence: pairs with the fence in `Holder::open_any` (see there).
+    FORKS.fetch_add((1 << 32) + 1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
 }
 
 /// After a fork, in the parent: counts it ended.
 extern "C" fn after_fork() {
-    // Release: as in `before_fork`.
-    FORKS.fetch_add(1, Ordering::Release);
+    // Relaxed: only ends the "under way" a holder's open waits out; nothing is published.
+    FORKS.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// The fork handler, run in the child: drops the child's references to every registered
@@ -326,17 +372,26 @@ extern "C" fn in_child() {
             libc::fstat(placeholder, &mut st) == 0 && st.st_ino == ino && st.st_dev == dev
         };
     if ours {
-        for cell in REGISTRY.iter() {
+        for (slot, cell) in REGISTRY.iter().enumerate() {
             let fd = cell.load(Ordering::Acquire);
-            if fd >= 0 {
+            if fd < 0 {
+                continue;
+            }
+            let (dev, ino) =
+                (SLOT_DEV[slot].load(Ordering::Relaxed), SLOT_INO[slot].load(Ordering::Relaxed));
+            // SAFETY: as above: plain data, and an async-signal-safe call writing only into it.
+            let same = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                libc::fstat(fd, &mut st) == 0 && st.st_dev == dev && st.st_ino == ino
+            };
+            if same {
                 // SAFETY: plain system call on descriptor numbers; `fd` is open in the child
-                // (inherited, and registered only while open), and replacing it leaves the
-                // number open, so the owner's later close closes the placeholder copy, never
-                // an unrelated file.
+                // and names the registered file, and replacing it leaves the number open, so
+                // the owner's later close closes the placeholder copy, never an unrelated file.
                 unsafe { libc::dup3(placeholder, fd, libc::O_CLOEXEC) };
             }
         }
     }
-    // Release: the child's count is even again (its prepare step counted this fork begun).
-    FORKS.fetch_add(1, Ordering::Release);
+    // Relaxed: a new child has no fork of its own under way.
+    FORKS.fetch_and(!IN_FLIGHT, Ordering::Relaxed);
 }
