@@ -90,6 +90,19 @@ pub(super) fn names(dir: &RingDir, name: &ShmName, id: (u64, u64)) -> bool {
         .is_ok_and(|st| (st.st_dev, st.st_ino) == id)
 }
 
+/// The checks every open of a ring's file makes of what it opened: a regular file, owned by
+/// this user unless `opts` allows otherwise.
+pub(super) fn check_file(st: &rustix::fs::Stat, opts: OpenOptions) -> Result<(), OpenErrorKind> {
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(OpenErrorKind::NotASegment);
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me && !opts.allow_foreign_owner {
+        return Err(OpenErrorKind::ForeignOwner { uid: st.st_uid });
+    }
+    Ok(())
+}
+
 /// Unlinks `name` in `dir`, whatever file it refers to.
 pub(super) fn unlink_at(dir: &RingDir, name: &ShmName) -> rustix::io::Result<()> {
     rustix::fs::unlinkat(dir.fd(), name.file(), AtFlags::empty())
@@ -261,13 +274,7 @@ impl Segment {
             e => OpenErrorKind::Io(e.into()),
         })?;
         let st = rustix::fs::fstat(&fd).map_err(|e| OpenErrorKind::Io(e.into()))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(OpenErrorKind::NotASegment);
-        }
-        let me = rustix::process::geteuid().as_raw();
-        if st.st_uid != me && !opts.allow_foreign_owner {
-            return Err(OpenErrorKind::ForeignOwner { uid: st.st_uid });
-        }
+        check_file(&st, opts)?;
         Ok((fd, st))
     }
 

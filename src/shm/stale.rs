@@ -41,13 +41,13 @@
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use rustix::fs::{FileType, FlockOperation};
+use rustix::fs::FlockOperation;
 use rustix::io::Errno;
 
 use super::dir::RingDir;
 use super::name::ShmName;
 use super::presence::{self, Holder};
-use super::segment::{names, retry, unlink_at, Segment};
+use super::segment::{check_file, names, retry, unlink_at, OpenOptions, Segment};
 use crate::error::{CreateErrorKind, OpenErrorKind};
 use crate::format::header::LAYOUT_VERSION;
 use crate::format::Header;
@@ -97,12 +97,7 @@ fn replace(
     }
     let dead_pid = header.map_or(0, |h| h.pid);
     tracing::info!(ring = %name.ring(), dir = %dir.path().display(), dead_pid, "replacing a dead producer's ring");
-    if let Some(h) = header.filter(|h| h.epoch != 0) {
-        if let Err(e) = crate::shm::unixsock::remove_instance(dir, name.ring(), h.epoch) {
-            tracing::debug!(error = %e, "cannot remove the dead instance's sockets");
-        }
-    }
-    match unlink_at(dir, name) {
+    match unlink_instance(dir, name, header) {
         Ok(()) | Err(Errno::NOENT) => {}
         Err(Errno::ACCESS | Errno::PERM) => return Err(CreateErrorKind::PermissionDenied),
         Err(e) => return Err(CreateErrorKind::Io(e.into())),
@@ -123,13 +118,7 @@ fn open(dir: &RingDir, name: &ShmName) -> Result<(Holder, rustix::fs::Stat), Ope
         _ => OpenErrorKind::Io(e),
     })?;
     let (holder, st) = opened.ok_or(OpenErrorKind::NotFound)?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(OpenErrorKind::NotASegment);
-    }
-    let me = rustix::process::geteuid().as_raw();
-    if st.st_uid != me {
-        return Err(OpenErrorKind::ForeignOwner { uid: st.st_uid });
-    }
+    check_file(&st, OpenOptions::default())?;
     Ok((holder, st))
 }
 
@@ -171,14 +160,27 @@ pub(crate) fn remove(dir: &RingDir, name: &ShmName, force: bool) -> Result<(), R
     if !names(dir, name, (st.st_dev, st.st_ino)) {
         return Err(Refused::NotFound);
     }
-    if let Some(h) = header.filter(|h| h.epoch != 0) {
-        let _ = crate::shm::unixsock::remove_instance(dir, name.ring(), h.epoch);
-    }
-    match unlink_at(dir, name) {
+    match unlink_instance(dir, name, header) {
         Ok(()) => Ok(()),
         Err(Errno::NOENT) => Err(Refused::NotFound),
         Err(e) => Err(Refused::Io(e.into())),
     }
+}
+
+/// Removes the sockets of the instance `header` names (best effort: one left behind is
+/// replaced by the next bind there), then unlinks `name`. The caller holds the file's replacer
+/// and producer locks and has checked that `name` still refers to it.
+fn unlink_instance(
+    dir: &RingDir,
+    name: &ShmName,
+    header: Option<OldHeader>,
+) -> rustix::io::Result<()> {
+    if let Some(h) = header.filter(|h| h.epoch != 0) {
+        if let Err(e) = crate::shm::unixsock::remove_instance(dir, name.ring(), h.epoch) {
+            tracing::debug!(error = %e, "cannot remove the instance's sockets");
+        }
+    }
+    unlink_at(dir, name)
 }
 
 /// What the replacement reads of an old header.
