@@ -16,16 +16,26 @@
 //!
 //! A range is unregistered before it is unmapped (see `Segment`'s field order): once unmapped,
 //! its addresses may be given to another mapping, whose faults are not ours to swallow.
+//!
+//! The table of ranges grows with the number of segments mapped at once, without bound: a
+//! fixed table once left every segment past its 256th unguarded, so truncating it killed the
+//! process. It is a list of chunks of [`CHUNK`] slots. The first chunk is a static; the others
+//! are allocated by [`Guard::register`] when every slot is taken, linked in with a CAS on the
+//! last chunk's `next`, and never freed (a slot is reused once its segment drops, so the table
+//! is as long as the most segments ever mapped at once). The handler only walks it with atomic
+//! loads: it allocates nothing, takes no lock, and a chunk it has reached is never freed under
+//! it.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Segments that can be registered at once (more are simply not guarded).
-const SLOTS: usize = 256;
+/// Slots per chunk of the table.
+const CHUNK: usize = 256;
 
 /// `Range::start` of a slot being filled in by [`Guard::register`].
 const CLAIMED: usize = usize::MAX;
 
+#[derive(Debug)]
 struct Range {
     /// Start address; 0 while the slot is free, [`CLAIMED`] while it is being filled in. Any
     /// other value: `start..start + len` is mapped by the registering segment, which
@@ -37,9 +47,60 @@ struct Range {
     faulted: AtomicBool,
 }
 
-static RANGES: [Range; SLOTS] = [const {
-    Range { start: AtomicUsize::new(0), len: AtomicUsize::new(0), faulted: AtomicBool::new(false) }
-}; SLOTS];
+impl Range {
+    /// A free slot.
+    const fn free() -> Range {
+        Range {
+            start: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            faulted: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A piece of the table.
+struct Chunk {
+    slots: [Range; CHUNK],
+    /// The next chunk: null until one is linked in, then that chunk for ever (it is leaked,
+    /// never freed, never replaced).
+    next: AtomicPtr<Chunk>,
+}
+
+/// The first chunk; the rest hang off its `next`.
+static TABLE: Chunk =
+    Chunk { slots: [const { Range::free() }; CHUNK], next: AtomicPtr::new(std::ptr::null_mut()) };
+
+/// The chunk after `chunk`, if one is linked in.
+fn next(chunk: &Chunk) -> Option<&'static Chunk> {
+    // Acquire: pairs with the Release CAS in `grow`, so the chunk's slots are seen initialised
+    // (all free) or as filled in since.
+    let p = chunk.next.load(Ordering::Acquire);
+    // SAFETY: a non-null `next` points to a chunk leaked by `grow`: valid and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Every slot of the table, in order. Only atomic loads: safe in the signal handler.
+fn slots() -> impl Iterator<Item = &'static Range> {
+    std::iter::successors(Some(&TABLE), |c| next(c)).flat_map(|c| c.slots.iter())
+}
+
+/// Links a new chunk after `last` (whose `next` was seen null), unless another thread just did.
+/// Allocates: never called from the handler.
+fn grow(last: &'static Chunk) {
+    let new = Box::into_raw(Box::new(Chunk {
+        slots: [const { Range::free() }; CHUNK],
+        next: AtomicPtr::new(std::ptr::null_mut()),
+    }));
+    // Release on success: whoever Acquire-loads `next` (`next()`) sees the chunk initialised.
+    // Relaxed on failure: we only drop our chunk then, and the walk that follows loads the
+    // winner's with Acquire.
+    let linked =
+        last.next.compare_exchange(std::ptr::null_mut(), new, Ordering::Release, Ordering::Relaxed);
+    if linked.is_err() {
+        // SAFETY: `new` came from `Box::into_raw` above and was never published.
+        drop(unsafe { Box::from_raw(new) });
+    }
+}
 
 /// The SIGBUS action before ours, to pass foreign faults on to.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
@@ -47,9 +108,9 @@ static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 /// A registered range; unregisters on drop.
 #[derive(Debug)]
 pub struct Guard {
-    /// `Some(i)`: `RANGES[i]` holds this guard's range until it drops. `None`: nothing is
-    /// guarded (all slots taken, or no file backs the memory).
-    slot: Option<usize>,
+    /// `Some(r)`: the table slot that holds this guard's range until it drops. `None`: nothing
+    /// is guarded (no file backs the memory).
+    slot: Option<&'static Range>,
 }
 
 impl Guard {
@@ -69,37 +130,49 @@ impl Guard {
         install();
         let start = start as usize;
         debug_assert!(start != 0 && start != CLAIMED && start.checked_add(len).is_some());
-        for (i, r) in RANGES.iter().enumerate() {
-            // Relaxed: claiming the slot publishes nothing; the CAS keeps two registrations
-            // from filling in one slot.
-            if r.start.compare_exchange(0, CLAIMED, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-                continue;
+        let mut chunk: &'static Chunk = &TABLE;
+        loop {
+            for r in chunk.slots.iter() {
+                // Relaxed: claiming the slot publishes nothing; the CAS keeps two registrations
+                // from filling in one slot.
+                if r.start
+                    .compare_exchange(0, CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+                {
+                    continue;
+                }
+                r.len.store(len, Ordering::Relaxed);
+                r.faulted.store(false, Ordering::Relaxed);
+                // Release: a handler that Acquire-loads `start` sees `len` and `faulted`.
+                r.start.store(start, Ordering::Release);
+                return Guard { slot: Some(r) };
             }
-            r.len.store(len, Ordering::Relaxed);
-            r.faulted.store(false, Ordering::Relaxed);
-            // Release: a handler that Acquire-loads `start` sees `len` and `faulted`.
-            r.start.store(start, Ordering::Release);
-            return Guard { slot: Some(i) };
+            chunk = match next(chunk) {
+                Some(c) => c,
+                None => {
+                    // Every slot is taken: add a chunk (or find the one another thread added).
+                    grow(chunk);
+                    next(chunk).expect("a chunk was just linked in")
+                }
+            };
         }
-        Guard { slot: None }
     }
 
     /// Whether a fault past the end of the file was caught in this range.
     pub fn faulted(&self) -> bool {
         // Acquire: pairs with the handler's Release store.
-        self.slot.is_some_and(|i| RANGES[i].faulted.load(Ordering::Acquire))
+        self.slot.is_some_and(|r| r.faulted.load(Ordering::Acquire))
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
+        if let Some(r) = self.slot {
             // Relaxed: our own slot, filled in by `register` before this guard existed.
             #[cfg(test)]
-            let (start, len) =
-                (RANGES[i].start.load(Ordering::Relaxed), RANGES[i].len.load(Ordering::Relaxed));
+            let (start, len) = (r.start.load(Ordering::Relaxed), r.len.load(Ordering::Relaxed));
             // Release: the slot may be reused after this.
-            RANGES[i].start.store(0, Ordering::Release);
+            r.start.store(0, Ordering::Release);
             #[cfg(test)]
             test_hooks::unregistered(start, len);
         }
@@ -176,7 +249,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
 /// Maps a zero page over `addr` if it lies in a registered range, and marks the range
 /// faulted. Returns whether it did.
 fn take(addr: usize) -> bool {
-    for r in RANGES.iter() {
+    for r in slots() {
         // Acquire: pairs with `register`'s Release store.
         let start = r.start.load(Ordering::Acquire);
         let len = r.len.load(Ordering::Relaxed);
@@ -209,7 +282,7 @@ fn take(addr: usize) -> bool {
 /// Whether `addr` lies in a registered range.
 #[cfg(test)]
 pub fn registered(addr: usize) -> bool {
-    RANGES.iter().any(|r| {
+    slots().any(|r| {
         // Acquire: pairs with `register`'s Release store.
         let start = r.start.load(Ordering::Acquire);
         start != 0 && start != CLAIMED && addr.wrapping_sub(start) < r.len.load(Ordering::Relaxed)
@@ -249,5 +322,54 @@ pub mod test_hooks {
     /// The last range this thread unregistered.
     pub fn last_unregistered() -> Option<Unregistered> {
         LAST.with(|l| l.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More segments than one chunk holds, registered from several threads at once, are all
+    /// guarded, and all unregistered when they drop. (The table used to be one fixed array of
+    /// 256 slots: a registration past it guarded nothing.)
+    #[test]
+    fn the_table_grows_past_one_chunk() {
+        const THREADS: usize = 4;
+        const EACH: usize = CHUNK * 3 / 4;
+        let fd = rustix::fs::memfd_create("guard-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        let ranges = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..EACH)
+                            .map(|_| {
+                                let map = memmap2::MmapOptions::new().len(4096).map_raw(&fd);
+                                let map = map.unwrap();
+                                // SAFETY: a shared mapping of the memfd, which is never
+                                // truncated; the guard drops before the map below.
+                                let guard = unsafe { Guard::register(map.as_mut_ptr(), 4096) };
+                                (guard, map)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect::<Vec<_>>()
+        });
+        assert_eq!(ranges.len(), THREADS * EACH);
+        for (guard, map) in &ranges {
+            let base = map.as_mut_ptr() as usize;
+            assert!(guard.slot.is_some(), "the range at {base:#x} got no slot");
+            assert!(registered(base) && registered(base + 4095), "{base:#x} is not guarded");
+            assert!(!guard.faulted());
+        }
+        for (guard, map) in ranges {
+            let base = map.as_mut_ptr() as usize;
+            drop(guard);
+            // Still mapped, so nobody else can have registered these addresses.
+            assert!(!registered(base), "{base:#x} is still registered after its guard dropped");
+            drop(map);
+        }
     }
 }
