@@ -114,10 +114,13 @@ typedef struct gpuring_consumer_options {
   uint32_t mode;
   // A `gpuring_start`. Default `GPURING_START_NEWEST`.
   uint32_t start;
-  // CUDA: the GPU to read on (negative: the ring's).
+  // CUDA: the GPU to read on (negative: the ring's). Another GPU than the ring's reads its
+  // memory across the link between the two (peer access); streams passed to
+  // `gpuring_consumer_recv` must then be of this GPU's primary context.
   int32_t device;
-  // Open a ring whose segment another user owns. Default false.
-  bool allow_foreign_owner;
+  // Nonzero: open a ring whose segment another user owns. Default 0. A `uint32_t`, not a
+  // `bool`, so that any value a caller writes is valid: every nonzero one means yes.
+  uint32_t allow_foreign_owner;
   // The ring directory to find the ring in (the producer's, as this process sees it), a
   // path read during `gpuring_consumer_open` (not kept). NULL or "": the `GPURING_DIR`
   // environment variable if set, else /dev/shm. Default NULL.
@@ -164,9 +167,10 @@ typedef struct gpuring_producer_options {
   int32_t spares;
   // The largest number of consumers (0: the library's default).
   uint32_t max_consumers;
-  // CUDA memory: share it by file descriptor with processes of this uid only (VMM sharing)
-  // instead of legacy IPC handles. Default false.
-  bool vmm;
+  // Nonzero: share CUDA memory by file descriptor with processes of this uid only (VMM
+  // sharing) instead of legacy IPC handles. Default 0. A `uint32_t`, not a `bool`, so that
+  // any value a caller writes is valid: every nonzero one means yes.
+  uint32_t vmm;
   // The segment's file mode (0: the default, 0600).
   uint32_t file_mode;
   // The ring directory: where the ring's file and sockets go, a path read during
@@ -202,9 +206,16 @@ enum gpuring_status gpuring_consumer_open(const char *name,
 void gpuring_consumer_free(struct gpuring_consumer *c);
 
 // Receives the next message, waiting up to `timeout_ms` (negative: as long as it takes; 0:
-// not at all). CUDA: `stream` (a `CUstream` of the ring's GPU's primary context, or NULL for
-// the consumer's own) is made to wait for the producer's writes, and the release is recorded
-// on it. On success `*out` is the message and `*info` (may be NULL) what it is.
+// not at all). On success `*out` is the message and `*info` (may be NULL) what it is.
+//
+// CUDA: `stream` is made to wait for the producer's writes, and the release is recorded on it;
+// NULL: the consumer's own. It must be a `CUstream` of the primary context (the one the CUDA
+// runtime uses) of the GPU this consumer reads on: the options' `device` if it was set (a
+// consumer on another GPU than the ring's), else the ring's GPU. It must stay alive until the
+// message is released. Do not pass the per-thread default stream (`CU_STREAM_PER_THREAD`,
+// `cudaStreamPerThread`) if the message may be released on another thread than this one: that
+// handle names another stream on each thread, so the release would be recorded on a stream
+// that does not follow the reads.
 enum gpuring_status gpuring_consumer_recv(struct gpuring_consumer *c,
                                           int64_t timeout_ms,
                                           void *stream,
@@ -218,6 +229,11 @@ enum gpuring_status gpuring_message_describe(const struct gpuring_message *m,
 // Releases message `m` (CUDA: after the work queued on its stream so far), so the producer
 // may reuse its buffer, and frees the handle, even when it reports an error (do not release
 // it again). NULL is a no-op.
+//
+// CUDA: the release is recorded on the stream the message was received on, as this thread
+// names it. If that was the per-thread default stream (`CU_STREAM_PER_THREAD`), release on the
+// thread that received it: on another thread the handle names another stream, and the
+// producer could overwrite the buffer while the reads queued on the first are still running.
 enum gpuring_status gpuring_message_release(struct gpuring_message *m);
 
 // The memory kind of the consumer's ring (never AUTO).
@@ -241,7 +257,10 @@ void gpuring_producer_free(struct gpuring_producer *p);
 // this process; CUDA: a device pointer) and `*capacity` its size. CUDA: `stream` (a
 // `CUstream` of the ring's GPU's primary context, or NULL for the producer's own) is the
 // stream to write it on, which already waits for the slot's previous readers; the publish
-// fences the work queued on it. Host memory: `stream` must be NULL. One slot at a time.
+// fences the work queued on it. Do not pass the per-thread default stream
+// (`CU_STREAM_PER_THREAD`) if the slot may be published on another thread: the handle names
+// another stream there, and the publish would not fence the writes. Host memory: `stream`
+// must be NULL. One slot at a time.
 enum gpuring_status gpuring_producer_acquire(struct gpuring_producer *p,
                                              int64_t timeout_ms,
                                              void *stream,

@@ -52,10 +52,13 @@ pub struct gpuring_consumer_options {
     pub mode: u32,
     /// A `gpuring_start`. Default `GPURING_START_NEWEST`.
     pub start: u32,
-    /// CUDA: the GPU to read on (negative: the ring's).
+    /// CUDA: the GPU to read on (negative: the ring's). Another GPU than the ring's reads its
+    /// memory across the link between the two (peer access); streams passed to
+    /// `gpuring_consumer_recv` must then be of this GPU's primary context.
     pub device: i32,
-    /// Open a ring whose segment another user owns. Default false.
-    pub allow_foreign_owner: bool,
+    /// Nonzero: open a ring whose segment another user owns. Default 0. A `uint32_t`, not a
+    /// `bool`, so that any value a caller writes is valid: every nonzero one means yes.
+    pub allow_foreign_owner: u32,
     /// The ring directory to find the ring in (the producer's, as this process sees it), a
     /// path read during `gpuring_consumer_open` (not kept). NULL or "": the `GPURING_DIR`
     /// environment variable if set, else /dev/shm. Default NULL.
@@ -70,7 +73,7 @@ pub extern "C" fn gpuring_consumer_options_default() -> gpuring_consumer_options
         mode: gpuring_mode::GPURING_MODE_DEFAULT as u32,
         start: gpuring_start::GPURING_START_NEWEST as u32,
         device: -1,
-        allow_foreign_owner: false,
+        allow_foreign_owner: 0,
         dir: std::ptr::null(),
     }
 }
@@ -163,7 +166,7 @@ pub unsafe extern "C" fn gpuring_consumer_open(
             other => return fail(GPURING_INVALID_ARGUMENT, format!("start {other}")),
         };
         let mut b =
-            Consumer::builder(name).start_at(start).allow_foreign_owner(o.allow_foreign_owner);
+            Consumer::builder(name).start_at(start).allow_foreign_owner(o.allow_foreign_owner != 0);
         b = match o.mode {
             0 => b,
             1 => b.mode(Mode::Lossless),
@@ -236,9 +239,16 @@ pub unsafe extern "C" fn gpuring_consumer_free(c: *mut gpuring_consumer) {
 }
 
 /// Receives the next message, waiting up to `timeout_ms` (negative: as long as it takes; 0:
-/// not at all). CUDA: `stream` (a `CUstream` of the ring's GPU's primary context, or NULL for
-/// the consumer's own) is made to wait for the producer's writes, and the release is recorded
-/// on it. On success `*out` is the message and `*info` (may be NULL) what it is.
+/// not at all). On success `*out` is the message and `*info` (may be NULL) what it is.
+///
+/// CUDA: `stream` is made to wait for the producer's writes, and the release is recorded on it;
+/// NULL: the consumer's own. It must be a `CUstream` of the primary context (the one the CUDA
+/// runtime uses) of the GPU this consumer reads on: the options' `device` if it was set (a
+/// consumer on another GPU than the ring's), else the ring's GPU. It must stay alive until the
+/// message is released. Do not pass the per-thread default stream (`CU_STREAM_PER_THREAD`,
+/// `cudaStreamPerThread`) if the message may be released on another thread than this one: that
+/// handle names another stream on each thread, so the release would be recorded on a stream
+/// that does not follow the reads.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_consumer_recv(
     c: *mut gpuring_consumer,
@@ -269,8 +279,10 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
                 recv(rx.recv_timeout_or_block(timeout_ms)).map(Received::Cuda)
             }
             Rx::Cuda(rx) => {
-                // SAFETY: the caller passes a live stream of the ring's GPU's primary context
-                // that outlives the message (the contract in the header).
+                // SAFETY: the caller passes a live stream of the primary context of the GPU
+                // this consumer reads on, which outlives the message and is not the per-thread
+                // default stream if the message is released on another thread (the contract
+                // in the header).
                 let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
                     Stream::from_raw(rx.context(), stream.cast())
                 })));
@@ -399,6 +411,11 @@ pub unsafe extern "C" fn gpuring_message_describe(
 /// Releases message `m` (CUDA: after the work queued on its stream so far), so the producer
 /// may reuse its buffer, and frees the handle, even when it reports an error (do not release
 /// it again). NULL is a no-op.
+///
+/// CUDA: the release is recorded on the stream the message was received on, as this thread
+/// names it. If that was the per-thread default stream (`CU_STREAM_PER_THREAD`), release on the
+/// thread that received it: on another thread the handle names another stream, and the
+/// producer could overwrite the buffer while the reads queued on the first are still running.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpuring_status {
     if m.is_null() {

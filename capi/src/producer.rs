@@ -47,9 +47,10 @@ pub struct gpuring_producer_options {
     pub spares: i32,
     /// The largest number of consumers (0: the library's default).
     pub max_consumers: u32,
-    /// CUDA memory: share it by file descriptor with processes of this uid only (VMM sharing)
-    /// instead of legacy IPC handles. Default false.
-    pub vmm: bool,
+    /// Nonzero: share CUDA memory by file descriptor with processes of this uid only (VMM
+    /// sharing) instead of legacy IPC handles. Default 0. A `uint32_t`, not a `bool`, so that
+    /// any value a caller writes is valid: every nonzero one means yes.
+    pub vmm: u32,
     /// The segment's file mode (0: the default, 0600).
     pub file_mode: u32,
     /// The ring directory: where the ring's file and sockets go, a path read during
@@ -71,7 +72,7 @@ pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options
         policy: gpuring_policy::GPURING_POLICY_BLOCK as u32,
         spares: -1,
         max_consumers: 0,
-        vmm: false,
+        vmm: 0,
         file_mode: 0,
         dir: std::ptr::null(),
     }
@@ -161,7 +162,7 @@ pub unsafe extern "C" fn gpuring_producer_create(
         if o.file_mode != 0 {
             b = b.mode(o.file_mode);
         }
-        if o.vmm {
+        if o.vmm != 0 {
             b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
         }
         // SAFETY: `dir` is null or a C string, valid for the call, by the caller's contract.
@@ -234,7 +235,10 @@ unsafe fn idle<'a>(p: *mut gpuring_producer) -> Result<&'a mut gpuring_producer,
 /// this process; CUDA: a device pointer) and `*capacity` its size. CUDA: `stream` (a
 /// `CUstream` of the ring's GPU's primary context, or NULL for the producer's own) is the
 /// stream to write it on, which already waits for the slot's previous readers; the publish
-/// fences the work queued on it. Host memory: `stream` must be NULL. One slot at a time.
+/// fences the work queued on it. Do not pass the per-thread default stream
+/// (`CU_STREAM_PER_THREAD`) if the slot may be published on another thread: the handle names
+/// another stream there, and the publish would not fence the writes. Host memory: `stream`
+/// must be NULL. One slot at a time.
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_acquire(
     p: *mut gpuring_producer,
@@ -311,7 +315,8 @@ fn acquire_cuda(
         return acquire(tx, timeout_ms).map(Claimed::Cuda);
     }
     // SAFETY: the caller passes a live stream of the ring's GPU's primary context that
-    // outlives the slot (the contract in the header).
+    // outlives the slot and is not the per-thread default stream if the slot is published on
+    // another thread (the contract in the header).
     let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
         Stream::from_raw(tx.context(), stream.cast())
     })));

@@ -1,6 +1,7 @@
 //! The C API's error paths, called as C would (through the `extern "C"` functions), in host
 //! memory: null arguments, bad enum values, one slot at a time, a failed publish ending its
-//! slot, a consumer freed with a message out, and the tensor header.
+//! slot, a consumer freed with a message out, the tensor header, and option flags read as
+//! "nonzero = true".
 
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};
@@ -198,4 +199,64 @@ fn a_ring_in_another_directory_is_found_there_only() {
         assert!(!file.exists(), "closing removes the ring's file");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The options' flags are `uint32_t`s read as "nonzero = true": a caller in another language
+/// (ctypes, Go, Zig) that writes 2 or 0xFF, or a whole word of ones, into one passes a valid
+/// value that means yes. (They were `bool`s, for which any byte but 0 or 1 is undefined
+/// behaviour in Rust.)
+#[test]
+fn nonzero_flags_are_true() {
+    // `vmm` on a host ring is refused, so a create that fails says the flag was read as set.
+    let n = name("flags");
+    for (vmm, refused) in [(0, false), (1, true), (2, true), (0xFF, true), (u32::MAX, true)] {
+        let mut o = gpuring_producer_options_default();
+        o.memory = gpuring_memory::GPURING_MEMORY_HOST as u32;
+        o.slot_size = 64;
+        o.vmm = vmm;
+        let mut p = null_mut();
+        // SAFETY: valid name, options and out-pointer.
+        let s = unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) };
+        if refused {
+            assert_eq!(s, GPURING_INVALID_ARGUMENT, "vmm = {vmm:#x}");
+            assert!(last_error().contains("VMM sharing is for CUDA memory"), "{}", last_error());
+        } else {
+            assert_eq!(s, GPURING_OK, "vmm = 0: {}", last_error());
+            // SAFETY: made above.
+            unsafe { gpuring_producer_free(p) };
+        }
+    }
+
+    // `allow_foreign_owner`, written as a foreign caller would: one byte of the field set to 2,
+    // or all of it to ones. It takes a ring file of another uid, which only root can make.
+    let (p, n) = host_producer("foreign");
+    let file = gpuring::shm::default_dir().join(format!("gpuring.{}", n.to_str().unwrap()));
+    if let Err(e) = std::os::unix::fs::chown(&file, Some(65534), Some(65534)) {
+        eprintln!("allow_foreign_owner: skipped (cannot give the ring to another uid: {e})");
+        // SAFETY: made by `host_producer`.
+        unsafe { gpuring_producer_free(p) };
+        return;
+    }
+    let field = std::mem::offset_of!(gpuring_consumer_options, allow_foreign_owner);
+    for (bytes, allowed) in [([0u8; 4], false), ([2, 0, 0, 0], true), ([0xFF; 4], true)] {
+        let mut o = gpuring_consumer_options_default();
+        // SAFETY: the field's 4 bytes lie inside `o`, and any bytes are a valid `u32`.
+        unsafe {
+            let at = (&mut o as *mut gpuring_consumer_options).cast::<u8>().add(field);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, 4);
+        }
+        let mut c = null_mut();
+        // SAFETY: valid name, options and out-pointer; `c` is freed below.
+        unsafe {
+            let s = gpuring_consumer_open(n.as_ptr(), &o, &mut c);
+            if allowed {
+                assert_eq!(s, GPURING_OK, "{bytes:x?}: {}", last_error());
+                gpuring_consumer_free(c);
+            } else {
+                assert_eq!(s, GPURING_PERMISSION_DENIED, "{bytes:x?}: {}", last_error());
+            }
+        }
+    }
+    // SAFETY: made by `host_producer`.
+    unsafe { gpuring_producer_free(p) };
 }
