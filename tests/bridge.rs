@@ -99,7 +99,10 @@ fn bridge_child() -> bool {
             let o = ImportOptions::new(&env::<String>("KEY"), &env::<String>("RING"))
                 .wait_for_consumers(env("CONSUMERS"))
                 .memory(memory);
-            bridge::import(&o, &zenoh(None, Some(endpoint)), &STOP).unwrap();
+            // The exporter's endpoint, and any other ones (comma-separated) to connect to.
+            let mut z = zenoh(None, None);
+            z.connect = endpoint.split(',').map(str::to_owned).collect();
+            bridge::import(&o, &z, &STOP).unwrap();
         }
         other => panic!("unknown role {other}"),
     }
@@ -152,11 +155,18 @@ impl Chain {
     }
 
     fn importer_in(&self, memory: &str) -> Child {
+        self.importer_of(&self.dst, 2, memory, &[])
+    }
+
+    /// An importer into ring `ring`, waiting for `consumers`, that also connects to `also`.
+    fn importer_of(&self, ring: &str, consumers: usize, memory: &str, also: &[&str]) -> Child {
+        let endpoints: Vec<&str> =
+            [self.endpoint.as_str()].into_iter().chain(also.iter().copied()).collect();
         let env = [
-            ("RING", self.dst.clone()),
+            ("RING", ring.to_owned()),
             ("KEY", self.key.clone()),
-            ("ENDPOINT", self.endpoint.clone()),
-            ("CONSUMERS", "2".to_owned()),
+            ("ENDPOINT", endpoints.join(",")),
+            ("CONSUMERS", consumers.to_string()),
             ("MEMORY", memory.to_owned()),
         ];
         spawn(self.test, "import", &env)
@@ -280,6 +290,157 @@ fn a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss() {
     }
     let test = "a_far_consumer_that_pauses_holds_a_lossless_chain_back_without_loss";
     lossless_chain(test, 3_000, [Duration::from_secs(8), Duration::ZERO]);
+}
+
+/// A raw Zenoh peer session listening on `endpoint` (no gpuring in it).
+fn raw_session(endpoint: &str) -> zenoh::Session {
+    use zenoh::Wait;
+    let mut c = zenoh::Config::default();
+    c.insert_json5("mode", "\"peer\"").unwrap();
+    c.insert_json5("listen/endpoints", &format!("[{endpoint:?}]")).unwrap();
+    c.insert_json5("scouting/multicast/enabled", "false").unwrap();
+    zenoh::open(c).wait().unwrap()
+}
+
+/// A valid bridge attachment (docs/bridge.md's wire format) with the source's geometry, for a
+/// message that another exporter (`exporter`) of another ring instance (`epoch`) sends.
+fn foreign_attachment(exporter: u64, epoch: u64) -> Vec<u8> {
+    let mut a = b"GRZ1".to_vec();
+    a.extend_from_slice(&1u16.to_le_bytes()); // version
+    a.extend_from_slice(&[0, 0]); // host memory, Block
+    for word in [epoch, 0, 0] {
+        a.extend_from_slice(&word.to_le_bytes()); // epoch, sequence number, timestamp
+    }
+    a.extend_from_slice(&8u32.to_le_bytes()); // capacity
+    a.extend_from_slice(&HEADER.to_le_bytes());
+    a.extend_from_slice(&(SLOT as u64).to_le_bytes());
+    a.extend_from_slice(&exporter.to_le_bytes());
+    a.extend_from_slice(&[0; HEADER as usize]);
+    a
+}
+
+/// One message from another exporter on the key, in the middle of a lossless stream, must not
+/// stall it: the importer counts each exporter's messages apart, so the real exporter's window
+/// keeps opening, and the stray message is ignored (it names another ring instance). Before,
+/// the importer counted it in the real exporter's place, that exporter's credit stayed ~1 000
+/// messages behind for ever, and the source producer blocked (a slot never came).
+#[test]
+fn a_stray_message_on_the_key_does_not_stall_a_lossless_chain() {
+    use zenoh::Wait;
+    if bridge_child() {
+        return;
+    }
+    const BEFORE: u64 = 1_000;
+    const N: u64 = BEFORE + 100;
+    let chain = Chain::new("a_stray_message_on_the_key_does_not_stall_a_lossless_chain");
+    let mut tx = chain.source().create().unwrap();
+    let stray_endpoint = format!("tcp/127.0.0.1:{}", free_port());
+    let stray = raw_session(&stray_endpoint);
+    let exporter = chain.exporter("oldest");
+    let importer = chain.importer_of(&chain.dst, 1, "host", &[&stray_endpoint]);
+    let received = AtomicU64::new(0);
+    let (got, lagged) = std::thread::scope(|s| {
+        let far = s.spawn(|| consume(&chain.dst, N - 1, &received, Duration::ZERO));
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        for seq in 0..BEFORE {
+            send(&mut tx, seq);
+        }
+        // The importer reaches this session directly (it connects to it).
+        let publisher = stray.declare_publisher(chain.key.clone()).wait().unwrap();
+        let t = Instant::now();
+        while !publisher.matching_status().wait().unwrap().matching() {
+            assert!(t.elapsed() < LONG, "the importer never subscribed through the stray peer");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let attachment = foreign_attachment(0x5eed_0f0e, 0xe90c);
+        publisher.put(vec![7u8]).attachment(attachment).wait().unwrap();
+        for seq in BEFORE..N {
+            send(&mut tx, seq);
+        }
+        far.join().unwrap()
+    });
+    eprintln!("far consumer: {got} messages, lag {lagged}");
+    assert_eq!((got, lagged), (N, 0));
+    stop(exporter, "the exporter");
+    stop(importer, "the importer");
+}
+
+/// Two importers of one lossless export: a far consumer of the first pauses 8 s, and the
+/// exporter waits for it (the slowest importer gates the window) so that neither loses a
+/// message; then the first importer is killed, and once it has been silent for the patience
+/// the second gets the rest of the stream. Before, the exporter kept only the latest
+/// acknowledgement, took each change of importer for a restart, ran at link speed, and the
+/// paused importer's queue dropped messages (lag in its consumer).
+#[test]
+fn two_importers_of_a_lossless_export_are_both_served_and_a_dead_one_is_let_go() {
+    if bridge_child() {
+        return;
+    }
+    const HALF: u64 = 1_500;
+    let chain =
+        Chain::new("two_importers_of_a_lossless_export_are_both_served_and_a_dead_one_is_let_go");
+    let (first_ring, second_ring) = (format!("{}-1", chain.dst), format!("{}-2", chain.dst));
+    let mut tx = chain.source().create().unwrap();
+    let exporter = chain.exporter("oldest");
+    let mut first = chain.importer_of(&first_ring, 1, "host", &[]);
+    let second = chain.importer_of(&second_ring, 1, "host", &[]);
+    let (a, b) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (paused, steady) = std::thread::scope(|s| {
+        let paused = s.spawn(|| consume_from(&first_ring, HALF - 1, &a, Duration::from_secs(8)));
+        let steady = s.spawn(|| consume_from(&second_ring, 2 * HALF - 1, &b, Duration::ZERO));
+        tx.wait_for_consumers(1, LONG).expect("the exporter joins");
+        // Until both importers made their rings, one message at a time: an importer that was
+        // not subscribed yet starts its ring at a later message (never a loss).
+        let mut seq = 0;
+        let t = Instant::now();
+        while !(ring_exists(&first_ring) && ring_exists(&second_ring)) {
+            assert!(t.elapsed() < LONG, "the importers never made their rings");
+            send(&mut tx, seq);
+            seq += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let probes = seq;
+        while seq < HALF {
+            send(&mut tx, seq);
+            seq += 1;
+        }
+        let paused = paused.join().unwrap();
+        // The first importer dies: after the patience, the exporter stops waiting for it.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        while seq < 2 * HALF {
+            send(&mut tx, seq);
+            seq += 1;
+        }
+        let steady = steady.join().unwrap();
+        for (first_seq, ..) in [paused, steady] {
+            assert!(first_seq < probes, "a ring began at {first_seq}, after the probes");
+        }
+        (paused, steady)
+    });
+    for ((first_seq, got, lagged), last) in [(paused, HALF - 1), (steady, 2 * HALF - 1)] {
+        eprintln!("far consumer: messages {first_seq}..={last}: {got} received, lag {lagged}");
+        assert_eq!((got, lagged), (last - first_seq + 1, 0));
+    }
+    let _ = gpuring::inspect::remove(&first_ring, true);
+    stop(exporter, "the exporter");
+    stop(second, "the second importer");
+}
+
+/// Whether ring `name` exists in the default directory.
+fn ring_exists(name: &str) -> bool {
+    std::path::Path::new(&format!("/dev/shm/gpuring.{name}")).exists()
+}
+
+/// [`consume`], also returning the first message's seq: (first seq, received, lag).
+fn consume_from(name: &str, last: u64, received: &AtomicU64, pause: Duration) -> (u64, u64, u64) {
+    let first = AtomicU64::new(u64::MAX);
+    let (got, lagged) = consume_in::<gpuring::Host>(name, last, received, pause, |_, m| {
+        let seq = u64::from_le_bytes(m.header()[..8].try_into().unwrap());
+        let _ = first.compare_exchange(u64::MAX, seq, Ordering::Relaxed, Ordering::Relaxed);
+        m.to_vec()
+    });
+    (first.into_inner(), got, lagged)
 }
 
 /// The exporter and then the importer are killed (SIGKILL) mid-stream and started again: the

@@ -115,8 +115,10 @@ impl ImportOptions {
         self
     }
 
-    /// The largest local ring it makes, in bytes of buffers: a source's geometry comes from the
-    /// network, so a larger one is refused (its messages dropped, with a warning). Default
+    /// The most memory it allocates for the local ring, in bytes: the shared file (buffers of
+    /// a host ring, and every table and user header) and, for a CUDA ring, its device buffers
+    /// and page-locked staging buffers. A source's geometry comes from the network, so one that
+    /// needs more is refused (its messages dropped, with a warning). Default
     /// [`DEFAULT_MAX_RING_BYTES`].
     ///
     /// ```
@@ -221,9 +223,15 @@ pub fn import(
             }
             Err(e) => return Err(BridgeError::Zenoh(e.to_string())),
         };
-        let payload = sample.payload().to_bytes();
+        // Nothing is materialised before it is checked: the attachment's length first, the
+        // payload's once its geometry passed (`make`) or is that of the ring made.
+        let long = sample.attachment().map_or(0, |a| a.len());
+        if long > wire::MAX_LEN {
+            tracing::warn!(key = %sample.key_expr(), bytes = long, "dropped a message: its attachment is too long to be a bridge header");
+            continue;
+        }
         let attachment = sample.attachment().map(|a| a.to_bytes()).unwrap_or_default();
-        let h = match wire::decode(&attachment, payload.len()) {
+        let h = match wire::decode(&attachment, sample.payload().len()) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(key = %sample.key_expr(), error = %e, "dropped a message");
@@ -272,6 +280,7 @@ pub fn import(
             l.declare_lost(h.seq - l.next);
         }
         l.next = h.seq + 1; // `decode` refuses u64::MAX
+        let payload = sample.payload().to_bytes();
         if l.publish(&payload, &h.user_header, stop, &opts.ring, &mut || acks.heartbeat(&session))?
         {
             published += 1;
@@ -281,44 +290,40 @@ pub fn import(
     Ok(published)
 }
 
-/// The importer's acknowledgements (`flow`): its id, and how many messages of the current
-/// exporter it handled, sent on `<key>/ack` every few messages and at each idle tick.
+/// The importer's acknowledgements (`flow`): its id, and how many messages of each exporter
+/// it handled, sent on `<key>/ack` every few messages and at each idle tick.
 struct Acker {
     id: u64,
-    /// The exporter counted for, its count, and the key to answer on.
-    exporter: Option<(u64, u64, String)>,
+    handled: flow::Handled,
 }
 
 impl Acker {
     fn new() -> Acker {
-        Acker { id: flow::new_id(), exporter: None }
+        Acker { id: flow::new_id(), handled: flow::Handled::new() }
     }
 
-    /// Counts message `h` (published or not: the exporter's window counts what arrived).
+    /// Counts message `h` (published or not: the exporter's window counts what arrived), for
+    /// the exporter that sent it only.
     fn handled(&mut self, session: &zenoh::Session, h: &wire::Header, key: &str) {
-        let count = match &mut self.exporter {
-            Some((exporter, count, _)) if *exporter == h.exporter => {
-                *count += 1;
-                *count
-            }
-            _ => {
-                self.exporter = Some((h.exporter, 1, format!("{key}/ack")));
-                1
-            }
-        };
+        let count = self.handled.count(h.exporter, key);
         if count % 8 == 0 {
-            self.heartbeat(session);
+            let ack_key = format!("{key}/ack");
+            send_ack(session, &ack_key, h.exporter, self.id, count);
         }
     }
 
-    /// Sends the current count.
-    fn heartbeat(&self, session: &zenoh::Session) {
-        if let Some((exporter, count, key)) = &self.exporter {
-            let ack = flow::encode(*exporter, self.id, *count);
-            if let Err(e) = session.put(key.as_str(), ack.to_vec()).wait() {
-                tracing::debug!(error = %e, "an acknowledgement was not sent");
-            }
+    /// Sends each current exporter its count.
+    fn heartbeat(&mut self, session: &zenoh::Session) {
+        for (exporter, count, key) in self.handled.current() {
+            send_ack(session, key, exporter, self.id, count);
         }
+    }
+}
+
+fn send_ack(session: &zenoh::Session, key: &str, exporter: u64, importer: u64, count: u64) {
+    let ack = flow::encode(exporter, importer, count);
+    if let Err(e) = session.put(key, ack.to_vec()).wait() {
+        tracing::debug!(error = %e, "an acknowledgement was not sent");
     }
 }
 
@@ -340,20 +345,16 @@ fn create(opts: &ImportOptions, h: &wire::Header) -> Option<Local> {
 
 fn make(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> {
     let g = h.geometry;
-    let bytes = g.slot_size.saturating_mul(g.capacity as u64 + crate::DEFAULT_SPARES as u64);
+    let bytes = allocation(&g, opts.memory)?;
     if bytes > opts.max_ring_bytes {
         return Err(BridgeError::Ring(format!(
-            "ring {:?}: the source's ring ({} slots of {} bytes) is larger than the {} bytes \
-             allowed (ImportOptions::max_ring_bytes, --max-ring-bytes)",
-            opts.ring, g.capacity, g.slot_size, opts.max_ring_bytes
+            "ring {:?}: the source's ring ({} slots of {} bytes, {} bytes of user header) needs \
+             {bytes} bytes here, more than the {} allowed (ImportOptions::max_ring_bytes, \
+             --max-ring-bytes)",
+            opts.ring, g.capacity, g.slot_size, g.user_header_size, opts.max_ring_bytes
         )));
     }
-    let b = Producer::builder(&opts.ring)
-        .dir(opts.dir_or_default())
-        .capacity(g.capacity)
-        .slot_size(g.slot_size as usize)
-        .user_header_size(g.user_header_size)
-        .policy(g.policy);
+    let b = builder(&opts.ring, &g).dir(opts.dir_or_default());
     let tx = match opts.memory {
         MemoryKind::Host => Tx::Host(Box::new(b.create().map_err(BridgeError::Create)?)),
         #[cfg(feature = "cuda")]
@@ -384,9 +385,39 @@ fn make(opts: &ImportOptions, h: &wire::Header) -> Result<Local, BridgeError> {
     Ok(local)
 }
 
+/// Makes the local ring for `h` and drops it (for tests: whether it would be made).
+#[cfg(test)]
+pub(super) fn try_make(opts: &ImportOptions, h: &wire::Header) -> Result<(), BridgeError> {
+    make(opts, h).map(drop)
+}
+
+/// The local ring's builder for a source of geometry `g` (its directory aside).
+fn builder(ring: &str, g: &Geometry) -> crate::ProducerBuilder {
+    Producer::builder(ring)
+        .capacity(g.capacity)
+        .slot_size(g.slot_size as usize)
+        .user_header_size(g.user_header_size)
+        .policy(g.policy)
+}
+
+/// Everything a local ring of `memory` for a source of geometry `g` allocates, in bytes: its
+/// shared file (every table and user header as well as host buffers) and, for a CUDA ring, its
+/// device buffers and the page-locked buffers messages are staged in. Pure arithmetic on what
+/// came from the network; an error if the ring format refuses the geometry.
+pub(crate) fn allocation(g: &Geometry, memory: MemoryKind) -> Result<u64, BridgeError> {
+    let params = builder("import", g).params(memory);
+    let params = params.map_err(|e| BridgeError::Ring(format!("the source's geometry: {e}")))?;
+    let file = crate::format::Layout::of(&params).total as u64;
+    let gpu = match memory {
+        MemoryKind::Host => 0,
+        // Each buffer, and the staging buffers, hold a slot each.
+        MemoryKind::Cuda => g.slot_size.saturating_mul(params.buffers() as u64 + STAGES as u64),
+    };
+    Ok(file.saturating_add(gpu))
+}
+
 /// Page-locked buffers a CUDA import fills in turn: one being copied to the GPU while the next
 /// message is written into another.
-#[cfg(feature = "cuda")]
 const STAGES: usize = 3;
 
 /// How long the current source must be quiet before messages of another epoch replace it.

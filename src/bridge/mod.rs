@@ -27,6 +27,22 @@ mod session;
 #[cfg(test)]
 mod tests;
 
+/// What an importer does with a received message's attachment and payload length before it
+/// allocates anything, over arbitrary bytes (for the fuzz targets, `crate::testing::fuzzing`):
+/// bytes 0..4 the payload length, 4.. the attachment, also read as an acknowledgement.
+#[cfg(feature = "test-support")]
+pub(crate) fn fuzz_message(data: &[u8]) {
+    let Some((len, attachment)) = data.split_first_chunk::<4>() else { return };
+    std::hint::black_box(flow::decode(attachment));
+    let Ok(h) = wire::decode(attachment, u32::from_le_bytes(*len) as usize) else { return };
+    assert_eq!(wire::encode(&h), attachment, "a header that decodes encodes to its bytes");
+    for memory in [crate::MemoryKind::Host, crate::MemoryKind::Cuda] {
+        if let Ok(bytes) = import::allocation(&h.geometry, memory) {
+            assert!(bytes >= h.geometry.slot_size, "the allocation holds a slot at least");
+        }
+    }
+}
+
 pub use export::{export, ExportOptions};
 pub use import::{import, ImportOptions, DEFAULT_MAX_RING_BYTES};
 pub use session::{ZenohMode, ZenohOptions};

@@ -101,3 +101,43 @@ fn export_and_import_rings_of_their_own_directories() {
         assert_eq!((exported, imported), (N, N));
     });
 }
+
+/// A source's geometry comes from the network: the bound counts everything the import would
+/// allocate for it (every table and user header of the shared file; a CUDA ring's device
+/// buffers and page-locked staging too), and a ring over the bound is never made. Before, the
+/// bound counted `slot_size x (capacity + 8)` only: this source passed as 16 KiB and got a
+/// 1 GiB file.
+#[test]
+fn a_hostile_geometry_is_bounded_by_all_it_would_allocate() {
+    use super::import::{allocation, try_make};
+    use super::wire::{Geometry, Header};
+    use crate::{MemoryKind, Policy};
+
+    let headers = Geometry {
+        memory: MemoryKind::Host,
+        policy: Policy::Block,
+        capacity: 16_376,
+        user_header_size: 1 << 16,
+        slot_size: 1,
+    };
+    let host = allocation(&headers, MemoryKind::Host).unwrap();
+    assert!(host >= 1 << 30, "16 384 user headers of 64 KiB: {host} bytes");
+    let gpu = Geometry { capacity: 8, user_header_size: 0, slot_size: 1 << 20, ..headers };
+    let cuda = allocation(&gpu, MemoryKind::Cuda).unwrap();
+    assert!(cuda >= 19 << 20, "16 device buffers and 3 staging buffers of 1 MiB: {cuda}");
+
+    let dir = TempDir::new("bridge-hostile");
+    let name = format!("hostile-{}", std::process::id());
+    let o = ImportOptions::new("k", &name).dir(dir.path()).max_ring_bytes(64 << 20);
+    let h = Header {
+        geometry: headers,
+        exporter: 1,
+        epoch: 1,
+        seq: 0,
+        timestamp_ns: 0,
+        user_header: vec![0; 1 << 16],
+    };
+    let refused = try_make(&o, &h).expect_err("refused");
+    assert!(refused.to_string().contains("more than the 67108864 allowed"), "{refused}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was made");
+}

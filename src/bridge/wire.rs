@@ -27,6 +27,8 @@ const MAGIC: [u8; 4] = *b"GRZ1";
 const VERSION: u16 = 1;
 /// Bytes before the user header.
 pub(crate) const FIXED: usize = 56;
+/// The longest attachment: the fixed part and the largest user header.
+pub(crate) const MAX_LEN: usize = FIXED + Params::MAX_USER_HEADER as usize;
 
 /// The source ring's shape, which an importer's ring copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

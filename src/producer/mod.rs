@@ -251,7 +251,7 @@ impl ProducerBuilder {
         self
     }
 
-    fn params(&self, memory: MemoryKind) -> Result<Params, CreateErrorKind> {
+    pub(crate) fn params(&self, memory: MemoryKind) -> Result<Params, CreateErrorKind> {
         let bad = |field, reason| Err(CreateErrorKind::InvalidConfig { field, reason });
         if self.capacity == 0 || self.capacity > Params::MAX_CAPACITY {
             return bad("capacity", "must be 1..=65536");

@@ -5,6 +5,9 @@
 //! every payload and user-header byte), reclaim consumer entries as a producer would, claim and
 //! publish, and check every CUDA descriptor. Whatever the bytes, this must return normally:
 //! errors are fine; a panic, an out-of-bounds access or UB is a bug.
+//!
+//! [`bridge_message`] and [`vmm_offer`] do the same for what arrives over a network or a unix
+//! socket: a bridge message's attachment, and a VMM producer's offer of its pools' fds.
 
 use std::sync::atomic::Ordering;
 
@@ -12,6 +15,39 @@ use crate::format::view::MappedRing;
 use crate::format::{Header, Layout, MemoryKind, Params, MAGIC};
 use crate::ring::{evict, reap, ConsumerCore, Leave, Mode, ProducerCore, Recount, StartAt};
 use crate::shm::Segment;
+
+/// Runs an importer's checks of a received bridge message over `data` (feature `zenoh`):
+/// bytes 0..4 are the payload's length, the rest its attachment (the wire header), also read
+/// as an acknowledgement; a header that decodes must encode to the same bytes, and its
+/// geometry's allocation must be computed without overflow.
+#[cfg(feature = "zenoh")]
+pub fn bridge_message(data: &[u8]) {
+    crate::bridge::fuzz_message(data);
+}
+
+/// Decodes a VMM offer (`format::offer`) as a consumer does over `data`: byte 0 is the number
+/// of fds that came with it, bytes 1..9 the ring's epoch (little-endian), the rest the payload.
+/// An accepted offer has one entry per fd, each pool inside the table and named once, and
+/// encodes back to the payload's bytes; the same payload with one fd more or less, or for
+/// another epoch, is refused.
+pub fn vmm_offer(data: &[u8]) {
+    use crate::format::{offer, GPU_POOLS};
+    let Some((&fds, rest)) = data.split_first() else { return };
+    let Some((epoch, payload)) = rest.split_first_chunk::<8>() else { return };
+    let (fds, epoch) = (fds as usize, u64::from_le_bytes(*epoch));
+    let Ok(pools) = offer::decode(payload, fds, epoch) else { return };
+    assert_eq!(pools.len(), fds, "one entry per fd");
+    let mut seen = [false; GPU_POOLS];
+    for p in &pools {
+        let index = p.pool as usize;
+        assert!(index < GPU_POOLS && !seen[index], "each pool inside the table, once");
+        seen[index] = true;
+    }
+    assert_eq!(offer::encode(epoch, &pools), payload, "an accepted offer encodes to its bytes");
+    assert!(offer::decode(payload, fds + 1, epoch).is_err(), "one fd more is refused");
+    assert!(fds == 0 || offer::decode(payload, fds - 1, epoch).is_err(), "one fd less too");
+    assert!(offer::decode(payload, fds, epoch ^ 1).is_err(), "another epoch is refused");
+}
 
 /// Runs the readers of a segment over `data`.
 pub fn segment(data: &[u8]) {

@@ -46,8 +46,9 @@ pub enum Options {
         /// The GPU of a CUDA local ring.
         #[arg(long, default_value_t = 0)]
         device: i32,
-        /// The largest ring to make, in bytes of buffers (the source's shape comes from the
-        /// network); a larger source's messages are dropped with a warning.
+        /// The most memory to allocate for the local ring, in bytes: its file, and a CUDA
+        /// ring's device and staging buffers (the source's shape comes from the network); a
+        /// source that needs more has its messages dropped with a warning.
         #[arg(long, default_value_t = bridge::DEFAULT_MAX_RING_BYTES)]
         max_ring_bytes: u64,
         /// How a CUDA local ring shares its memory: legacy or vmm (same-uid consumers).
