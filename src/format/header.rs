@@ -17,8 +17,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 /// consumer entry's lease word, eviction reason and table counters, no done words nor
 /// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode; 7: the
 /// CUDA sharing kind and the VMM fence words; 8: liveness by OFD locks instead of `flock` and
-/// pids, the participants' namespace identities).
-pub const LAYOUT_VERSION: u32 = 8;
+/// pids, the participants' namespace identities; 9: the buffer line's `upstream_before`).
+pub const LAYOUT_VERSION: u32 = 9;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -453,10 +453,11 @@ mod tests {
             Params::read(&h, total - 1),
             Err(OpenErrorKind::Truncated { needed, actual }) if needed == total && actual == total - 1
         ));
-        h.version.store(9, Ordering::Relaxed);
+        h.version.store(LAYOUT_VERSION + 1, Ordering::Relaxed);
         assert!(matches!(
             Params::read(&h, total),
-            Err(OpenErrorKind::VersionMismatch { found: 9, expected: LAYOUT_VERSION })
+            Err(OpenErrorKind::VersionMismatch { found, expected: LAYOUT_VERSION })
+                if found == LAYOUT_VERSION + 1
         ));
         h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
         h.capacity.store(0, Ordering::Relaxed);

@@ -530,10 +530,12 @@ impl ConsumerCore {
                 return Err(lost);
             }
             // Relaxed: written before the publish stamp store, which our pin acquired. A count
-            // that went back (a damaged segment) adds nothing.
+            // that went back (a damaged segment) adds nothing. Our first message counts the
+            // losses declared just before it (the total at the message before it).
             let upstream = line.upstream_lost.load(Ordering::Relaxed);
             let prev = self.upstream_seen.get();
-            let upstream_lag = prev.map_or(0, |p| upstream.saturating_sub(p));
+            let before = || line.upstream_before.load(Ordering::Relaxed);
+            let upstream_lag = upstream.saturating_sub(prev.unwrap_or_else(before));
             // The highest total seen: one that went back must not count its losses twice.
             self.upstream_seen.set(Some(prev.map_or(upstream, |p| p.max(upstream))));
             let pinned = Pinned {

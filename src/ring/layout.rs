@@ -112,6 +112,10 @@ pub struct BufferLine {
     /// (`ProducerCore::declare_lost`: a bridge's network losses). A consumer adds the increase
     /// between two of its messages to its lag. 0 from a producer that never declares any.
     pub upstream_lost: AtomicU64,
+    /// The same total at the message published before this one: a consumer's first message
+    /// counts `upstream_lost - upstream_before` (the losses declared just before it), so a
+    /// consumer that joins late still sees a gap declared before its first message.
+    pub upstream_before: AtomicU64,
 }
 
 impl ProducerLine {
@@ -183,6 +187,7 @@ impl BufferLine {
             len: AtomicU64::new(0),
             timestamp_ns: AtomicU64::new(0),
             upstream_lost: AtomicU64::new(0),
+            upstream_before: AtomicU64::new(0),
         }
     }
 }

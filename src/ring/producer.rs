@@ -71,6 +71,9 @@ pub struct ProducerCore {
     /// Messages declared lost upstream so far ([`declare_lost`](Self::declare_lost)), written
     /// into each published buffer's line.
     upstream_lost: u64,
+    /// `upstream_lost` when the last message was published (`BufferLine::upstream_before` of
+    /// the next).
+    upstream_published: u64,
 }
 
 impl ProducerCore {
@@ -88,6 +91,7 @@ impl ProducerCore {
             min_cursor: 0,
             joins_seen: 0,
             upstream_lost: 0,
+            upstream_published: 0,
         }
     }
 
@@ -230,8 +234,10 @@ impl ProducerCore {
         line.len.store(len, Ordering::Relaxed);
         line.timestamp_ns.store(timestamp_ns, Ordering::Relaxed);
         line.upstream_lost.store(self.upstream_lost, Ordering::Relaxed);
-        // Release: makes the payload, len, timestamp and upstream count visible to a consumer whose pin CAS
-        // (Acquire) reads this stamp.
+        line.upstream_before.store(self.upstream_published, Ordering::Relaxed);
+        self.upstream_published = self.upstream_lost;
+        // Release: makes the payload, len, timestamp and upstream counts visible to a consumer
+        // whose pin CAS (Acquire) reads this stamp.
         line.stamp.store(stamp::ready(s, 0), Ordering::Release);
         // Release: a consumer that Acquire-loads this word finds the stamp above (or a later
         // one) when it loads the buffer's stamp next.

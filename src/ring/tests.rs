@@ -401,19 +401,22 @@ fn declared_upstream_losses_add_to_the_lag_of_the_next_message_taken() {
     let ring = heap.ring();
     let mut p = ProducerCore::new(&ring);
     let mut payload = [u64::MAX; 4];
-    p.declare_lost(7); // before any consumer: its first message is where it starts
+    p.declare_lost(7); // before message 0, declared before any consumer joined
     publish(&mut p, &ring, &mut payload).unwrap();
     let every = join_as(&ring, StartAt::Oldest, Mode::Queue, 1);
     let newest = join_as(&ring, StartAt::Oldest, Mode::Latest, 2);
-    assert_eq!(take(&every, &ring, &payload), (0, 0));
+    // A consumer's first message counts the losses declared just before it, however late it
+    // joined.
+    assert_eq!(take(&every, &ring, &payload), (0, 7));
     p.declare_lost(2);
     publish(&mut p, &ring, &mut payload).unwrap();
     p.declare_lost(1);
     publish(&mut p, &ring, &mut payload).unwrap();
     assert_eq!(take(&every, &ring, &payload), (1, 2));
     assert_eq!(take(&every, &ring, &payload), (2, 1));
-    // The Latest consumer skips 0 and 1; message 2 is its first, where it starts counting.
-    assert_eq!(take(&newest, &ring, &payload), (2, 2));
+    // The Latest consumer skips 0 and 1; message 2 is its first: the 2 skipped and the 1
+    // declared just before it.
+    assert_eq!(take(&newest, &ring, &payload), (2, 2 + 1));
     // Then it skips 3, and the 4 declared before 3 and 4 count for it all the same.
     p.declare_lost(4);
     publish(&mut p, &ring, &mut payload).unwrap();

@@ -217,12 +217,15 @@ fn read_header(fd: BorrowedFd<'_>) -> Option<OldHeader> {
     })
 }
 
+/// The first layout version whose participants hold OFD locks (and no `flock`).
+const LOCKS_SINCE: u32 = 8;
+
 /// Whether the file may be an older gpuring's ring (a layout version before the liveness
 /// locks, or a header not written yet, as an older builder leaves it) whose producer still
 /// holds the `flock` those took: such a producer holds no OFD lock. A ring of this layout has
 /// its version written and is judged by its lock alone, so a stray `flock` cannot keep it.
 fn older_and_locked(fd: BorrowedFd<'_>, header: Option<OldHeader>) -> bool {
-    if header.is_some_and(|h| h.version == LAYOUT_VERSION) {
+    if header.is_some_and(|h| (LOCKS_SINCE..=LAYOUT_VERSION).contains(&h.version)) {
         return false;
     }
     match retry(|| rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive)) {
@@ -312,7 +315,7 @@ mod tests {
     fn an_older_rings_flock_still_keeps_it() {
         let (d, n) = (dir(), name("older"));
         let seg = create(&d, &n, 4096, 0o600).unwrap();
-        seg.header().version.store(LAYOUT_VERSION - 1, std::sync::atomic::Ordering::Relaxed);
+        seg.header().version.store(LOCKS_SINCE - 1, std::sync::atomic::Ordering::Relaxed);
         // An older producer: no OFD lock, a flock held.
         let (older, _) = open(&d, &n).unwrap();
         rustix::fs::flock(older.fd(), FlockOperation::LockShared).unwrap();
