@@ -165,8 +165,9 @@ pub enum VmmImportError {
         /// Where the allocation lives.
         found: Option<i32>,
     },
-    /// The driver refused to map the size asked for: larger than the allocation, or not a
-    /// multiple of the granularity.
+    /// The driver refused to map the size asked for (`CUDA_ERROR_INVALID_VALUE`): larger than
+    /// the allocation, or not a multiple of the granularity. Other failures of the map (out of
+    /// memory) are [`Driver`](Self::Driver).
     Size(DriverError),
 }
 
@@ -247,7 +248,12 @@ impl VmmMapping {
             }),
         )?;
         vmm.reserve(reserve, granularity)?;
-        vmm.map(size).map_err(VmmImportError::Size)?;
+        // Only a size the driver refuses is the size's fault; anything else (out of memory, a
+        // device lost) is reported as the driver's error it is.
+        vmm.map(size).map_err(|e| match e.code {
+            driver::CUresult::CUDA_ERROR_INVALID_VALUE => VmmImportError::Size(e),
+            _ => VmmImportError::Driver(e),
+        })?;
         vmm.grant()?;
         Ok(VmmMapping { vmm, owner })
     }

@@ -157,9 +157,12 @@ impl LegacyRx {
 pub struct CudaRx {
     stream: Stream,
     share: RxShare,
-    /// Locked while a pool is looked up or mapped, so threads sharing the consumer map each
-    /// pool once.
+    /// The mapped pools. Locked only to look a pool up or put one in: never while one is
+    /// mapped, so threads sharing the consumer read mapped pools while another thread maps a
+    /// new one (a VMM map waits on the producer's fd server).
     pools: Mutex<Vec<Option<OpenPool>>>,
+    /// Held while a pool registered after we joined is mapped, so that each is mapped once.
+    opening: Mutex<()>,
     /// On `placed.own`'s device.
     ctx: Arc<Context>,
     /// The device we read on and the one the ring's memory is on (the same, or a peer).
@@ -241,6 +244,7 @@ impl CudaRx {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
             share,
             pools: Mutex::new((0..MAX_POOLS).map(|_| None).collect()),
+            opening: Mutex::new(()),
             ctx,
             placed,
             poll: settings.gpu_poll,
@@ -394,6 +398,20 @@ impl CudaRx {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Maps pool `p`, registered after we joined, unless another thread did meanwhile; with the
+    /// table unlocked while it maps.
+    fn map_new_pool(&self, map: &MappedRing, p: usize) -> Result<(), Fault> {
+        let _one_at_a_time = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.pools()[p].is_some() {
+            return Ok(()); // another thread mapped it while we waited
+        }
+        let mut fresh: Vec<Option<OpenPool>> = (0..MAX_POOLS).map(|_| None).collect();
+        self.open_pools(&mut fresh, map, Some(p)).map_err(OpenFault::receiving)?;
+        // Only this thread puts pools in after the join (under `opening`): the entry is empty.
+        self.pools()[p] = fresh[p].take();
+        Ok(())
+    }
+
     /// The device address of pinned message `m`, after checking its descriptor. Maps a pool
     /// the producer registered after we joined (once).
     fn locate(&self, map: &MappedRing, m: &Pinned) -> Result<CUdeviceptr, Fault> {
@@ -405,10 +423,12 @@ impl CudaRx {
         let known = |pools: &[Option<OpenPool>]| -> Vec<Option<KnownPool>> {
             pools.iter().map(|o| o.as_ref().map(|o| o.known)).collect()
         };
+        let p = pool as usize;
         let mut pools = self.pools();
-        let unmapped = (pool as usize) < MAX_POOLS && pools[pool as usize].is_none();
-        if unmapped {
-            self.open_pools(&mut pools, map, Some(pool as usize)).map_err(OpenFault::receiving)?;
+        if p < MAX_POOLS && pools[p].is_none() {
+            drop(pools);
+            self.map_new_pool(map, p)?;
+            pools = self.pools();
         }
         let d = check_descriptor(pool, generation, offset, m.len, &known(&pools))
             .map_err(Fault::Corrupt)?;
