@@ -1,7 +1,7 @@
 //! The exporting side: a consumer of a local ring that publishes each message on a Zenoh key.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -174,6 +174,8 @@ pub fn export(
         None
     };
     let credit = lossless.then(|| Mutex::new(flow::Credit::new(acks.clone(), 2)));
+    // Messages put so far, over every ring instance joined: each message's index (`flow`).
+    let index = AtomicU64::new(0);
     let mut sent = 0u64;
     let mut last_epoch = None;
     // Relaxed (every load): a request to stop, polled each tick; nothing is published with it.
@@ -192,6 +194,7 @@ pub fn export(
             exporter,
             credit: credit.as_ref(),
             acks: &acks,
+            index: &index,
         };
         last_epoch = Some(match &source {
             Source::Host(rx) => {
@@ -280,6 +283,8 @@ struct Out<'a> {
     /// A lossless export's window.
     credit: Option<&'a Mutex<flow::Credit>>,
     acks: &'a flow::Acks,
+    /// Messages this exporter put so far; the next one's index is one more.
+    index: &'a AtomicU64,
 }
 
 impl Out<'_> {
@@ -291,6 +296,7 @@ impl Out<'_> {
     ) -> wire::Header {
         wire::Header {
             exporter: self.exporter,
+            index: 0, // set when it is put
             geometry: Geometry {
                 memory: rx.memory(),
                 policy: rx.policy(),
@@ -307,7 +313,7 @@ impl Out<'_> {
 
     /// Publishes one message: for a lossless export, once the window has room (false if
     /// `stop` was set first).
-    fn put(&self, payload: &[u8], header: &wire::Header) -> Result<bool, BridgeError> {
+    fn put(&self, payload: &[u8], header: &mut wire::Header) -> Result<bool, BridgeError> {
         if let Some(credit) = self.credit {
             let mut credit = credit.lock().unwrap_or_else(PoisonError::into_inner);
             credit.set_window(flow::window_for(header.geometry.slot_size));
@@ -320,6 +326,8 @@ impl Out<'_> {
             }
             credit.sent();
         }
+        // Relaxed: one thread puts at a time (the sender); the count orders nothing.
+        header.index = self.index.fetch_add(1, Ordering::Relaxed) + 1;
         self.publisher
             .put(payload)
             .attachment(wire::encode(header))
@@ -357,7 +365,7 @@ impl Out<'_> {
         tracing::info!(ring = %self.ring, epoch = rx.epoch(), "joined the ring");
         let mut sent = 0;
         while let Some(m) = self.next(rx, |rx| rx.recv_timeout(TICK))? {
-            if !self.put(&m, &self.header(rx, &m))? {
+            if !self.put(&m, &mut self.header(rx, &m))? {
                 break;
             }
             sent += 1;
@@ -386,9 +394,9 @@ impl Out<'_> {
         std::thread::scope(|s| {
             let sender = s.spawn(move || -> Result<u64, BridgeError> {
                 let mut sent = 0;
-                for (buf, len, header) in todo {
+                for (buf, len, mut header) in todo {
                     buf.wait().map_err(|e| cuda(e.into()))?;
-                    if !self.put(&buf.host()[..len], &header)? {
+                    if !self.put(&buf.host()[..len], &mut header)? {
                         break;
                     }
                     sent += 1;

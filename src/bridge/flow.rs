@@ -7,16 +7,19 @@
 //! without trace. With the window, no importer's queue fills, so none blocks Zenoh; the
 //! exporter waits instead, and the source ring waits for it.
 //!
-//! Acknowledgements go on `<data key>/ack`: the exporter's id (from the messages), the
-//! importer's random id and how many of that exporter's messages it has handled (published, or
-//! dropped). An importer counts each exporter's messages apart ([`Handled`]), so a stray
-//! message on the key (another exporter, any publisher) never moves another exporter's count.
-//! An exporter takes only acknowledgements that name it, and keeps each importer's credit
-//! apart ([`Credit`]): the slowest importer heard from in the last [`PATIENCE`] gates the
-//! window. An importer seen for the first time is counted from there (what it missed before it
-//! subscribed is not its to acknowledge); one silent for [`PATIENCE`] (dead, or its link
-//! closed) is dropped and stops gating. An importer that waits for its consumers keeps
-//! acknowledging (the same count) at each tick, so a pause is not a loss.
+//! Every message carries its exporter's id and its index among that exporter's messages (1,
+//! 2, 3, ...). Acknowledgements go on `<data key>/ack`: the exporter's id, the importer's
+//! random id and the highest index of that exporter's messages it has handled (published, or
+//! dropped). An acknowledgement is absolute, so none depends on another: an importer tracks
+//! each exporter apart ([`Handled`]), and a stray message on the key (another exporter, any
+//! publisher) never moves another exporter's count. An exporter takes only acknowledgements
+//! that name it and keeps each importer's apart ([`Credit`]): what is in flight to an importer
+//! is the messages sent after the index it acknowledged, and the slowest importer heard from in
+//! the last [`PATIENCE`] gates the window. An importer acknowledges an exporter's first message
+//! at once, so one that joins mid-stream gates from then. One silent for [`PATIENCE`] (dead, or
+//! its link closed) stops gating; if it speaks again, it gates again from its exact index. An
+//! importer that waits for its consumers keeps acknowledging (the same index) at each tick, so
+//! a pause is not a loss.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -26,9 +29,13 @@ use std::time::{Duration, Instant};
 /// for gone, and the messages it had in flight for lost.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
 
-/// The most importers an exporter keeps credit for (more, say ids made up by a stray
-/// publisher, are ignored with a warning, so they cannot grow its memory).
+/// The most importers an exporter keeps credit for (a new one beyond takes the place of the
+/// one heard from longest ago, so ids made up by a stray publisher cannot grow its memory).
 pub(crate) const MAX_IMPORTERS: usize = 64;
+
+/// How long an exporter remembers an importer it no longer hears from: one that speaks again
+/// within this gates again from its exact acknowledgement, with nothing forgiven twice.
+pub(crate) const FORGET_IMPORTER: Duration = Duration::from_secs(60);
 
 /// The most exporters an importer counts for at once (the least recently heard goes first).
 pub(crate) const MAX_EXPORTERS: usize = 16;
@@ -79,20 +86,25 @@ pub(crate) fn new_id() -> u64 {
 /// The exporter's record of acknowledgements, written by the ack subscriber's callback.
 #[derive(Default)]
 pub(crate) struct Acks {
-    /// Per importer: its latest count, and when it was last heard.
+    /// Per importer: the highest message index it acknowledged, and when it was last heard.
+    /// At most [`MAX_IMPORTERS`].
     heard: Mutex<HashMap<u64, (u64, Instant)>>,
     changed: Condvar,
 }
 
 impl Acks {
-    /// Records an acknowledgement from `importer`.
+    /// Records `importer`'s acknowledgement of every message up to index `handled`. With the
+    /// table full, a new importer takes the place of the one heard from longest ago.
     pub(crate) fn record(&self, importer: u64, handled: u64) {
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
         if heard.len() >= MAX_IMPORTERS && !heard.contains_key(&importer) {
-            tracing::warn!(importer, "too many importers acknowledge: ignoring a new one");
-            return;
+            let oldest = heard.iter().min_by_key(|(_, &(_, when))| when).map(|(&id, _)| id);
+            heard.remove(&oldest.expect("full"));
         }
-        heard.insert(importer, (handled, Instant::now()));
+        let now = Instant::now();
+        let e = heard.entry(importer).or_insert((handled, now));
+        // Indexes only grow (an acknowledgement overtaken by a later one says less).
+        *e = (e.0.max(handled), now);
         self.changed.notify_all();
     }
 
@@ -103,15 +115,16 @@ impl Acks {
     }
 }
 
-/// The exporter's side: messages sent, and each importer's credit.
+/// The exporter's side: messages sent (each message carries its index, `sent` after it is
+/// counted), and what each importer acknowledged.
 pub(crate) struct Credit {
     acks: Arc<Acks>,
     sent: u64,
-    /// Per importer heard from: `sent` minus its count when it was first seen, so that its
-    /// acknowledged total is this plus its count.
-    offsets: HashMap<u64, u64>,
-    /// With no importer heard from, the messages in flight are those sent since this (0 at
-    /// first; `sent` when the last importer went silent).
+    /// The importers that gated the window at the last look (heard within [`PATIENCE`]).
+    gating: Vec<u64>,
+    /// With no importer gating, the messages in flight are those sent since this: 0 at first
+    /// (nothing goes out beyond a window until an importer answers), `sent` when the last
+    /// importer went silent.
     forgiven: u64,
     window: u64,
 }
@@ -119,40 +132,38 @@ pub(crate) struct Credit {
 impl Credit {
     /// Credit against `acks`, with `window` messages in flight at most.
     pub(crate) fn new(acks: Arc<Acks>, window: u64) -> Credit {
-        Credit { acks, sent: 0, offsets: HashMap::new(), forgiven: 0, window }
+        Credit { acks, sent: 0, gating: Vec::new(), forgiven: 0, window }
     }
 
     /// Messages sent and not yet acknowledged by the slowest importer heard from lately.
     pub(crate) fn in_flight(&mut self) -> u64 {
-        let acks = self.acks.clone();
-        let mut heard = acks.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        let (sent, offsets) = (self.sent, &mut self.offsets);
-        let (mut slowest, mut dropped): (Option<u64>, bool) = (None, false);
-        heard.retain(|&importer, &mut (handled, when)| {
-            // A new importer: counted from here (what it missed is not its to acknowledge).
-            let offset = *offsets.entry(importer).or_insert(sent.saturating_sub(handled));
-            let behind = sent.saturating_sub(offset.saturating_add(handled));
-            if when.elapsed() >= PATIENCE {
-                // Silence: it died, or its link closed; what it had in flight is lost to it.
-                if behind > 0 {
-                    tracing::warn!(
-                        importer,
-                        lost = behind,
-                        "an importer went silent: counting its messages in flight lost"
-                    );
-                }
-                offsets.remove(&importer);
-                dropped = true;
-                return false;
+        let mut heard = self.acks.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        // Importers silent for long are forgotten; one silent for less, if it speaks again,
+        // gates again from its exact acknowledgement.
+        heard.retain(|_, &mut (_, when)| when.elapsed() < FORGET_IMPORTER);
+        let sent = self.sent;
+        let mut slowest: Option<u64> = None;
+        let mut gating = Vec::with_capacity(heard.len());
+        for (&importer, &(handled, when)) in heard.iter() {
+            if when.elapsed() < PATIENCE {
+                let behind = sent.saturating_sub(handled);
+                slowest = Some(slowest.map_or(behind, |s| s.max(behind)));
+                gating.push(importer);
             }
-            slowest = Some(slowest.map_or(behind, |s| s.max(behind)));
-            true
-        });
-        // Offsets of importers no longer heard (dropped above, or never recorded).
-        offsets.retain(|importer, _| heard.contains_key(importer));
-        if slowest.is_none() && dropped {
+        }
+        for gone in self.gating.iter().filter(|i| !gating.contains(i)) {
+            // Silence: it died, or its link closed; what it had in flight is lost to it.
+            let lost = heard.get(gone).map_or(0, |&(handled, _)| sent.saturating_sub(handled));
+            tracing::warn!(
+                importer = gone,
+                lost,
+                "an importer went silent: counting its messages in flight lost"
+            );
+        }
+        if slowest.is_none() && !self.gating.is_empty() {
             self.forgiven = sent; // the last importer went: wait for the next from here
         }
+        self.gating = gating;
         slowest.unwrap_or(sent - self.forgiven)
     }
 
@@ -166,17 +177,18 @@ impl Credit {
         self.in_flight() < self.window
     }
 
-    /// Counts one message sent.
+    /// Counts one message sent (its index is this count).
     pub(crate) fn sent(&mut self) {
         self.sent += 1;
     }
 }
 
-/// The importer's count of each exporter's messages handled, to acknowledge to each.
+/// The importer's record of each exporter's messages, to acknowledge to each the highest index
+/// it handled.
 pub(crate) struct Handled {
-    /// Per exporter: its id, its count, when its last message came, and the key to answer it
-    /// on. At most [`MAX_EXPORTERS`].
-    exporters: Vec<(u64, u64, Instant, String)>,
+    /// Per exporter: its id, the highest index handled, the messages handled, when its last
+    /// message came, and the key to answer it on. At most [`MAX_EXPORTERS`].
+    exporters: Vec<(u64, u64, u64, Instant, String)>,
 }
 
 impl Handled {
@@ -184,29 +196,32 @@ impl Handled {
         Handled { exporters: Vec::new() }
     }
 
-    /// Counts one message of `exporter`, which came on `key`; returns its count.
-    pub(crate) fn count(&mut self, exporter: u64, key: &str) -> u64 {
+    /// Notes message `index` of `exporter`, which came on `key`; returns the acknowledgement to
+    /// send now, if one is due: at an exporter's first message (so that it counts this
+    /// importer at once) and every 8 messages.
+    pub(crate) fn note(&mut self, exporter: u64, index: u64, key: &str) -> Option<(u64, u64)> {
         let now = Instant::now();
         if let Some(e) = self.exporters.iter_mut().find(|e| e.0 == exporter) {
-            e.1 += 1;
-            e.2 = now;
-            return e.1;
+            e.1 = e.1.max(index);
+            e.2 += 1;
+            e.3 = now;
+            return (e.2 % 8 == 0).then_some((exporter, e.1));
         }
         if self.exporters.len() >= MAX_EXPORTERS {
-            let oldest = (0..self.exporters.len()).min_by_key(|&i| self.exporters[i].2);
+            let oldest = (0..self.exporters.len()).min_by_key(|&i| self.exporters[i].3);
             self.exporters.swap_remove(oldest.expect("not empty"));
         }
-        self.exporters.push((exporter, 1, now, format!("{key}/ack")));
-        1
+        self.exporters.push((exporter, index, 1, now, format!("{key}/ack")));
+        Some((exporter, index))
     }
 
-    /// The acknowledgements to send now, as (exporter, count, key to send it on): one to every
-    /// exporter heard from in the last [`FORGET_EXPORTER`], and to the one heard last whenever
-    /// that was (the others are forgotten).
+    /// The acknowledgements to send now, as (exporter, highest index handled, key to send it
+    /// on): one to every exporter heard from in the last [`FORGET_EXPORTER`], and to the one
+    /// heard last whenever that was (the others are forgotten).
     pub(crate) fn current(&mut self) -> impl Iterator<Item = (u64, u64, &str)> + '_ {
-        let last = self.exporters.iter().map(|e| e.2).max();
-        self.exporters.retain(|e| Some(e.2) == last || e.2.elapsed() < FORGET_EXPORTER);
-        self.exporters.iter().map(|e| (e.0, e.1, e.3.as_str()))
+        let last = self.exporters.iter().map(|e| e.3).max();
+        self.exporters.retain(|e| Some(e.3) == last || e.3.elapsed() < FORGET_EXPORTER);
+        self.exporters.iter().map(|e| (e.0, e.1, e.4.as_str()))
     }
 }
 
@@ -217,60 +232,63 @@ mod tests {
     /// Makes an importer's last acknowledgement look `ago` old.
     fn age(acks: &Acks, importer: u64, ago: Duration) {
         let mut heard = acks.heard.lock().unwrap();
-        let e = heard.get_mut(&importer).unwrap();
-        e.1 = Instant::now().checked_sub(ago).unwrap();
+        heard.get_mut(&importer).unwrap().1 = Instant::now().checked_sub(ago).unwrap();
+    }
+
+    fn send(c: &mut Credit, n: u64) {
+        for _ in 0..n {
+            c.sent();
+        }
     }
 
     #[test]
-    fn the_window_follows_acknowledgements_and_counts_a_new_importer_from_its_start() {
+    fn the_window_follows_acknowledged_indexes() {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 3);
-        for _ in 0..3 {
+        for _ in 1..=3 {
             assert!(c.open());
             c.sent();
         }
         assert!(!c.open(), "three in flight, none acknowledged");
-        // The first importer seen: counted from here (what was in flight is forgiven).
         acks.record(7, 1);
-        assert_eq!(c.in_flight(), 0);
-        for _ in 0..3 {
-            c.sent();
-        }
-        assert!(!c.open());
-        acks.record(7, 2);
         assert_eq!(c.in_flight(), 2);
-        assert!(c.open());
+        acks.record(7, 3);
+        assert_eq!(c.in_flight(), 0);
+        acks.record(7, 2); // overtaken by a later one: says less, changes nothing
+        assert_eq!(c.in_flight(), 0);
         assert_eq!(decode(&encode(5, 9, 1)), Some((5, 9, 1)));
         assert_eq!(decode(b"short"), None);
     }
 
     #[test]
-    fn the_slowest_importer_gates_the_window_until_it_goes_silent() {
+    fn the_slowest_importer_gates_until_it_goes_silent_and_again_if_it_returns() {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 4);
         acks.record(1, 0);
         acks.record(2, 0);
-        for _ in 0..4 {
-            assert!(c.open());
-            c.sent();
-        }
-        // Importer 1 keeps up; importer 2 pauses (its heartbeats repeat its count).
+        send(&mut c, 4);
+        // Importer 1 keeps up; importer 2 pauses (its heartbeats repeat its index).
         acks.record(1, 4);
         acks.record(2, 0);
         assert_eq!(c.in_flight(), 4, "the paused importer gates");
         assert!(!c.open());
         acks.record(2, 3);
         assert_eq!(c.in_flight(), 1);
-        // Importer 2 dies: once silent for the patience, it stops gating.
-        c.sent();
-        c.sent();
+        // Importer 2 goes silent: once silent for the patience, it stops gating.
+        send(&mut c, 2);
         acks.record(1, 6);
         age(&acks, 2, PATIENCE);
-        assert_eq!(c.in_flight(), 0, "only importer 1 is left, and it has everything");
-        // A third importer joins mid-stream: counted from its first acknowledgement.
-        acks.record(3, 2);
-        c.sent();
-        assert_eq!(c.in_flight(), 1);
+        assert_eq!(c.in_flight(), 0, "only importer 1 gates, and it has everything");
+        // It was only slow: it speaks again, and gates from its exact index (nothing of what
+        // it still holds is forgiven).
+        acks.record(2, 4);
+        assert_eq!(c.in_flight(), 2);
+        // A third importer joins mid-stream: it gates from its first acknowledgement.
+        send(&mut c, 1);
+        acks.record(3, 5);
+        acks.record(2, 7);
+        acks.record(1, 7);
+        assert_eq!(c.in_flight(), 2, "importer 3 holds 6 and 7");
     }
 
     #[test]
@@ -278,9 +296,7 @@ mod tests {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 2);
         acks.record(1, 0);
-        assert_eq!(c.in_flight(), 0);
-        c.sent();
-        c.sent();
+        send(&mut c, 2);
         assert!(!c.open());
         age(&acks, 1, PATIENCE);
         assert_eq!(c.in_flight(), 0);
@@ -288,31 +304,42 @@ mod tests {
         assert_eq!(c.in_flight(), 1, "counted again until an importer answers");
         c.sent();
         assert!(!c.open());
+        // Long forgotten, it is not counted when it comes back only as a stale entry.
+        age(&acks, 1, FORGET_IMPORTER);
+        assert_eq!(c.in_flight(), 2);
     }
 
     #[test]
-    fn too_many_importers_are_ignored() {
+    fn a_full_table_makes_room_for_a_new_importer() {
         let acks = Arc::new(Acks::default());
-        for id in 0..MAX_IMPORTERS as u64 + 10 {
-            acks.record(id + 1, 0);
+        for id in 1..=MAX_IMPORTERS as u64 {
+            acks.record(id, 0);
         }
-        assert_eq!(acks.heard.lock().unwrap().len(), MAX_IMPORTERS);
+        age(&acks, 5, Duration::from_secs(1));
+        acks.record(1_000, 0);
+        let heard = acks.heard.lock().unwrap();
+        assert_eq!(heard.len(), MAX_IMPORTERS);
+        assert!(heard.contains_key(&1_000) && !heard.contains_key(&5), "the oldest made room");
     }
 
     #[test]
-    fn an_importer_counts_each_exporter_apart() {
+    fn an_importer_acknowledges_each_exporters_own_index() {
         let mut h = Handled::new();
-        for _ in 0..1000 {
-            h.count(5, "k");
+        assert_eq!(h.note(5, 1, "k"), Some((5, 1)), "an exporter's first message at once");
+        for index in 2..=1000 {
+            let due = h.note(5, index, "k");
+            assert_eq!(due.is_some(), index % 8 == 0);
         }
-        assert_eq!(h.count(99, "k"), 1, "a stray exporter gets its own count");
-        assert_eq!(h.count(5, "k"), 1001, "and leaves the real one's alone");
+        assert_eq!(h.note(99, 1, "k"), Some((99, 1)), "a stray exporter gets its own");
         let mut now: Vec<_> = h.current().collect();
         now.sort();
-        assert_eq!(now, [(5, 1001, "k/ack"), (99, 1, "k/ack")]);
+        assert_eq!(now, [(5, 1000, "k/ack"), (99, 1, "k/ack")]);
+        // Evicted by many others, the real exporter's acknowledgement is still exact: its
+        // next message's index is what it acknowledges.
         for id in 0..MAX_EXPORTERS as u64 * 2 {
-            h.count(1000 + id, "k");
+            h.note(1000 + id, 1, "k");
         }
         assert_eq!(h.current().count(), MAX_EXPORTERS);
+        assert_eq!(h.note(5, 1001, "k"), Some((5, 1001)));
     }
 }

@@ -290,8 +290,9 @@ pub fn import(
     Ok(published)
 }
 
-/// The importer's acknowledgements (`flow`): its id, and how many messages of each exporter
-/// it handled, sent on `<key>/ack` every few messages and at each idle tick.
+/// The importer's acknowledgements (`flow`): its id, and the highest index of each exporter's
+/// messages it handled, sent on `<key>/ack` at an exporter's first message, every 8 messages
+/// and at each idle tick.
 struct Acker {
     id: u64,
     handled: flow::Handled,
@@ -302,20 +303,18 @@ impl Acker {
         Acker { id: flow::new_id(), handled: flow::Handled::new() }
     }
 
-    /// Counts message `h` (published or not: the exporter's window counts what arrived), for
-    /// the exporter that sent it only.
+    /// Notes message `h` as handled (published or not: the exporter's window counts what
+    /// arrived), for the exporter that sent it only, and acknowledges it if one is due.
     fn handled(&mut self, session: &zenoh::Session, h: &wire::Header, key: &str) {
-        let count = self.handled.count(h.exporter, key);
-        if count % 8 == 0 {
-            let ack_key = format!("{key}/ack");
-            send_ack(session, &ack_key, h.exporter, self.id, count);
+        if let Some((exporter, index)) = self.handled.note(h.exporter, h.index, key) {
+            send_ack(session, &format!("{key}/ack"), exporter, self.id, index);
         }
     }
 
     /// Sends each current exporter its count.
     fn heartbeat(&mut self, session: &zenoh::Session) {
-        for (exporter, count, key) in self.handled.current() {
-            send_ack(session, key, exporter, self.id, count);
+        for (exporter, index, key) in self.handled.current() {
+            send_ack(session, key, exporter, self.id, index);
         }
     }
 }
@@ -408,10 +407,22 @@ pub(crate) fn allocation(g: &Geometry, memory: MemoryKind) -> Result<u64, Bridge
     let params = builder("import", g).params(memory);
     let params = params.map_err(|e| BridgeError::Ring(format!("the source's geometry: {e}")))?;
     let file = crate::format::Layout::of(&params).total as u64;
+    // What the device and the driver round up to: a slot's alignment in its pool
+    // (`memory::SLOT_ALIGN`), allocations (2 MiB granules), page-locked memory (pages).
+    const ALIGN: u64 = 256;
+    const GRANULE: u64 = 2 << 20;
+    const PAGE: u64 = 4096;
+    let up = |x: u64, to: u64| x.div_ceil(to).saturating_mul(to);
     let gpu = match memory {
         MemoryKind::Host => 0,
-        // Each buffer, and the staging buffers, hold a slot each.
-        MemoryKind::Cuda => g.slot_size.saturating_mul(params.buffers() as u64 + STAGES as u64),
+        // The buffers' pool, the ready and release fence words (8 bytes each, one pool), and
+        // the staging buffers.
+        MemoryKind::Cuda => {
+            let buffers = params.buffers() as u64;
+            let pool = up(up(g.slot_size, ALIGN).saturating_mul(buffers), GRANULE);
+            let fences = up(8 * buffers, GRANULE);
+            pool.saturating_add(fences).saturating_add(up(g.slot_size, PAGE) * STAGES as u64)
+        }
     };
     Ok(file.saturating_add(gpu))
 }

@@ -132,6 +132,7 @@ fn a_hostile_geometry_is_bounded_by_all_it_would_allocate() {
     let h = Header {
         geometry: headers,
         exporter: 1,
+        index: 1,
         epoch: 1,
         seq: 0,
         timestamp_ns: 0,

@@ -4,7 +4,7 @@
 //! | off | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `GRZ1` |
-//! | 4 | 2 | version (1) |
+//! | 4 | 2 | version (2) |
 //! | 6 | 1 | the source ring's memory kind (0 host, 1 CUDA) |
 //! | 7 | 1 | its policy (0 block, 1 overwrite) |
 //! | 8 | 8 | its epoch (a new one when it restarts) |
@@ -14,7 +14,8 @@
 //! | 36 | 4 | its user header size |
 //! | 40 | 8 | its slot size |
 //! | 48 | 8 | the exporter's id (random, per exporter process: acknowledgements name it) |
-//! | 56 | user header size | the message's user header |
+//! | 56 | 8 | the message's index among the exporter's messages (1, 2, ...: acknowledgements give the highest handled) |
+//! | 64 | user header size | the message's user header |
 //!
 //! The geometry rides on every message (40 bytes), so an importer that starts mid-stream
 //! builds a ring like the source at once. An importer trusts nothing here: [`decode`] checks
@@ -24,9 +25,9 @@ use crate::format::Params;
 use crate::{MemoryKind, Policy};
 
 const MAGIC: [u8; 4] = *b"GRZ1";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Bytes before the user header.
-pub(crate) const FIXED: usize = 56;
+pub(crate) const FIXED: usize = 64;
 /// The longest attachment: the fixed part and the largest user header.
 pub(crate) const MAX_LEN: usize = FIXED + Params::MAX_USER_HEADER as usize;
 
@@ -45,6 +46,8 @@ pub(crate) struct Geometry {
 pub(crate) struct Header {
     pub(crate) geometry: Geometry,
     pub(crate) exporter: u64,
+    /// Its index among the exporter's messages (1 for the first).
+    pub(crate) index: u64,
     pub(crate) epoch: u64,
     pub(crate) seq: u64,
     pub(crate) timestamp_ns: u64,
@@ -105,6 +108,7 @@ pub(crate) fn encode(h: &Header) -> Vec<u8> {
     out.extend_from_slice(&g.user_header_size.to_le_bytes());
     out.extend_from_slice(&g.slot_size.to_le_bytes());
     out.extend_from_slice(&h.exporter.to_le_bytes());
+    out.extend_from_slice(&h.index.to_le_bytes());
     out.extend_from_slice(&h.user_header);
     out
 }
@@ -158,6 +162,7 @@ pub(crate) fn decode(a: &[u8], payload_len: usize) -> Result<Header, WireError> 
     Ok(Header {
         geometry,
         exporter: u64_at(48),
+        index: u64_at(56),
         epoch: u64_at(8),
         seq: u64_at(16),
         timestamp_ns: u64_at(24),
@@ -178,7 +183,7 @@ mod tests {
             slot_size: 1 << 20,
         };
         let user_header = vec![1, 2, 3];
-        Header { geometry, exporter: 5, epoch: 7, seq: 42, timestamp_ns: 99, user_header }
+        Header { geometry, exporter: 5, index: 3, epoch: 7, seq: 42, timestamp_ns: 99, user_header }
     }
 
     #[test]
