@@ -9,21 +9,24 @@
 //
 // With a GPU (the default where one is usable) the frames live in device memory: the producer
 // writes each with a kernel, each consumer checks it with a kernel on its own stream, and no
-// byte crosses PCIe. Without one it runs the same pipeline in host memory. `--sharing vmm`
-// shares the device memory by file descriptor instead of legacy IPC handles (docs/gpu.md,
-// "Sharing modes"); it needs CUDA memory.
+// byte crosses PCIe. Without one it runs the same pipeline in host memory, and its first line
+// says why. `--sharing vmm` shares the device memory by file descriptor instead of legacy IPC
+// handles (docs/gpu.md, "Sharing modes"); it needs CUDA memory. How frames are written and
+// checked, and the kernels' launches, are in examples/common/.
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use gpuring::testing::payload::Payload;
 use gpuring::{
     monotonic_ns,
     tensor::{DType, TensorHeader},
     Consumer, Host, Memory, MemoryKind, Policy, Producer, ReadSlot, RecvError, StartAt,
 };
+
+mod common;
+use common::Frames;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Synthetic video pipeline: 1 producer process, N consumer processes")]
@@ -120,22 +123,31 @@ fn frame_bytes(args: &Args) -> usize {
 
 /// Runs the producer in the memory `--memory` asks for.
 fn producer(args: &Args) -> ExitCode {
+    // Why host memory, when the producer runs in it: printed on its first line.
     #[cfg(feature = "cuda")]
-    {
-        let usable = gpuring::cuda::driver::available().is_ok();
-        if args.memory == MemoryArg::Cuda || (args.memory == MemoryArg::Auto && usable) {
-            return producer_in::<gpuring::Cuda>(args);
+    let why_host = match (args.memory, gpuring::cuda::available()) {
+        (MemoryArg::Cuda, _) | (MemoryArg::Auto, Ok(())) => {
+            return producer_in::<gpuring::Cuda>(args, "");
         }
-    }
-    if args.memory == MemoryArg::Cuda {
-        eprintln!("pipeline: this build has no CUDA support (feature `cuda`)");
-        return ExitCode::FAILURE;
-    }
+        (MemoryArg::Host, _) => "--memory host".to_string(),
+        (MemoryArg::Auto, Err(why)) => format!("no usable CUDA GPU: {why}"),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let why_host = match args.memory {
+        MemoryArg::Cuda => {
+            eprintln!("pipeline: this build has no CUDA support (feature `cuda`)");
+            return ExitCode::FAILURE;
+        }
+        MemoryArg::Host => "--memory host".to_string(),
+        MemoryArg::Auto => "built without feature `cuda`".to_string(),
+    };
     if args.sharing == SharingArg::Vmm {
-        eprintln!("pipeline: --sharing vmm shares CUDA memory; there is no usable GPU here");
+        eprintln!(
+            "pipeline: --sharing vmm shares CUDA memory; this run uses host memory ({why_host})"
+        );
         return ExitCode::FAILURE;
     }
-    producer_in::<Host>(args)
+    producer_in::<Host>(args, &why_host)
 }
 
 /// The memory kind's name, as `--memory` spells it.
@@ -147,8 +159,9 @@ fn kind_name<M: Memory>() -> &'static str {
 }
 
 /// The producer, for memory kind `M`: writes each frame's pattern (a kernel on the slot's
-/// stream in CUDA memory), publishes it, and reports once a second.
-fn producer_in<M: Timed>(args: &Args) -> ExitCode {
+/// stream in CUDA memory), publishes it, and reports once a second. `why_host` says why a
+/// host-memory run is one.
+fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
     let name = args.name.clone().unwrap_or_else(|| format!("pipeline-{}", std::process::id()));
     let policy = match args.policy {
         PolicyArg::Block => Policy::Block,
@@ -178,9 +191,9 @@ fn producer_in<M: Timed>(args: &Args) -> ExitCode {
     };
     let memory = kind_name::<M>();
     let sharing = match (M::KIND, args.sharing) {
-        (MemoryKind::Host, _) => "",
-        (_, SharingArg::Legacy) => " (legacy IPC sharing)",
-        (_, SharingArg::Vmm) => " (VMM sharing)",
+        (MemoryKind::Host, _) => format!(" ({why_host})"),
+        (_, SharingArg::Legacy) => " (legacy IPC sharing)".to_string(),
+        (_, SharingArg::Vmm) => " (VMM sharing)".to_string(),
     };
     println!(
         "pipeline: ring '{name}', {}x{} RGBA ({:.1} MiB/frame), {} slots, {:?}, {memory} memory{sharing}, {} consumers",
@@ -351,7 +364,7 @@ fn check_frames<M: Timed>(args: &Args, k: usize, rx: &Consumer<M>) -> Result<Exi
         }
         stats.frames += 1;
     }
-    stats.bad_bytes = M::mismatches(&checker, rx).map_err(|e| e.to_string())?;
+    stats.bad_bytes = M::mismatches(&checker).map_err(|e| e.to_string())?;
     stats.latencies_us = std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(stats.report(k, start.elapsed().as_secs_f64(), M::LATENCY))
 }
@@ -360,7 +373,7 @@ fn check_frames<M: Timed>(args: &Args, k: usize, rx: &Consumer<M>) -> Result<Exi
 type Latencies = Arc<Mutex<Vec<f64>>>;
 
 /// How a memory kind's consumer times a frame.
-trait Timed: Payload {
+trait Timed: Frames {
     /// What the latency measures.
     const LATENCY: &'static str;
 

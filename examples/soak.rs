@@ -1,4 +1,5 @@
-// Run: cargo run --release --example soak -- [--minutes 10] [--memory host|cuda] [--consumers 3]
+// Run: cargo run --release --features test-support --example soak --
+//          [--minutes 10] [--memory host|cuda] [--consumers 3]
 //
 // A soak test of dead-peer handling. One producer process streams checked frames while
 // steady consumer processes verify every byte. Meanwhile this process keeps SIGKILLing

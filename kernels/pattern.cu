@@ -1,7 +1,7 @@
-// The test pattern of src/pattern.rs, on the GPU.
+// The test pattern of src/testing/pattern.rs (and examples/common/), on the GPU.
 //
 // Byte i of message `seq` is byte (i % 8), little-endian, of the 64-bit word
-// seq * 0x9E3779B97F4A7C15 + i / 8. Compiled at run time by NVRTC (src/cuda/kernels.rs) to a
+// seq * 0x9E3779B97F4A7C15 + i / 8. Compiled at run time by NVRTC (src/testing/kernels.rs) to a
 // CUBIN for the device's compute capability.
 
 typedef unsigned long long u64;

@@ -9,4 +9,6 @@ export RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export CARGO_TARGET_DIR=target/asan
 target=$(rustc +nightly -vV | sed -n 's/^host: //p')
-cargo +nightly test --target "$target" --lib --test conformance --test api --test open_errors "$@"
+# conformance writes and checks the test pattern: feature test-support (not a default one).
+cargo +nightly test --target "$target" --features test-support \
+  --lib --test conformance --test api --test open_errors "$@"

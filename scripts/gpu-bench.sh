@@ -14,7 +14,7 @@ out=${1:-gpu-bench-out}; shift || true
 mkdir -p "$out"
 bin=target/gpu-bundle/bin/gpu_bench
 if [ ! -x "$bin" ]; then
-  cargo build --release --example gpu_bench
+  cargo build --release --features test-support --example gpu_bench
   bin=target/release/examples/gpu_bench
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"

@@ -4,7 +4,7 @@
 //! Run on a machine with a CUDA GPU (see docs/performance.md for MPS and the full command):
 //!
 //! ```text
-//! cargo run --release --example gpu_bench -- --label mps-off --json gpu.json --md gpu.md
+//! cargo run --release --features test-support --example gpu_bench -- --label mps-off --json gpu.json --md gpu.md
 //! target/gpu-bundle/bin/gpu_bench --label mps-on ...  (the same bench as an example, shipped by
 //!                                                      ../shared/gpu-bundle)
 //! ```

@@ -1,6 +1,6 @@
 //! Test and bench support (feature `test-support`, which the `cli` feature turns on for the
-//! `gpuring bench` command): not part of the supported API. Libraries that embed gpuring build
-//! it with `default-features = false, features = ["cuda"]` and do not get this module.
+//! `gpuring bench` command): not part of the supported API. It is not a default feature, so
+//! libraries that depend on gpuring do not get this module.
 //!
 //! * [`pattern`]: the deterministic payload that tests, examples and benches write and check.
 //! * [`kernels`] (feature `cuda`): the same pattern written and checked on the GPU, and the

@@ -1,7 +1,8 @@
 //! The test pattern ([`super::pattern`]) written into slots and checked in messages, for every
 //! memory kind: on the CPU in host memory, by kernels on the slot's or message's stream in CUDA
-//! memory. What the conformance suite, the `gpuring bench` command and the examples share, so
-//! that each of them is written once, generic over the memory kind.
+//! memory. What the conformance suite, the `gpuring bench` and `doctor` commands and the soak
+//! example share, so that each of them is written once, generic over the memory kind. (The
+//! pipeline example has its own copy, examples/common/, so that it needs no feature.)
 
 use crate::consumer::{Consumer, ReadSlot};
 use crate::memory::{Host, Memory};

@@ -317,8 +317,9 @@ impl ConsumerBuilder {
         self.open_in()
     }
 
-    /// `open_when_ready` for CUDA rings: waits up to `timeout` for an instance other than
-    /// `not_epoch`, then `open_gpu`. (`open_in_timeout::<Cuda>(timeout)` is the plain wait.)
+    /// Opens a CUDA ring, waiting up to `timeout` for an instance other than `not_epoch` to
+    /// appear and be ready, and ends the builder: [`open_when_ready`](Self::open_when_ready),
+    /// then [`open_gpu`](Self::open_gpu). (`open_in_timeout::<Cuda>(timeout)` is the plain wait.)
     ///
     /// ```no_run
     /// use std::time::Duration;
