@@ -237,7 +237,6 @@ impl CreateErrorKind {
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug)]
 pub struct CreateError {
     ring: String,
     /// The ring directory it was to be made in.
@@ -503,7 +502,17 @@ impl OpenErrorKind {
 /// assert!(matches!(err.kind(), OpenErrorKind::NotFound));
 /// assert_eq!(err.to_string(), "no ring named \"doc-error-open-missing\" in /dev/shm");
 /// ```
-#[derive(Debug)]
+///
+/// Its `Debug`, which `?` in a `main` that returns `Result<(), Box<dyn Error>>` prints, holds
+/// the message too, as `io::Error`'s does:
+///
+/// ```
+/// let err = gpuring::Consumer::open("doc-error-open-debug").unwrap_err();
+/// assert_eq!(
+///     format!("{err:?}"),
+///     r#"OpenError { ring: "doc-error-open-debug", kind: NotFound, message: "no ring named \"doc-error-open-debug\" in /dev/shm" }"#
+/// );
+/// ```
 pub struct OpenError {
     ring: String,
     /// The ring directory it was looked for in.
@@ -594,6 +603,27 @@ impl std::error::Error for OpenError {
         self.kind.source()
     }
 }
+
+/// `Debug` of the errors that name a ring ([`CreateError`], [`OpenError`]): the ring, the kind
+/// and, as `io::Error` does for OS errors, the message. A `main` that returns
+/// `Result<(), Box<dyn Error>>` prints an error it gets from `?` with `Debug`, and the kind
+/// alone would leave out what the message says (the directory looked in, the wording that
+/// Rust, the CLI, C and Python share).
+macro_rules! debug_with_message {
+    ($($ty:ident),+) => {$(
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("ring", &self.ring)
+                    .field("kind", &self.kind)
+                    .field("message", &self.to_string())
+                    .finish()
+            }
+        }
+    )+};
+}
+
+debug_with_message!(CreateError, OpenError);
 
 /// Why [`crate::Consumer::try_recv`] returned no message.
 ///

@@ -137,6 +137,31 @@ fn config_and_name_errors() {
     ));
 }
 
+/// What `?` in a `main` returning `Box<dyn Error>` prints is the error's `Debug`: it holds the
+/// message, the ring's name and its kind.
+#[test]
+fn the_debug_of_create_and_open_errors_holds_their_message() {
+    let name = unique_name("debug");
+    let open = Consumer::open(&name).unwrap_err();
+    let _tx = Producer::builder(&name).create().unwrap();
+    let create = Producer::builder(&name).create().unwrap_err();
+    let invalid = Producer::builder(&name).capacity(0).create().unwrap_err();
+    let boxed: Box<dyn std::error::Error> = Box::new(Consumer::open("a/b").unwrap_err());
+    let errors: [(String, String); 4] = [
+        (format!("{open:?}"), open.to_string()),
+        (format!("{create:?}"), create.to_string()),
+        (format!("{invalid:?}"), invalid.to_string()),
+        (format!("{boxed:?}"), boxed.to_string()),
+    ];
+    for (debug, message) in &errors {
+        assert!(debug.contains(&format!("message: {message:?}")), "{debug} lacks {message:?}");
+    }
+    let [(open_debug, open_message), (create_debug, _), ..] = &errors;
+    assert!(open_debug.starts_with(&format!("OpenError {{ ring: {name:?}, kind: NotFound,")));
+    assert!(open_message.starts_with(&format!("no ring named {name:?} in ")));
+    assert!(create_debug.starts_with(&format!("CreateError {{ ring: {name:?}, kind: Already")));
+}
+
 #[test]
 fn second_producer_is_refused_while_first_lives() {
     let name = unique_name("twice");

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuring::{
     Consumer, ConsumerBuilder, Cuda, Host, MemoryKind, Mode, OpenErrorKind, RecvTimeoutError,
@@ -35,6 +35,104 @@ const TICK: Duration = Duration::from_millis(20);
 /// fewer than 2 spares, every frame is copied).
 fn max_lent(spares: u32) -> usize {
     (spares as usize / 2).min(2)
+}
+
+/// How often the producer's liveness is probed while a frame's GPU work is waited for.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// How long a frame's GPU work may stay unfinished once its producer was found gone: work that
+/// was about to complete when it died completes; after that, its GPU will never signal.
+const DEAD_GRACE: Duration = Duration::from_secs(1);
+
+/// Why a wait for GPU work ended before the work did.
+#[derive(Debug, PartialEq, Eq)]
+enum Unfinished<E> {
+    /// The element is flushing (stopping, seeking).
+    Flushing,
+    /// The producer went away and the work did not finish within [`DEAD_GRACE`] (it waits on
+    /// a fence the dead producer's GPU will never signal).
+    ProducerGone,
+    /// Polling the work failed.
+    Failed(E),
+}
+
+/// Polls `idle` until the work is done, a little at a time; ends early when `flushing` says
+/// so, or `grace` after `alive` (asked every [`LIVENESS_EVERY`]) first said the producer is
+/// gone.
+fn wait_done<E>(
+    mut idle: impl FnMut() -> Result<bool, E>,
+    mut alive: impl FnMut() -> bool,
+    flushing: impl Fn() -> bool,
+    grace: Duration,
+) -> Result<(), Unfinished<E>> {
+    let mut next_look = Instant::now();
+    let mut gone_since: Option<Instant> = None;
+    loop {
+        match idle() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(Unfinished::Failed(e)),
+        }
+        if flushing() {
+            return Err(Unfinished::Flushing);
+        }
+        let now = Instant::now();
+        if gone_since.is_none() && now >= next_look {
+            next_look = now + LIVENESS_EVERY;
+            if !alive() {
+                gone_since = Some(now);
+            }
+        }
+        if gone_since.is_some_and(|t| t.elapsed() >= grace) {
+            return Err(Unfinished::ProducerGone);
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    const NO: fn() -> bool = || false;
+
+    #[test]
+    fn work_that_finishes_ends_the_wait() {
+        let polls = Cell::new(0);
+        let idle = || Ok::<_, ()>((polls.replace(polls.get() + 1)) >= 20);
+        assert_eq!(wait_done(idle, || true, NO, DEAD_GRACE), Ok(()));
+        assert_eq!(polls.get(), 21);
+    }
+
+    #[test]
+    fn a_dead_producers_unfinished_work_is_given_up_after_the_grace() {
+        let looks = Cell::new(0);
+        let alive = || {
+            looks.set(looks.get() + 1);
+            looks.get() < 3 // found gone at the third look
+        };
+        let grace = Duration::from_millis(300);
+        let t = Instant::now();
+        let r = wait_done(|| Ok::<_, ()>(false), alive, NO, grace);
+        assert_eq!(r, Err(Unfinished::ProducerGone));
+        assert!(t.elapsed() >= 2 * LIVENESS_EVERY + grace, "{:?}", t.elapsed());
+        assert_eq!(looks.get(), 3, "not asked again once gone");
+    }
+
+    #[test]
+    fn a_live_producers_slow_work_is_waited_for_and_a_flush_or_error_ends_it() {
+        let polls = Cell::new(0);
+        let idle = || Ok::<_, ()>((polls.replace(polls.get() + 1)) >= 5_000);
+        assert_eq!(wait_done(idle, || true, NO, Duration::ZERO), Ok(()));
+        assert_eq!(
+            wait_done(|| Ok::<_, ()>(false), || true, || true, DEAD_GRACE),
+            Err(Unfinished::Flushing)
+        );
+        assert_eq!(
+            wait_done(|| Err::<bool, _>(7), || true, NO, DEAD_GRACE),
+            Err(Unfinished::Failed(7))
+        );
+    }
 }
 
 glib::wrapper! {
@@ -468,8 +566,8 @@ mod imp {
                                 )
                             };
                             let done = copied
-                                .map_err(|e| self.fail(&e))
-                                .and_then(|()| self.wait_idle(stream));
+                                .map_err(|e| Ended::from(self.fail(&e)))
+                                .and_then(|()| self.wait_idle(rx, stream));
                             cudamem::unmap_write(mem, info);
                             done?;
                             buffer
@@ -477,7 +575,7 @@ mod imp {
                         None => {
                             // Wait for the frame on the stream first (interruptibly): a copy
                             // into pageable memory would block in the driver until then.
-                            self.wait_idle(stream)?;
+                            self.wait_idle(rx, stream)?;
                             let dst = Layout::of_info(&out.info);
                             let mut frame = vec![0u8; out.info.size()];
                             // SAFETY: as above, into a host buffer of the format's own layout,
@@ -491,7 +589,7 @@ mod imp {
                                 )
                             };
                             copied.map_err(|e| self.fail(&e))?;
-                            self.wait_idle(stream)?;
+                            self.wait_idle(rx, stream)?;
                             gst::Buffer::from_mut_slice(frame)
                         }
                     };
@@ -522,18 +620,29 @@ mod imp {
             }
         }
 
-        /// Waits for `stream`'s copies on the CPU, a little at a time, so that a flush (or a
-        /// producer killed before its GPU signalled the frame ready) cannot hang the element.
-        fn wait_idle(&self, stream: &gpuring::cuda::Stream) -> Result<(), gst::FlowError> {
-            loop {
-                match stream.is_idle() {
-                    Ok(true) => return Ok(()),
-                    Ok(false) if self.flushing.load(Ordering::Relaxed) => {
-                        return Err(gst::FlowError::Flushing)
-                    }
-                    Ok(false) => std::thread::sleep(Duration::from_micros(50)),
-                    Err(e) => return Err(self.fail(&e)),
+        /// Waits for `stream`'s copies on the CPU, a little at a time, so that neither a flush
+        /// nor a producer killed before its GPU signalled the frame ready can hang the element:
+        /// the latter ends the ring as `Disconnected` (a new producer is waited for, or the
+        /// stream ends), [`DEAD_GRACE`] after `rx` finds its producer gone.
+        fn wait_idle(
+            &self,
+            rx: &Consumer<Cuda>,
+            stream: &gpuring::cuda::Stream,
+        ) -> Result<(), Ended> {
+            // Relaxed: a hint polled each time round.
+            let flushing = || self.flushing.load(Ordering::Relaxed);
+            match wait_done(|| stream.is_idle(), || rx.producer_alive(), flushing, DEAD_GRACE) {
+                Ok(()) => Ok(()),
+                Err(Unfinished::Flushing) => Err(gst::FlowError::Flushing.into()),
+                Err(Unfinished::ProducerGone) => {
+                    gst::warning!(
+                        CAT,
+                        imp = self,
+                        "the producer died before its GPU signalled the frame: leaving the ring"
+                    );
+                    Err(Ended::Disconnected)
                 }
+                Err(Unfinished::Failed(e)) => Err(self.fail(&e).into()),
             }
         }
 

@@ -13,8 +13,9 @@ use crate::memory::{Fault, Memory};
 use crate::ring::Pinned;
 
 impl ConsumerBuilder {
-    /// [`open_timeout`](ConsumerBuilder::open_timeout) without blocking the thread: the
-    /// waits between tries are tokio sleeps (feature `tokio`). For a host ring; see
+    /// Opens the ring, waiting up to `timeout` for it to appear and be ready, and ends the
+    /// builder, as [`open_timeout`](ConsumerBuilder::open_timeout) does, without blocking the
+    /// thread: the waits between tries are tokio sleeps (feature `tokio`). For a host ring; see
     /// [`open_in_async`](Self::open_in_async) for either memory kind.
     ///
     /// ```

@@ -159,10 +159,12 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Opens the ring, waiting up to `timeout` for it to be created and ready: for a consumer
-    /// started before its producer. Gives [`OpenErrorKind::NotFound`] if no ring of this name
-    /// appeared, [`OpenErrorKind::TimedOut`] if one appeared but was not ready in time,
-    /// [`OpenErrorKind::Disconnected`] if its producer died; other errors at once.
+    /// Opens the ring, waiting up to `timeout` for it to appear and be ready, and ends the
+    /// builder, like [`open`](Self::open): an operation with a timeout, as
+    /// [`TcpStream::connect_timeout`](std::net::TcpStream::connect_timeout) is, not a setting.
+    /// For a consumer started before its producer. Gives [`OpenErrorKind::NotFound`] if no ring
+    /// of this name appeared, [`OpenErrorKind::TimedOut`] if one appeared but was not ready in
+    /// time, [`OpenErrorKind::Disconnected`] if its producer died; other errors at once.
     ///
     /// ```
     /// # use gpuring::{Consumer, OpenErrorKind, Producer};
@@ -173,12 +175,20 @@ impl ConsumerBuilder {
     /// assert!(matches!(absent.err().unwrap().kind(), OpenErrorKind::NotFound));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// It returns the consumer, so nothing follows it in the builder chain:
+    ///
+    /// ```compile_fail,E0599
+    /// # use std::time::Duration;
+    /// let rx = gpuring::Consumer::builder("cam0").open_timeout(Duration::from_secs(5)).open();
+    /// ```
     pub fn open_timeout(self, timeout: Duration) -> Result<Consumer, OpenError> {
         self.open_in_when_ready(None, timeout)
     }
 
-    /// [`open_timeout`](Self::open_timeout) for a ring of memory kind `M` (see
-    /// [`open_in`](Self::open_in)).
+    /// Opens a ring of memory kind `M` (see [`open_in`](Self::open_in)), waiting up to
+    /// `timeout` for it to appear and be ready, and ends the builder: what
+    /// [`open_timeout`](Self::open_timeout) does for a host ring.
     ///
     /// ```
     /// # use gpuring::{Consumer, Host, Producer};
@@ -192,10 +202,11 @@ impl ConsumerBuilder {
         self.open_in_when_ready(None, timeout)
     }
 
-    /// [`open_timeout`](Self::open_timeout), but skipping the instance whose epoch is
-    /// `not_epoch`: after the producer of epoch `not_epoch` died, this waits for the next
-    /// producer of the same name ([`Consumer::reconnect`] uses it). With `None`, the same as
-    /// `open_timeout`. If only that old instance is seen until `timeout`:
+    /// Opens the ring, waiting up to `timeout` for it to appear and be ready, and ends the
+    /// builder, as [`open_timeout`](Self::open_timeout) does, but skipping the instance whose
+    /// epoch is `not_epoch`: after the producer of epoch `not_epoch` died, this waits for the
+    /// next producer of the same name ([`Consumer::reconnect`] uses it). With `None`, the same
+    /// as `open_timeout`. If only that old instance is seen until `timeout`:
     /// [`OpenErrorKind::Disconnected`].
     ///
     /// ```
@@ -217,8 +228,9 @@ impl ConsumerBuilder {
         self.open_in_when_ready(not_epoch, timeout)
     }
 
-    /// [`open_when_ready`](Self::open_when_ready) for a ring of memory kind `M` (see
-    /// [`open_in`](Self::open_in)).
+    /// Opens a ring of memory kind `M` (see [`open_in`](Self::open_in)), waiting up to
+    /// `timeout` for an instance other than `not_epoch` to appear and be ready, and ends the
+    /// builder: what [`open_when_ready`](Self::open_when_ready) does for a host ring.
     ///
     /// ```
     /// # use gpuring::{Consumer, Host, Producer};
@@ -526,6 +538,24 @@ impl<M: Memory> Consumer<M> {
     /// ```
     pub fn ended(&self) -> Option<crate::Ended> {
         self.ring.ended()
+    }
+
+    /// Whether the producer still holds the ring (its process runs and has not closed it),
+    /// probed now, one system call. Receives look by themselves; this is for a consumer that
+    /// waits on its own for a message's GPU work (polling a stream), so that a producer killed
+    /// between publishing and its GPU's signal cannot hold it for ever.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let tx = Producer::builder("doc-consumer-producer-alive").create()?;
+    /// let rx = Consumer::open("doc-consumer-producer-alive")?;
+    /// assert!(rx.producer_alive());
+    /// drop(tx);
+    /// assert!(!rx.producer_alive());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn producer_alive(&self) -> bool {
+        self.ring.producer_alive()
     }
 
     /// The producer's process id.
