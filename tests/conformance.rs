@@ -243,7 +243,7 @@ fn fan_out<B: Kind>(test: &str, consumers: usize, policy: Policy) {
         if policy == Policy::Block {
             assert_eq!((seen.received, seen.lost), (n, 0), "Block lost messages");
         }
-        eprintln!("consumer {}: received {} lost {}", std::process::id(), seen.received, seen.lost);
+        progress!("consumer {}: received {} lost {}", std::process::id(), seen.received, seen.lost);
         return;
     }
     let name = unique_name("fan");
@@ -566,7 +566,7 @@ fn slow_holder<B: Kind>(test: &str, mode: Mode) {
             let rx = open_mode::<B>(&env::<String>("RING"), mode);
             let seen = consume_and_check::<B>(&rx);
             assert_eq!((seen.received + seen.lost, seen.last), (n, Some(n - 1)), "{seen:?}");
-            eprintln!("fast {mode:?}: received {} lost {}", seen.received, seen.lost);
+            progress!("fast {mode:?}: received {} lost {}", seen.received, seen.lost);
             return;
         }
         Some("slow") => {
@@ -600,7 +600,7 @@ fn slow_holder<B: Kind>(test: &str, mode: Mode) {
             // throttled producer.)
             let throttled = u64::from(CAP + SPARES);
             assert!(most_lag > 2 * throttled, "the producer waited for the holder: {most_lag}");
-            eprintln!("slow {mode:?}: received {received} lost {lost}, most lag {most_lag}");
+            progress!("slow {mode:?}: received {received} lost {lost}, most lag {most_lag}");
             return;
         }
         _ => {}
@@ -635,7 +635,7 @@ fn mixed_modes_with_kills<B: Kind>(test: &str) {
             let rx = open_mode::<B>(&env::<String>("RING"), Mode::Latest);
             let seen = consume_and_check::<B>(&rx);
             assert_eq!((seen.received + seen.lost, seen.last), (n, Some(n - 1)), "{seen:?}");
-            eprintln!("latest: received {} lost {}", seen.received, seen.lost);
+            progress!("latest: received {} lost {}", seen.received, seen.lost);
             return;
         }
         Some("victim") => {
@@ -939,11 +939,17 @@ fn segment_scribbled_then_truncated_while_consumer_runs() {
                 Err(gpuring::RecvTimeoutError::Timeout) => {}
                 Err(e) => {
                     errors += 1;
+                    // The scribbled segment gives corrupt-segment errors, as it should; the
+                    // truncation ends the test.
                     if matches!(
                         e,
                         gpuring::RecvTimeoutError::Corrupt(gpuring::Corruption::Truncated)
                     ) {
-                        eprintln!("consumer: {received} messages, {errors} errors, last: {e}");
+                        progress!(
+                            "consumer: {e} after {received} messages and {} other errors of \
+                             the scribbled segment, as expected",
+                            errors - 1
+                        );
                         return;
                     }
                 }

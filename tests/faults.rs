@@ -160,7 +160,7 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
                 }
                 // The victim may learn that its entry is no longer its own: that is the point.
                 Err(e) if role == "victim" => {
-                    eprintln!("victim: {e}");
+                    progress!("victim, as expected: {e}");
                     return;
                 }
                 Err(e) => panic!("{role}: {e}"),

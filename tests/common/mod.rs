@@ -20,6 +20,32 @@ pub fn role() -> Option<String> {
     std::env::var(ROLE).ok()
 }
 
+/// Set in a child by [`spawn`] when the run shows the output of passing tests: see
+/// [`verbose`].
+pub const VERBOSE: &str = "GPURING_TEST_VERBOSE";
+
+/// Whether this run shows what passing tests say: it was started with `--nocapture` (or
+/// `RUST_TEST_NOCAPTURE`), and in a child, whether its parent's was. A child's stderr is not
+/// the harness's to capture, so its [`progress!`] lines show only then; its panics always do.
+pub fn verbose() -> bool {
+    if role().is_some() {
+        return std::env::var_os(VERBOSE).is_some();
+    }
+    std::env::args().any(|a| a == "--nocapture")
+        || std::env::var_os("RUST_TEST_NOCAPTURE").is_some_and(|v| v != "0")
+}
+
+/// `eprintln!` for a child's progress and results (what it received, the errors it was meant to
+/// get): shown in a `--nocapture` run only ([`verbose`]), so that passing runs stay quiet.
+#[macro_export]
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        if $crate::common::verbose() {
+            eprintln!($($arg)*);
+        }
+    };
+}
+
 /// Starts this test binary again running only `test` (which must check [`role`] first), with
 /// `role` and extra environment variables.
 pub fn spawn(test: &str, role: &str, env: &[(&str, String)]) -> Child {
@@ -30,6 +56,9 @@ pub fn spawn(test: &str, role: &str, env: &[(&str, String)]) -> Child {
         .stdin(Stdio::null())
         // The child's harness chatter would interleave with ours; its panics go to stderr.
         .stdout(Stdio::null());
+    if verbose() {
+        cmd.env(VERBOSE, "1");
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
