@@ -163,10 +163,11 @@ pub fn export(
         let acks = acks.clone();
         let s = session.declare_subscriber(format!("{key}/ack")).callback(move |sample| {
             let bytes = sample.payload().to_bytes();
-            if let Some((to, importer, handled)) = flow::decode(&bytes) {
-                if to == exporter {
-                    acks.record(importer, handled);
-                }
+            // Ours, or a hello to every exporter on the key.
+            if let Some(ack) = flow::decode(&bytes)
+                .filter(|a| a.exporter == exporter || a.flags & flow::HELLO != 0)
+            {
+                acks.record(ack);
             }
         });
         Some(s.wait().map_err(|e| BridgeError::Zenoh(e.to_string()))?)
@@ -324,10 +325,11 @@ impl Out<'_> {
                 }
                 self.acks.wait_change(TICK);
             }
-            credit.sent();
+            header.index = credit.sent();
+        } else {
+            // Relaxed: one thread puts at a time (the sender); the count orders nothing.
+            header.index = self.index.fetch_add(1, Ordering::Relaxed) + 1;
         }
-        // Relaxed: one thread puts at a time (the sender); the count orders nothing.
-        header.index = self.index.fetch_add(1, Ordering::Relaxed) + 1;
         self.publisher
             .put(payload)
             .attachment(wire::encode(header))

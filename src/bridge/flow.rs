@@ -8,18 +8,28 @@
 //! exporter waits instead, and the source ring waits for it.
 //!
 //! Every message carries its exporter's id and its index among that exporter's messages (1,
-//! 2, 3, ...). Acknowledgements go on `<data key>/ack`: the exporter's id, the importer's
-//! random id and the highest index of that exporter's messages it has handled (published, or
-//! dropped). An acknowledgement is absolute, so none depends on another: an importer tracks
-//! each exporter apart ([`Handled`]), and a stray message on the key (another exporter, any
-//! publisher) never moves another exporter's count. An exporter takes only acknowledgements
-//! that name it and keeps each importer's apart ([`Credit`]): what is in flight to an importer
-//! is the messages sent after the index it acknowledged, and the slowest importer heard from in
-//! the last [`PATIENCE`] gates the window. An importer acknowledges an exporter's first message
-//! at once, so one that joins mid-stream gates from then. One silent for [`PATIENCE`] (dead, or
-//! its link closed) stops gating; if it speaks again, it gates again from its exact index. An
-//! importer that waits for its consumers keeps acknowledging (the same index) at each tick, so
-//! a pause is not a loss.
+//! 2, 3, ...). Acknowledgements go on `<data key>/ack` ([`Ack`]): the exporter's id, the
+//! importer's random id, the highest index of that exporter's messages it has handled
+//! (published, or dropped) and flags. An acknowledgement is absolute, so none depends on
+//! another: an importer tracks each exporter apart ([`Handled`]), and a stray message on the
+//! key (another exporter, any publisher) never moves another exporter's index. An exporter
+//! takes only acknowledgements that name it and keeps each importer's apart ([`Credit`]): what
+//! is in flight to an importer is what was sent after the index it acknowledged, and the
+//! slowest importer heard from in the last [`PATIENCE`] gates the window.
+//!
+//! - An importer acknowledges from a thread of its own at every tick (and at an exporter's
+//!   first message, and every 8), so it is never silent while it lives, whatever its receive
+//!   loop is doing (making a large ring, waiting for its consumers, for a slot). Silence for
+//!   [`PATIENCE`] means dead or cut off: the importer stops gating; if it speaks again, it
+//!   gates again from its exact index.
+//! - At every tick it also says [`HELLO`] to any exporter on the key: an importer that has
+//!   received nothing yet (the window shut while nobody listened) is counted from then, so it
+//!   opens the window.
+//! - [`IDLE`] says its queue was empty: everything that reached it is handled. Idle at one
+//!   index for [`LOST_AFTER`] while more was sent, what was sent before it first said so is not
+//!   coming (its link lost it, say a connection that closed and came back): counted lost, so
+//!   the window opens again. An importer waiting for its consumers is not idle: a pause is not
+//!   a loss.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -32,6 +42,11 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
 /// The most importers an exporter keeps credit for (a new one beyond takes the place of the
 /// one heard from longest ago, so ids made up by a stray publisher cannot grow its memory).
 pub(crate) const MAX_IMPORTERS: usize = 64;
+
+/// How long an importer may say its queue is empty at one index, with more sent than that,
+/// before the exporter counts what was sent before it first said so as lost on its link (not
+/// coming). Longer than a message's transit, so a slow link is not taken for a lossy one.
+pub(crate) const LOST_AFTER: Duration = Duration::from_secs(5);
 
 /// How long an exporter remembers an importer it no longer hears from: one that speaks again
 /// within this gates again from its exact acknowledgement, with nothing forgiven twice.
@@ -59,21 +74,40 @@ pub(crate) fn window_for(slot_size: u64) -> u64 {
     window(slot_size).clamp(2, QUEUE as u64 / 2)
 }
 
-/// An acknowledgement to exporter `exporter`: the importer's id and its count of that
-/// exporter's messages handled.
-pub(crate) fn encode(exporter: u64, importer: u64, handled: u64) -> [u8; 24] {
-    let mut b = [0u8; 24];
-    b[..8].copy_from_slice(&exporter.to_le_bytes());
-    b[8..16].copy_from_slice(&importer.to_le_bytes());
-    b[16..].copy_from_slice(&handled.to_le_bytes());
+/// An acknowledgement's flag: the importer's queue was empty when it was sent (it has handled
+/// everything that reached it).
+pub(crate) const IDLE: u64 = 1;
+/// An acknowledgement's flag: an importer announcing itself to every exporter on the key
+/// (`exporter` 0, no index), so that one that has not reached it yet counts it from now.
+pub(crate) const HELLO: u64 = 2;
+
+/// An acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ack {
+    /// The exporter it is for (0 in a hello: any).
+    pub(crate) exporter: u64,
+    /// The importer's random id.
+    pub(crate) importer: u64,
+    /// The highest index of that exporter's messages the importer handled.
+    pub(crate) handled: u64,
+    /// [`IDLE`], [`HELLO`].
+    pub(crate) flags: u64,
+}
+
+/// An acknowledgement's bytes: its four words, little-endian.
+pub(crate) fn encode(a: &Ack) -> [u8; 32] {
+    let mut b = [0u8; 32];
+    for (i, w) in [a.exporter, a.importer, a.handled, a.flags].into_iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
     b
 }
 
-/// Reads an acknowledgement: (exporter, importer, handled), `None` if it is not one.
-pub(crate) fn decode(b: &[u8]) -> Option<(u64, u64, u64)> {
-    let b: &[u8; 24] = b.try_into().ok()?;
+/// Reads an acknowledgement, `None` if it is not one.
+pub(crate) fn decode(b: &[u8]) -> Option<Ack> {
+    let b: &[u8; 32] = b.try_into().ok()?;
     let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    Some((word(0), word(1), word(2)))
+    Some(Ack { exporter: word(0), importer: word(1), handled: word(2), flags: word(3) })
 }
 
 /// A random id (an exporter's or an importer's), never 0.
@@ -83,48 +117,89 @@ pub(crate) fn new_id() -> u64 {
     u64::from_ne_bytes(b).max(1)
 }
 
-/// The exporter's record of acknowledgements, written by the ack subscriber's callback.
+/// What an exporter knows of one importer.
+struct Importer {
+    /// The highest index it acknowledged, or that the exporter counts as handled for it.
+    handled: u64,
+    /// When it was last heard from.
+    heard: Instant,
+    /// Since when it has said, each time, that its queue is empty at index `.0`, and how many
+    /// messages had been sent then (`.1`): those it has not handled by [`LOST_AFTER`] never
+    /// reached it (its link lost them).
+    idle: Option<(u64, u64, Instant)>,
+}
+
+/// The exporter's record of messages sent and of each importer's acknowledgements (written by
+/// the ack subscriber's callback and by the exporter's thread).
 #[derive(Default)]
 pub(crate) struct Acks {
-    /// Per importer: the highest message index it acknowledged, and when it was last heard.
-    /// At most [`MAX_IMPORTERS`].
-    heard: Mutex<HashMap<u64, (u64, Instant)>>,
+    state: Mutex<State>,
     changed: Condvar,
 }
 
+#[derive(Default)]
+struct State {
+    /// Messages sent: the last one's index.
+    sent: u64,
+    /// At most [`MAX_IMPORTERS`].
+    importers: HashMap<u64, Importer>,
+}
+
 impl Acks {
-    /// Records `importer`'s acknowledgement of every message up to index `handled`. With the
-    /// table full, a new importer takes the place of the one heard from longest ago.
-    pub(crate) fn record(&self, importer: u64, handled: u64) {
-        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        if heard.len() >= MAX_IMPORTERS && !heard.contains_key(&importer) {
-            let oldest = heard.iter().min_by_key(|(_, &(_, when))| when).map(|(&id, _)| id);
-            heard.remove(&oldest.expect("full"));
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records acknowledgement `a` (one for this exporter, or a hello). A new importer is
+    /// counted from its index, or from now for a hello; an index beyond what was sent is not
+    /// one of ours (stale or forged) and is ignored. With the table full, a new importer takes
+    /// the place of the one heard from longest ago.
+    pub(crate) fn record(&self, a: Ack) {
+        let mut st = self.state();
+        let (sent, now) = (st.sent, Instant::now());
+        let hello = a.flags & HELLO != 0;
+        if !hello && a.handled > sent {
+            return;
         }
-        let now = Instant::now();
-        let e = heard.entry(importer).or_insert((handled, now));
-        // Indexes only grow (an acknowledgement overtaken by a later one says less).
-        *e = (e.0.max(handled), now);
+        let importers = &mut st.importers;
+        if importers.len() >= MAX_IMPORTERS && !importers.contains_key(&a.importer) {
+            let oldest = importers.iter().min_by_key(|(_, i)| i.heard).map(|(&id, _)| id);
+            importers.remove(&oldest.expect("full"));
+        }
+        let start = if hello { sent } else { a.handled };
+        let i = importers.entry(a.importer).or_insert(Importer {
+            handled: start,
+            heard: now,
+            idle: None,
+        });
+        i.heard = now;
+        if !hello {
+            // Indexes only grow (an acknowledgement overtaken by a later one says less).
+            i.handled = i.handled.max(a.handled);
+            i.idle = match i.idle {
+                _ if a.flags & IDLE == 0 => None,
+                Some(idle) if idle.0 == i.handled => Some(idle),
+                _ => Some((i.handled, sent, now)),
+            };
+        }
         self.changed.notify_all();
     }
 
     /// Waits at most `timeout` for the next acknowledgement.
     pub(crate) fn wait_change(&self, timeout: Duration) {
-        let heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self.changed.wait_timeout(heard, timeout);
+        let st = self.state();
+        let _ = self.changed.wait_timeout(st, timeout);
     }
 }
 
-/// The exporter's side: messages sent (each message carries its index, `sent` after it is
-/// counted), and what each importer acknowledged.
+/// The exporter's side: what each importer has in flight, and the window.
 pub(crate) struct Credit {
     acks: Arc<Acks>,
-    sent: u64,
     /// The importers that gated the window at the last look (heard within [`PATIENCE`]).
     gating: Vec<u64>,
     /// With no importer gating, the messages in flight are those sent since this: 0 at first
-    /// (nothing goes out beyond a window until an importer answers), `sent` when the last
-    /// importer went silent.
+    /// (nothing goes out beyond a window until an importer answers), the count sent when the
+    /// last importer went silent.
     forgiven: u64,
     window: u64,
 }
@@ -132,28 +207,43 @@ pub(crate) struct Credit {
 impl Credit {
     /// Credit against `acks`, with `window` messages in flight at most.
     pub(crate) fn new(acks: Arc<Acks>, window: u64) -> Credit {
-        Credit { acks, sent: 0, gating: Vec::new(), forgiven: 0, window }
+        Credit { acks, gating: Vec::new(), forgiven: 0, window }
     }
 
     /// Messages sent and not yet acknowledged by the slowest importer heard from lately.
     pub(crate) fn in_flight(&mut self) -> u64 {
-        let mut heard = self.acks.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        let acks = self.acks.clone();
+        let mut st = acks.state();
+        let sent = st.sent;
         // Importers silent for long are forgotten; one silent for less, if it speaks again,
         // gates again from its exact acknowledgement.
-        heard.retain(|_, &mut (_, when)| when.elapsed() < FORGET_IMPORTER);
-        let sent = self.sent;
+        st.importers.retain(|_, i| i.heard.elapsed() < FORGET_IMPORTER);
         let mut slowest: Option<u64> = None;
-        let mut gating = Vec::with_capacity(heard.len());
-        for (&importer, &(handled, when)) in heard.iter() {
-            if when.elapsed() < PATIENCE {
-                let behind = sent.saturating_sub(handled);
-                slowest = Some(slowest.map_or(behind, |s| s.max(behind)));
-                gating.push(importer);
+        let mut gating = Vec::with_capacity(st.importers.len());
+        for (&id, i) in st.importers.iter_mut() {
+            if i.heard.elapsed() >= PATIENCE {
+                continue;
             }
+            if let Some((at, sent_then, since)) = i.idle {
+                if at == i.handled && sent_then > at && since.elapsed() >= LOST_AFTER {
+                    // Idle all along at `at`: what was sent before it first said so is not
+                    // coming (its link lost it). Count it handled, and lost.
+                    tracing::warn!(
+                        importer = id,
+                        lost = sent_then - at,
+                        "an importer's link lost messages: counting them lost"
+                    );
+                    i.handled = sent_then;
+                    i.idle = None;
+                }
+            }
+            let behind = sent.saturating_sub(i.handled);
+            slowest = Some(slowest.map_or(behind, |s| s.max(behind)));
+            gating.push(id);
         }
         for gone in self.gating.iter().filter(|i| !gating.contains(i)) {
             // Silence: it died, or its link closed; what it had in flight is lost to it.
-            let lost = heard.get(gone).map_or(0, |&(handled, _)| sent.saturating_sub(handled));
+            let lost = st.importers.get(gone).map_or(0, |i| sent.saturating_sub(i.handled));
             tracing::warn!(
                 importer = gone,
                 lost,
@@ -177,9 +267,11 @@ impl Credit {
         self.in_flight() < self.window
     }
 
-    /// Counts one message sent (its index is this count).
-    pub(crate) fn sent(&mut self) {
-        self.sent += 1;
+    /// Counts one message sent; returns its index (1 for the first).
+    pub(crate) fn sent(&mut self) -> u64 {
+        let mut st = self.acks.state();
+        st.sent += 1;
+        st.sent
     }
 }
 
@@ -229,10 +321,26 @@ impl Handled {
 mod tests {
     use super::*;
 
-    /// Makes an importer's last acknowledgement look `ago` old.
+    fn ack(importer: u64, handled: u64) -> Ack {
+        Ack { exporter: 1, importer, handled, flags: 0 }
+    }
+
+    fn idle(importer: u64, handled: u64) -> Ack {
+        Ack { flags: IDLE, ..ack(importer, handled) }
+    }
+
+    fn hello(importer: u64) -> Ack {
+        Ack { exporter: 0, importer, handled: 0, flags: HELLO }
+    }
+
+    /// Makes an importer's last acknowledgement (and its idleness) look `ago` older.
     fn age(acks: &Acks, importer: u64, ago: Duration) {
-        let mut heard = acks.heard.lock().unwrap();
-        heard.get_mut(&importer).unwrap().1 = Instant::now().checked_sub(ago).unwrap();
+        let mut st = acks.state();
+        let i = st.importers.get_mut(&importer).unwrap();
+        i.heard = i.heard.checked_sub(ago).unwrap();
+        if let Some(idle) = &mut i.idle {
+            idle.2 = idle.2.checked_sub(ago).unwrap();
+        }
     }
 
     fn send(c: &mut Credit, n: u64) {
@@ -245,18 +353,21 @@ mod tests {
     fn the_window_follows_acknowledged_indexes() {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 3);
-        for _ in 1..=3 {
+        for index in 1..=3 {
             assert!(c.open());
-            c.sent();
+            assert_eq!(c.sent(), index);
         }
         assert!(!c.open(), "three in flight, none acknowledged");
-        acks.record(7, 1);
+        acks.record(ack(7, 1));
         assert_eq!(c.in_flight(), 2);
-        acks.record(7, 3);
+        acks.record(ack(7, 3));
         assert_eq!(c.in_flight(), 0);
-        acks.record(7, 2); // overtaken by a later one: says less, changes nothing
+        acks.record(ack(7, 2)); // overtaken by a later one: says less, changes nothing
         assert_eq!(c.in_flight(), 0);
-        assert_eq!(decode(&encode(5, 9, 1)), Some((5, 9, 1)));
+        acks.record(ack(8, 99)); // beyond what was sent: not ours
+        assert_eq!(acks.state().importers.len(), 1);
+        let a = Ack { exporter: 5, importer: 9, handled: 1, flags: IDLE };
+        assert_eq!(decode(&encode(&a)), Some(a));
         assert_eq!(decode(b"short"), None);
     }
 
@@ -264,62 +375,97 @@ mod tests {
     fn the_slowest_importer_gates_until_it_goes_silent_and_again_if_it_returns() {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 4);
-        acks.record(1, 0);
-        acks.record(2, 0);
+        acks.record(ack(1, 0));
+        acks.record(ack(2, 0));
         send(&mut c, 4);
         // Importer 1 keeps up; importer 2 pauses (its heartbeats repeat its index).
-        acks.record(1, 4);
-        acks.record(2, 0);
+        acks.record(ack(1, 4));
+        acks.record(ack(2, 0));
         assert_eq!(c.in_flight(), 4, "the paused importer gates");
         assert!(!c.open());
-        acks.record(2, 3);
+        acks.record(ack(2, 3));
         assert_eq!(c.in_flight(), 1);
         // Importer 2 goes silent: once silent for the patience, it stops gating.
         send(&mut c, 2);
-        acks.record(1, 6);
+        acks.record(ack(1, 6));
         age(&acks, 2, PATIENCE);
         assert_eq!(c.in_flight(), 0, "only importer 1 gates, and it has everything");
-        // It was only slow: it speaks again, and gates from its exact index (nothing of what
-        // it still holds is forgiven).
-        acks.record(2, 4);
+        // It speaks again: it gates from its exact index (nothing it holds is forgiven).
+        acks.record(ack(2, 4));
         assert_eq!(c.in_flight(), 2);
         // A third importer joins mid-stream: it gates from its first acknowledgement.
         send(&mut c, 1);
-        acks.record(3, 5);
-        acks.record(2, 7);
-        acks.record(1, 7);
+        acks.record(ack(3, 5));
+        acks.record(ack(2, 7));
+        acks.record(ack(1, 7));
         assert_eq!(c.in_flight(), 2, "importer 3 holds 6 and 7");
     }
 
     #[test]
-    fn a_silent_last_importer_forgives_what_it_had_in_flight() {
+    fn a_new_importer_opens_a_window_that_shut_with_nobody_listening() {
         let acks = Arc::new(Acks::default());
         let mut c = Credit::new(acks.clone(), 2);
-        acks.record(1, 0);
+        acks.record(ack(1, 0));
         send(&mut c, 2);
         assert!(!c.open());
+        // Importer 1 dies: the window reopens once, then shuts with nobody to receive.
         age(&acks, 1, PATIENCE);
         assert_eq!(c.in_flight(), 0);
-        c.sent();
-        assert_eq!(c.in_flight(), 1, "counted again until an importer answers");
-        c.sent();
+        send(&mut c, 2);
         assert!(!c.open());
-        // Long forgotten, it is not counted when it comes back only as a stale entry.
-        age(&acks, 1, FORGET_IMPORTER);
-        assert_eq!(c.in_flight(), 2);
+        // A new importer has received nothing, so it has no index to give: its hello counts
+        // it from now, and the window opens.
+        acks.record(hello(2));
+        assert_eq!(c.in_flight(), 0);
+        send(&mut c, 1);
+        assert_eq!(c.in_flight(), 1);
+        // A hello from a known importer only says it is alive.
+        acks.record(hello(2));
+        assert_eq!(c.in_flight(), 1);
+    }
+
+    #[test]
+    fn what_an_idle_importers_link_lost_is_counted_lost_after_a_while() {
+        let acks = Arc::new(Acks::default());
+        let mut c = Credit::new(acks.clone(), 4);
+        acks.record(ack(1, 0));
+        send(&mut c, 4);
+        acks.record(ack(1, 2));
+        // Its link lost 3 and 4: it keeps saying its queue is empty at 2.
+        acks.record(idle(1, 2));
+        send(&mut c, 0);
+        assert_eq!(c.in_flight(), 2, "maybe still on the way");
+        acks.record(idle(1, 2));
+        age(&acks, 1, LOST_AFTER);
+        acks.record(idle(1, 2)); // still heard from
+        assert_eq!(c.in_flight(), 0, "not coming: counted lost");
+        // Idle at a moving index is not a loss.
+        send(&mut c, 2);
+        acks.record(idle(1, 5));
+        age(&acks, 1, LOST_AFTER);
+        acks.record(idle(1, 6));
+        assert_eq!(c.in_flight(), 0);
+        send(&mut c, 1);
+        acks.record(idle(1, 6));
+        assert_eq!(c.in_flight(), 1);
+        // Busy (not idle) at one index for long is a paused consumer, not a loss.
+        acks.record(ack(1, 6));
+        age(&acks, 1, LOST_AFTER);
+        acks.record(ack(1, 6));
+        assert_eq!(c.in_flight(), 1);
     }
 
     #[test]
     fn a_full_table_makes_room_for_a_new_importer() {
         let acks = Arc::new(Acks::default());
         for id in 1..=MAX_IMPORTERS as u64 {
-            acks.record(id, 0);
+            acks.record(ack(id, 0));
         }
         age(&acks, 5, Duration::from_secs(1));
-        acks.record(1_000, 0);
-        let heard = acks.heard.lock().unwrap();
-        assert_eq!(heard.len(), MAX_IMPORTERS);
-        assert!(heard.contains_key(&1_000) && !heard.contains_key(&5), "the oldest made room");
+        acks.record(ack(1_000, 0));
+        let st = acks.state();
+        assert_eq!(st.importers.len(), MAX_IMPORTERS);
+        assert!(st.importers.contains_key(&1_000) && !st.importers.contains_key(&5));
     }
 
     #[test]

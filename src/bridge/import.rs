@@ -210,19 +210,43 @@ pub fn import(
         .map_err(|e| BridgeError::Zenoh(e.to_string()))?;
     let dir = opts.dir_or_default();
     tracing::info!(key = %opts.key, ring = %opts.ring, dir = %dir.display(), "importing");
+    let acks = Acker::new(&opts.key);
+    // Acknowledgements go out from their own thread at every tick, so that an importer busy
+    // making a ring or waiting for its consumers is never silent (`flow`): silence means dead.
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| acks.beat(&session, &done));
+        let received = receive(opts, &subscriber, &session, &acks, stop);
+        // Relaxed: the heartbeat thread polls it; the scope joins it.
+        done.store(true, Ordering::Relaxed);
+        received
+    })
+}
+
+/// The receive loop of [`import`]: publishes what `subscriber` gets until `stop` is set.
+fn receive(
+    opts: &ImportOptions,
+    subscriber: &zenoh::pubsub::Subscriber<
+        zenoh::handlers::RingChannelHandler<zenoh::sample::Sample>,
+    >,
+    session: &zenoh::Session,
+    acks: &Acker,
+    stop: &AtomicBool,
+) -> Result<u64, BridgeError> {
     let mut local: Option<Local> = None;
-    let mut acks = Acker::new();
     let mut published = 0u64;
     // Relaxed (every load): a request to stop, polled each tick; nothing is published with it.
     while !stop.load(Ordering::Relaxed) {
         let sample = match subscriber.recv_timeout(TICK) {
             Ok(Some(sample)) => sample,
             Ok(None) => {
-                acks.heartbeat(&session);
+                // Relaxed: a hint the heartbeat thread sends along; it orders nothing.
+                acks.idle.store(true, Ordering::Relaxed);
                 continue;
             }
             Err(e) => return Err(BridgeError::Zenoh(e.to_string())),
         };
+        acks.idle.store(false, Ordering::Relaxed);
         // Nothing is materialised before it is checked: the attachment's length first, the
         // payload's once its geometry passed (`make`) or is that of the ring made.
         let long = sample.attachment().map_or(0, |a| a.len());
@@ -238,7 +262,7 @@ pub fn import(
                 continue;
             }
         };
-        acks.handled(&session, &h, sample.key_expr().as_str());
+        acks.handled(session, &h, sample.key_expr().as_str());
         let current = local.as_ref().map(|l| (l.epoch, l.geometry, l.last_seen));
         match current {
             Some((epoch, geometry, _)) if epoch == h.epoch && geometry == h.geometry => {}
@@ -258,7 +282,6 @@ pub fn import(
                     if stop.load(Ordering::Relaxed) {
                         return Ok(published);
                     }
-                    acks.heartbeat(&session);
                 }
                 local = Some(made);
             }
@@ -281,8 +304,7 @@ pub fn import(
         }
         l.next = h.seq + 1; // `decode` refuses u64::MAX
         let payload = sample.payload().to_bytes();
-        if l.publish(&payload, &h.user_header, stop, &opts.ring, &mut || acks.heartbeat(&session))?
-        {
+        if l.publish(&payload, &h.user_header, stop, &opts.ring)? {
             published += 1;
         }
     }
@@ -291,37 +313,71 @@ pub fn import(
 }
 
 /// The importer's acknowledgements (`flow`): its id, and the highest index of each exporter's
-/// messages it handled, sent on `<key>/ack` at an exporter's first message, every 8 messages
-/// and at each idle tick.
+/// messages it handled, sent on `<key>/ack` at an exporter's first message, every 8 messages,
+/// and at every tick from a thread of their own ([`beat`](Self::beat)), with a hello to any
+/// exporter on the key.
 struct Acker {
     id: u64,
-    handled: flow::Handled,
+    handled: Mutex<flow::Handled>,
+    /// Set while the receive loop finds the queue empty (everything that reached us is
+    /// handled): sent along as [`flow::IDLE`].
+    idle: AtomicBool,
+    /// Where hellos go: `<key>/ack`, if the key names one key (a wildcard key cannot be
+    /// published on; exporters then learn of us from our first acknowledgement).
+    hello: Option<String>,
 }
 
 impl Acker {
-    fn new() -> Acker {
-        Acker { id: flow::new_id(), handled: flow::Handled::new() }
+    fn new(key: &str) -> Acker {
+        Acker {
+            id: flow::new_id(),
+            handled: Mutex::new(flow::Handled::new()),
+            idle: AtomicBool::new(false),
+            hello: (!key.contains('*')).then(|| format!("{key}/ack")),
+        }
+    }
+
+    fn handled_table(&self) -> std::sync::MutexGuard<'_, flow::Handled> {
+        self.handled.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Notes message `h` as handled (published or not: the exporter's window counts what
     /// arrived), for the exporter that sent it only, and acknowledges it if one is due.
-    fn handled(&mut self, session: &zenoh::Session, h: &wire::Header, key: &str) {
-        if let Some((exporter, index)) = self.handled.note(h.exporter, h.index, key) {
-            send_ack(session, &format!("{key}/ack"), exporter, self.id, index);
+    fn handled(&self, session: &zenoh::Session, h: &wire::Header, key: &str) {
+        let due = self.handled_table().note(h.exporter, h.index, key);
+        if let Some((exporter, handled)) = due {
+            let ack = flow::Ack { exporter, importer: self.id, handled, flags: 0 };
+            send_ack(session, &format!("{key}/ack"), &ack);
         }
     }
 
-    /// Sends each current exporter its count.
-    fn heartbeat(&mut self, session: &zenoh::Session) {
-        for (exporter, index, key) in self.handled.current() {
-            send_ack(session, key, exporter, self.id, index);
+    /// Sends each current exporter its index, and a hello, at every tick until `done`.
+    fn beat(&self, session: &zenoh::Session, done: &AtomicBool) {
+        // Relaxed (both loads): hints, polled each tick.
+        while !done.load(Ordering::Relaxed) {
+            let flags = if self.idle.load(Ordering::Relaxed) { flow::IDLE } else { 0 };
+            let due: Vec<(flow::Ack, String)> = self
+                .handled_table()
+                .current()
+                .map(|(exporter, handled, key)| {
+                    (flow::Ack { exporter, importer: self.id, handled, flags }, key.to_owned())
+                })
+                .collect();
+            for (ack, key) in &due {
+                send_ack(session, key, ack);
+            }
+            if let Some(key) = &self.hello {
+                let hello =
+                    flow::Ack { exporter: 0, importer: self.id, handled: 0, flags: flow::HELLO };
+                send_ack(session, key, &hello);
+            }
+            std::thread::sleep(TICK);
         }
     }
 }
 
-fn send_ack(session: &zenoh::Session, key: &str, exporter: u64, importer: u64, count: u64) {
-    let ack = flow::encode(exporter, importer, count);
-    if let Err(e) = session.put(key, ack.to_vec()).wait() {
+fn send_ack(session: &zenoh::Session, key: &str, ack: &flow::Ack) {
+    if let Err(e) = session.put(key, flow::encode(ack).to_vec()).wait() {
         tracing::debug!(error = %e, "an acknowledgement was not sent");
     }
 }
@@ -474,15 +530,14 @@ impl Local {
     }
 
     /// Publishes one message, waiting for a slot as long as the local consumers hold the ring
-    /// (a `Lossless` chain holds the exporter back through Zenoh meanwhile). False if `stop`
-    /// was set first.
+    /// (a `Lossless` chain holds the exporter back through Zenoh meanwhile: the heartbeat
+    /// thread keeps acknowledging). False if `stop` was set first.
     fn publish(
         &mut self,
         payload: &[u8],
         header: &[u8],
         stop: &AtomicBool,
         ring: &str,
-        tick: &mut dyn FnMut(),
     ) -> Result<bool, BridgeError> {
         let failed = |e: &dyn std::fmt::Display| BridgeError::Ring(format!("ring {ring:?}: {e}"));
         // Relaxed (every load): a request to stop, polled each tick.
@@ -491,10 +546,7 @@ impl Local {
                 Tx::Host(tx) => {
                     let mut slot = match tx.acquire_timeout(TICK) {
                         Ok(slot) => slot,
-                        Err(AcquireTimeoutError::Timeout) => {
-                            tick(); // still here: the exporter must not take this for a loss
-                            continue;
-                        }
+                        Err(AcquireTimeoutError::Timeout) => continue,
                         Err(e) => return Err(failed(&e)),
                     };
                     slot[..payload.len()].copy_from_slice(payload);
@@ -508,10 +560,7 @@ impl Local {
                     buf.host_mut()[..payload.len()].copy_from_slice(payload);
                     let slot = match tx.acquire_timeout(TICK) {
                         Ok(slot) => slot,
-                        Err(AcquireTimeoutError::Timeout) => {
-                            tick(); // still here: the exporter must not take this for a loss
-                            continue;
-                        }
+                        Err(AcquireTimeoutError::Timeout) => continue,
                         Err(e) => return Err(failed(&e)),
                     };
                     // SAFETY: the buffer's device-mapped bytes are device memory of this
