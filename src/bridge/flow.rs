@@ -123,9 +123,9 @@ struct Importer {
     handled: u64,
     /// When it was last heard from.
     heard: Instant,
-    /// Since when it has said, each time, that its queue is empty at index `.0`, and how many
-    /// messages had been sent then (`.1`): those it has not handled by [`LOST_AFTER`] never
-    /// reached it (its link lost them).
+    /// Since when (`.2`) it has said, each time, that its queue is empty at index `.0` (the
+    /// index it reports), and how many messages had been sent then (`.1`): those it has not
+    /// handled by [`LOST_AFTER`] never reached it (its link lost them).
     idle: Option<(u64, u64, Instant)>,
 }
 
@@ -176,10 +176,12 @@ impl Acks {
         if !hello {
             // Indexes only grow (an acknowledgement overtaken by a later one says less).
             i.handled = i.handled.max(a.handled);
+            // Idleness counts while the importer reports one index with more sent than that;
+            // any other report starts it again.
             i.idle = match i.idle {
                 _ if a.flags & IDLE == 0 => None,
-                Some(idle) if idle.0 == i.handled => Some(idle),
-                _ => Some((i.handled, sent, now)),
+                Some(idle) if idle.0 == a.handled && idle.1 > idle.0 => Some(idle),
+                _ => Some((a.handled, sent, now)),
             };
         }
         self.changed.notify_all();
@@ -224,13 +226,14 @@ impl Credit {
             if i.heard.elapsed() >= PATIENCE {
                 continue;
             }
-            if let Some((at, sent_then, since)) = i.idle {
-                if at == i.handled && sent_then > at && since.elapsed() >= LOST_AFTER {
-                    // Idle all along at `at`: what was sent before it first said so is not
-                    // coming (its link lost it). Count it handled, and lost.
+            if let Some((_, sent_then, since)) = i.idle {
+                if sent_then > i.handled && since.elapsed() >= LOST_AFTER {
+                    // Idle all along at one index: what was sent before it first said so is
+                    // not coming (its link lost it). Count it handled, and lost.
+                    let lost = sent_then - i.handled;
                     tracing::warn!(
                         importer = id,
-                        lost = sent_then - at,
+                        lost,
                         "an importer's link lost messages: counting them lost"
                     );
                     i.handled = sent_then;
@@ -447,6 +450,19 @@ mod tests {
         assert_eq!(c.in_flight(), 0);
         send(&mut c, 1);
         acks.record(idle(1, 6));
+        assert_eq!(c.in_flight(), 1);
+        // Caught up when it fell idle, then its link lost what came next (the common case: a
+        // light stream): the record starts once something is outstanding.
+        acks.record(idle(1, 7));
+        send(&mut c, 2);
+        acks.record(idle(1, 7));
+        age(&acks, 1, LOST_AFTER);
+        acks.record(idle(1, 7));
+        assert_eq!(c.in_flight(), 0, "8 and 9 counted lost");
+        // Counted lost above its report, it reports the same index again: only what was sent
+        // since counts, after a while of its own.
+        send(&mut c, 1);
+        acks.record(idle(1, 7));
         assert_eq!(c.in_flight(), 1);
         // Busy (not idle) at one index for long is a paused consumer, not a loss.
         acks.record(ack(1, 6));

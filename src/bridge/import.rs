@@ -216,11 +216,21 @@ pub fn import(
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| acks.beat(&session, &done));
-        let received = receive(opts, &subscriber, &session, &acks, stop);
-        // Relaxed: the heartbeat thread polls it; the scope joins it.
-        done.store(true, Ordering::Relaxed);
-        received
+        // Ends the heartbeats however `receive` ends (a panic included: the scope joins the
+        // thread before it passes the panic on).
+        let _done = Done(&done);
+        receive(opts, &subscriber, &session, &acks, stop)
     })
+}
+
+/// Sets its flag when dropped.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        // Relaxed: the heartbeat thread polls it; the scope joins it.
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The receive loop of [`import`]: publishes what `subscriber` gets until `stop` is set.
@@ -322,9 +332,8 @@ struct Acker {
     /// Set while the receive loop finds the queue empty (everything that reached us is
     /// handled): sent along as [`flow::IDLE`].
     idle: AtomicBool,
-    /// Where hellos go: `<key>/ack`, if the key names one key (a wildcard key cannot be
-    /// published on; exporters then learn of us from our first acknowledgement).
-    hello: Option<String>,
+    /// Where hellos go: `<key>/ack` (a wildcard key reaches every exporter it matches).
+    hello: String,
 }
 
 impl Acker {
@@ -333,7 +342,7 @@ impl Acker {
             id: flow::new_id(),
             handled: Mutex::new(flow::Handled::new()),
             idle: AtomicBool::new(false),
-            hello: (!key.contains('*')).then(|| format!("{key}/ack")),
+            hello: format!("{key}/ack"),
         }
     }
 
@@ -366,11 +375,9 @@ impl Acker {
             for (ack, key) in &due {
                 send_ack(session, key, ack);
             }
-            if let Some(key) = &self.hello {
-                let hello =
-                    flow::Ack { exporter: 0, importer: self.id, handled: 0, flags: flow::HELLO };
-                send_ack(session, key, &hello);
-            }
+            let hello =
+                flow::Ack { exporter: 0, importer: self.id, handled: 0, flags: flow::HELLO };
+            send_ack(session, &self.hello, &hello);
             std::thread::sleep(TICK);
         }
     }
