@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def pattern_words(seq, n_words):
-    """The u64 words of the pattern of message `seq` (src/pattern.rs): seq * MUL + j."""
+    """The u64 words of the pattern of message `seq` (src/testing/pattern.rs): seq * MUL + j."""
     import numpy as np
     base = np.uint64((seq * MUL) % (1 << 64))
     with np.errstate(over="ignore"):

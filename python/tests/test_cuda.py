@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 
 def expected_words(seq, n_words):
-    """The pattern's u64 words (src/pattern.rs) as int64, on the GPU: seq * MUL + j, wrapping."""
+    """The pattern's u64 words (src/testing/pattern.rs) as int64, on the GPU: seq * MUL + j, wrapping."""
     base = (seq * MUL) % (1 << 64)
     base = base - (1 << 64) if base >= (1 << 63) else base
     return torch.arange(n_words, dtype=torch.int64, device="cuda") + base
