@@ -331,7 +331,6 @@ impl ConsumerRing {
     }
 
     /// Whether the producer still runs (checked now).
-    #[cfg(feature = "cuda")]
     pub(crate) fn producer_alive(&self) -> bool {
         self.check_producer();
         !self.producer_dead.load(Ordering::Relaxed)

@@ -53,7 +53,9 @@ impl MappedRing {
         &self.seg
     }
 
-    /// The segment, to change what this process keeps of it (its liveness locks).
+    /// The segment, to change what this process keeps of it (its liveness locks: only CUDA
+    /// rings keep them past a close).
+    #[cfg(feature = "cuda")]
     pub fn segment_mut(&mut self) -> &mut Segment {
         &mut self.seg
     }
