@@ -165,9 +165,9 @@ pub enum VmmImportError {
         /// Where the allocation lives.
         found: Option<i32>,
     },
-    /// The driver refused to map the size asked for (`CUDA_ERROR_INVALID_VALUE`): larger than
-    /// the allocation, or not a multiple of the granularity. Other failures of the map (out of
-    /// memory) are [`Driver`](Self::Driver).
+    /// The driver refused to map the size asked for: larger than the allocation, or not a
+    /// multiple of the granularity. A map that runs out of memory is
+    /// [`Driver`](Self::Driver).
     Size(DriverError),
 }
 
@@ -248,11 +248,12 @@ impl VmmMapping {
             }),
         )?;
         vmm.reserve(reserve, granularity)?;
-        // Only a size the driver refuses is the size's fault; anything else (out of memory, a
-        // device lost) is reported as the driver's error it is.
+        // A size the driver refuses (larger than the allocation: CUDA_ERROR_NOT_SUPPORTED on
+        // driver 580, CUDA_ERROR_INVALID_VALUE on others) is the size's fault; running out of
+        // memory is not, and is reported as the driver's error it is.
         vmm.map(size).map_err(|e| match e.code {
-            driver::CUresult::CUDA_ERROR_INVALID_VALUE => VmmImportError::Size(e),
-            _ => VmmImportError::Driver(e),
+            driver::CUresult::CUDA_ERROR_OUT_OF_MEMORY => VmmImportError::Driver(e),
+            _ => VmmImportError::Size(e),
         })?;
         vmm.grant()?;
         Ok(VmmMapping { vmm, owner })
