@@ -229,6 +229,25 @@ fn get_str(field: &[u8]) -> Option<String> {
     s.iter().all(|c| c.is_ascii_graphic()).then(|| String::from_utf8_lossy(s).into_owned())
 }
 
+/// The `frame_header` fuzz target's checks of arbitrary bytes `data` (fuzz/, and its replay in
+/// gst/tests/frame_header_replay.rs): a header that reads writes back to bytes that read equal,
+/// leaves the bytes outside the frame header alone, and writes the same bytes again. Returns
+/// whether `data` read as a header.
+#[doc(hidden)]
+pub fn fuzz_check(data: &[u8]) -> bool {
+    let Ok(frame) = FrameHeader::read(data) else { return false };
+    let mut written = data.to_vec();
+    frame.write(&mut written);
+    assert_eq!(FrameHeader::read(&written).as_ref(), Ok(&frame), "what reads writes back");
+    let end = FRAME_AT + FRAME_LEN;
+    assert_eq!(written[..FRAME_AT], data[..FRAME_AT], "the tensor header's room is kept");
+    assert_eq!(written[end..], data[end..], "bytes after the frame header are kept");
+    let mut again = written.clone();
+    frame.write(&mut again);
+    assert_eq!(again, written, "writing is deterministic");
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
