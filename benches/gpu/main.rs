@@ -89,8 +89,8 @@ pub struct Opts {
     /// The rings' fence: `events` or `memory`.
     #[arg(long, default_value = "events")]
     fence: String,
-    /// How the rings share their memory: `legacy` (IPC handles and events) or `vmm` (fds,
-    /// memory-word fences).
+    /// How the rings share their memory: `legacy` (IPC handles; `--fence` picks events
+    /// or memory words) or `vmm` (fds, memory-word fences).
     #[arg(long, default_value = "legacy")]
     sharing: String,
     /// Compare the sharing modes (paced, legacy then VMM per cell, as ratios) instead of the

@@ -478,13 +478,11 @@ pub(crate) fn allocation(g: &Geometry, memory: MemoryKind) -> Result<u64, Bridge
     let up = |x: u64, to: u64| x.div_ceil(to).saturating_mul(to);
     let gpu = match memory {
         MemoryKind::Host => 0,
-        // The buffers' pool, the ready and release fence words (8 bytes each, one pool), and
-        // the staging buffers.
+        // The buffers' pool and the staging buffers. (Fences are events or words in the file.)
         MemoryKind::Cuda => {
             let buffers = params.buffers() as u64;
             let pool = up(up(g.slot_size, ALIGN).saturating_mul(buffers), GRANULE);
-            let fences = up(8 * buffers, GRANULE);
-            pool.saturating_add(fences).saturating_add(up(g.slot_size, PAGE) * STAGES as u64)
+            pool.saturating_add(up(g.slot_size, PAGE) * STAGES as u64)
         }
     };
     Ok(file.saturating_add(gpu))

@@ -1,6 +1,6 @@
 //! VMM sharing: `cuMemCreate` allocations mapped with `cuMemMap` and shared as POSIX fds
 //! ([`VmmPool`], [`VmmMapping`], [`export_raw_fd`]), and host memory page-locked and mapped for
-//! the device ([`HostRegistration`], which holds a VMM ring's fence words).
+//! the device ([`HostRegistration`], which holds a ring's memory fence words).
 
 use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd};

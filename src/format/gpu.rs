@@ -5,7 +5,7 @@
 //! * a pool table: which device allocations carry payload (legacy sharing: by IPC handle; VMM:
 //!   the handles stay zero and the fds come from the producer's server);
 //! * per buffer, a [`GpuSlotLine`]: the message's descriptor (pool, offset), and its ready
-//!   fence (legacy: the 64-byte handle of its ready event; VMM: its ready word);
+//!   fence (events: the 64-byte handle of its ready event; memory words: its ready word);
 //! * per consumer and buffer, a [`ConsumerSlot`]: that consumer's release fence (event handle
 //!   or release words) and the sequence number it last released there, so the producer waits
 //!   only for the consumers that read a buffer's previous message.
@@ -50,43 +50,32 @@ pub struct GpuHeader {
     pub device_uuid: [AtomicU64; 2],
     /// How GPU work is ordered across processes: a [`fence_kind`]. Written before `magic`.
     pub fence: AtomicU32,
-    /// With [`fence_kind::MEMORY`]: the pool table entry that holds the fence words
-    /// ([`fence_bytes`]). Written before `magic`.
-    pub fence_pool: AtomicU32,
+    /// Zero. (Before layout 10, the pool that held device-memory fence words.)
+    pub reserved: AtomicU32,
     /// How the pools and fences reach consumers: a [`sharing_kind`]. Written before `magic`.
     pub sharing: AtomicU32,
 }
 
 /// Values of [`GpuHeader::sharing`].
 pub mod sharing_kind {
-    /// Legacy CUDA IPC: pool handles in the pool table, interprocess events as fences.
+    /// Legacy CUDA IPC: pool handles in the pool table; fences of either kind.
     pub const LEGACY: u32 = 1;
     /// VMM: `cuMemCreate` pools handed out as file descriptors by the producer's fd server
-    /// (`crate::shm::fdpass`), fences as sequence words in this segment
-    /// ([`super::GpuSlotLine::ready_done`], [`super::ConsumerSlot::release_done`]) that every process
-    /// page-locks. No IPC handle anywhere: the `Handle64` fields stay zero.
+    /// (`crate::shm::fdpass`); fences always [`super::fence_kind::MEMORY`]. No IPC handle
+    /// anywhere: the `Handle64` fields stay zero.
     pub const VMM: u32 = 2;
 }
 
 /// Values of [`GpuHeader::fence`].
 pub mod fence_kind {
-    /// Interprocess events only.
+    /// Interprocess events (legacy sharing only): the handles in [`super::GpuSlotLine`] and
+    /// [`super::ConsumerSlot`].
     pub const EVENTS: u32 = 1;
-    /// Sequence words in device memory (`cuStreamWriteValue64` / `cuStreamWaitValue64`), with
-    /// the events still recorded so that the CPU can see completion.
+    /// Sequence words in this segment ([`super::GpuSlotLine::ready_done`],
+    /// [`super::ConsumerSlot::release_done`]), which every process page-locks for its device:
+    /// `cuStreamWriteValue64` after the work, `cuStreamWaitValue64` before the dependent work,
+    /// plain loads on the CPU. No event handle is made. Since layout 10 for both sharing kinds.
     pub const MEMORY: u32 = 2;
-}
-
-/// Bytes of fence words of a ring: per buffer a *ready* word (the last published seq + 1 whose
-/// writes are complete). There are no words the other way: the producer waits for its readers
-/// on the CPU, through their release events (docs/gpu.md, "Reusing a buffer").
-pub fn fence_bytes(buffers: usize) -> usize {
-    8 * buffers
-}
-
-/// Offset of buffer `buffer`'s ready word in the fence words.
-pub fn ready_word(buffer: usize) -> u64 {
-    8 * buffer as u64
 }
 
 /// Loads a UUID kept as two little-endian halves.
@@ -144,9 +133,9 @@ pub struct GpuSlotLine {
     /// Byte offset of the message in the pool.
     pub offset: AtomicU64,
     /// The slot's ready event: recorded by the producer on its stream at publish. Written once
-    /// when the segment is built. Legacy sharing only (zero with VMM).
+    /// when the segment is built. Event fences only (zero with memory fences).
     pub ready_event: Handle64,
-    /// VMM sharing: `seq + 1` of the last message in this buffer whose writes are complete,
+    /// Memory fences: `seq + 1` of the last message in this buffer whose writes are complete,
     /// written by the producer's GPU (`cuStreamWriteValue64`, after the writes, with a
     /// system-wide memory barrier) and polled by the CPU of both sides, or waited on by a
     /// consumer's GPU (`cuStreamWaitValue64`, greater or equal). Only grows while one producer
@@ -165,9 +154,9 @@ pub struct ConsumerSlot {
     /// the handle only for an ACTIVE entry of that generation, and keys its import by it.
     pub generation: AtomicU32,
     /// The consumer's release event for this slot, recorded on its stream at release. Written
-    /// when the consumer joins. Legacy sharing only (zero with VMM).
+    /// when the consumer joins. Event fences only (zero with memory fences).
     pub release_event: Handle64,
-    /// VMM sharing: what this consumer's GPU writes (`cuStreamWriteValue64`) after its reads
+    /// Memory fences: what this consumer's GPU writes (`cuStreamWriteValue64`) after its reads
     /// of a message in this buffer: [`release_value`]`(generation, seq)`, its entry's
     /// generation as a tag over `seq + 1`. The producer polls it on the CPU and counts it only
     /// with the tag of the lease it saw ([`released_by`]). Two banks: an occupant of generation

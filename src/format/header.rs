@@ -17,8 +17,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING1");
 /// consumer entry's lease word, eviction reason and table counters, no done words nor
 /// `producer_busy`; 6: spare buffers, position words, the consumer entry's delivery mode; 7: the
 /// CUDA sharing kind and the VMM fence words; 8: liveness by OFD locks instead of `flock` and
-/// pids, the participants' namespace identities; 9: the buffer line's `upstream_before`).
-pub const LAYOUT_VERSION: u32 = 9;
+/// pids, the participants' namespace identities; 9: the buffer line's `upstream_before`; 10: memory
+/// fences are the segment's words in both CUDA sharing kinds, no device fence pool).
+pub const LAYOUT_VERSION: u32 = 10;
 
 /// Where a ring's payload lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

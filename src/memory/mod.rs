@@ -98,6 +98,15 @@ pub(crate) struct TxSettings {
     pub vmm: Option<crate::shm::fdpass::PeerPolicy>,
 }
 
+impl TxSettings {
+    /// Whether the fences are memory words in the segment: with `Fence::Memory`, and always
+    /// with VMM sharing.
+    #[cfg(feature = "cuda")]
+    pub fn words(&self) -> bool {
+        self.memory_fence || self.vmm.is_some()
+    }
+}
+
 impl Default for TxSettings {
     fn default() -> Self {
         TxSettings {

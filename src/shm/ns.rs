@@ -87,6 +87,15 @@ impl Namespaces {
     }
 }
 
+/// Whether this process's /proc belongs to another pid namespace than its own: `/proc/self`
+/// names another pid than ours (a process started by `unshare --pid` without `--mount-proc`;
+/// a container always mounts its own). The CUDA driver does not start then.
+pub fn foreign_proc() -> bool {
+    let ours = rustix::process::getpid().as_raw_nonzero().get();
+    let seen = std::fs::read_link("/proc/self").ok();
+    seen.is_some_and(|p| p.to_str().and_then(|s| s.parse::<i32>().ok()) != Some(ours))
+}
+
 /// "in another pid and network namespace", or "" when there is nothing to say.
 pub fn describe(kinds: &[Kind]) -> String {
     match kinds {

@@ -26,10 +26,9 @@ fn poll_until_done(
 
 /// What the other side's work is signalled by.
 pub(crate) enum Signal<'a> {
-    /// Legacy sharing: its interprocess event, and with `Fence::Memory` also a device word
-    /// (address, value) it sets before it records the event, which the GPU waits on instead.
-    Event(&'a IpcEvent, Option<(CUdeviceptr, u64)>),
-    /// VMM sharing: a page-locked host word (`cpu`, mapped at device address `device`) that
+    /// Event fences: its interprocess event.
+    Event(&'a IpcEvent),
+    /// Memory fences: a page-locked host word (`cpu`, mapped at device address `device`) that
     /// the other side's GPU sets to at least `value` after the work.
     Word { cpu: &'a std::sync::atomic::AtomicU64, device: CUdeviceptr, value: u64 },
 }
@@ -37,7 +36,7 @@ pub(crate) enum Signal<'a> {
 impl Signal<'_> {
     fn is_done(&self) -> Result<bool, DriverError> {
         match self {
-            Signal::Event(ev, _) => ev.is_complete(),
+            Signal::Event(ev) => ev.is_complete(),
             // Acquire: the GPU wrote the word after the work, with a system-wide barrier; what
             // the CPU then does (skip the wait, reuse the buffer) comes after.
             Signal::Word { cpu, value, .. } => {
@@ -52,9 +51,8 @@ impl Signal<'_> {
 /// (`cuStreamWaitValue64`, greater or equal).
 ///
 /// # Safety
-/// 1. A word (the `Fence::Memory` one or `Signal::Word`'s) must be an 8-byte word readable
-///    from `ctx`'s device until the wait has run, which the other side sets to at least its
-///    value after the work.
+/// 1. `Signal::Word`'s word must be an 8-byte word readable from `ctx`'s device until the
+///    wait has run, which the other side sets to at least its value after the work.
 pub(crate) unsafe fn order_after(
     signal: Signal<'_>,
     poll: Duration,
@@ -67,13 +65,11 @@ pub(crate) unsafe fn order_after(
     if look && poll_until_done(|| signal.is_done(), poll)? {
         return Ok(());
     }
-    let word = match signal {
-        Signal::Event(ev, None) => return ev.wait_if_pending(stream).map(drop),
-        Signal::Event(ev, Some(_)) if ev.is_complete()? => return Ok(()),
-        Signal::Event(_, Some(word)) => word,
+    let (device, value) = match signal {
+        Signal::Event(ev) => return ev.wait_if_pending(stream).map(drop),
         Signal::Word { device, value, .. } => (device, value),
     };
     let _bound = ctx.bind()?;
     // SAFETY: the word by (1); the stream is live while borrowed.
-    unsafe { driver::stream_wait_value64(stream.raw(), word.0, word.1) }
+    unsafe { driver::stream_wait_value64(stream.raw(), device, value) }
 }

@@ -3,12 +3,12 @@
 //!
 //! The ring protocol is the host one; what differs is where the bytes live and how reuse is
 //! fenced. Each slot is a region of a device allocation, shared once per consumer. Publishing
-//! queues the buffer's ready fence on the producer's stream (legacy: its ready event; VMM: a
-//! write of its ready word in the segment); a consumer's stream waits on it before its kernels
-//! read. Releasing queues the consumer's own release fence; the producer polls those (on the
+//! queues the buffer's ready fence on the producer's stream (event fences: its ready event;
+//! memory fences: a write of its ready word in the segment); a consumer's stream waits on it
+//! before its kernels read. Releasing queues the consumer's own release fence; the producer polls those (on the
 //! CPU, a lap later) before it rewrites the buffer, so its stream never depends on work another
 //! process may never run. Consumers never wait for the GPU on the CPU. See `docs/gpu.md`.
-//! `words` holds the VMM fence words, `fence` the one ordering step both sides take.
+//! `words` holds the memory fence words, `fence` the one ordering step both sides take.
 //!
 //! [`tx`] is the producer's side ([`CudaTx`]), [`rx`] the consumer's ([`CudaRx`]); each also
 //! holds the methods only CUDA rings have (streams, pools, device pointers).
@@ -96,7 +96,8 @@ pub type GpuReadSlot<'a> = ReadSlot<'a, Cuda>;
 /// consumer's reads, and those reads before the producer rewrites the slot. Chosen by the
 /// producer ([`ProducerBuilder::fence`]); consumers follow the segment. Either way a wait whose
 /// work already completed is skipped, and a pending one is first polled on the CPU for
-/// `gpu_poll`.
+/// `gpu_poll`. docs/containers.md says which works in which container layout: events need
+/// every process to see the producer's /dev/shm, memory fences only the ring directory.
 ///
 /// ```no_run
 /// use gpuring::{Fence, Producer};
@@ -108,14 +109,19 @@ pub type GpuReadSlot<'a> = ReadSlot<'a, Cuda>;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fence {
     /// Interprocess CUDA events: `cuEventRecord`, then `cuStreamWaitEvent` in the other
-    /// process. Works on every CUDA device that supports legacy IPC.
+    /// process. Works on every CUDA device that supports legacy IPC, between processes that
+    /// see the same /dev/shm (the driver opens an event through a file there): a consumer in a
+    /// container with its own /dev/shm cannot open them, and its open says so. Legacy sharing
+    /// only.
     #[default]
     Events,
-    /// Sequence words in a small device allocation shared like the slots:
-    /// `cuStreamWriteValue64` after the work, `cuStreamWaitValue64` (greater or equal) before
-    /// the dependent work. The events are still recorded, after the word, so that the CPU can
-    /// see completion (skipped waits, `gpu_poll`, run-ahead). Needs 64-bit stream memory
-    /// operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`).
+    /// Sequence words in the ring's segment, which every process page-locks for its device
+    /// (`cuMemHostRegister`): `cuStreamWriteValue64` after the work, `cuStreamWaitValue64`
+    /// (greater or equal) before the dependent work, and plain loads on the CPU (skipped
+    /// waits, `gpu_poll`, run-ahead). No IPC event is made, so it works wherever the ring
+    /// directory is shared, containers with their own /dev/shm included. Needs 64-bit stream
+    /// memory operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`). VMM sharing
+    /// always fences so.
     Memory,
 }
 
@@ -143,9 +149,8 @@ pub enum Sharing {
     Legacy,
     /// Virtual memory management: pools from `cuMemCreate`, handed to each consumer as file
     /// descriptors over a unix socket, only to the peers the [`PeerPolicy`] admits (the kernel
-    /// reports their uid and groups). Fences are sequence words in the segment that each
-    /// process page-locks (`cuStreamWriteValue64`/`cuStreamWaitValue64`): no IPC handle of
-    /// any kind is made. Memory stays valid for a consumer after the producer exits. Needs a
+    /// reports their uid and groups). Fences are always [`Fence::Memory`]'s words in the
+    /// segment: no IPC handle of any kind is made. Memory stays valid for a consumer after the producer exits. Needs a
     /// device with VMM and POSIX-fd handle support, and 64-bit stream memory operations.
     Vmm(PeerPolicy),
 }
@@ -196,6 +201,20 @@ fn lacks(ordinal: i32, vmm: bool, words: bool) -> Result<Option<&'static str>, D
         return Ok(Some("cuMemCreate memory shared by POSIX file descriptor"));
     }
     Ok(None)
+}
+
+/// `reason` (why CUDA did not start), with what is wrong if this process's /proc is another
+/// pid namespace's: the driver does not start then (`cuInit` fails with
+/// `CUDA_ERROR_OPERATING_SYSTEM`).
+fn with_proc_hint(reason: String) -> String {
+    if !crate::shm::ns::foreign_proc() {
+        return reason;
+    }
+    format!(
+        "{reason}; this process's /proc belongs to another pid namespace than its own (started \
+         with `unshare --pid` but no `--mount-proc`?): CUDA needs a /proc of its own pid \
+         namespace, as every container has"
+    )
 }
 
 /// Refuses a stream of another device than `ctx`'s: the producer's, or the one a consumer reads
@@ -266,7 +285,7 @@ impl ProducerBuilder {
     }
 
     /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Events`]; see
-    /// [`Fence`] and docs/performance.md for how the two compare.
+    /// [`Fence`], and docs/containers.md for which works where.
     ///
     /// ```no_run
     /// use gpuring::{Fence, Producer};
@@ -280,8 +299,8 @@ impl ProducerBuilder {
     }
 
     /// CUDA rings: how the memory and fences reach consumers. Default [`Sharing::Legacy`].
-    /// [`Sharing::Vmm`] cannot be combined with [`Fence::Memory`] (its fences are memory
-    /// words already); `create_gpu` refuses that with [`CreateErrorKind::InvalidConfig`](crate::CreateErrorKind::InvalidConfig).
+    /// [`Sharing::Vmm`] always fences with memory words, whatever [`fence`](Self::fence)
+    /// says.
     ///
     /// ```no_run
     /// use gpuring::{PeerPolicy, Producer, Sharing};

@@ -12,14 +12,14 @@ use super::placement::{place, Driver, Placement};
 use super::words::SegmentWords;
 use super::{lacks, same_device, Cuda};
 use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
-use crate::cuda::driver::{self, CUdeviceptr, DriverError};
+use crate::cuda::driver::{self, CUdeviceptr, CUresult, DriverError};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportError, VmmMapping};
 use crate::error::{
     Corruption, OpenError, OpenErrorKind, RecvError, RecvTimeoutError, TryRecvError,
 };
 use crate::format::gpu::{
-    check_descriptor, fence_bytes, fence_kind, load_uuid, pool_state, ready_word, release_bank,
-    release_value, released_by, sharing_kind, KnownPool, MAX_POOLS,
+    check_descriptor, fence_kind, load_uuid, pool_state, release_bank, release_value, released_by,
+    sharing_kind, KnownPool, MAX_POOLS,
 };
 use crate::format::offer::decode;
 use crate::format::view::MappedRing;
@@ -83,8 +83,10 @@ fn producer_gone(map: &MappedRing) -> bool {
 /// VMM: how long a consumer retries an unreachable fd server whose producer still looks alive.
 const FETCH_PATIENCE: Duration = Duration::from_secs(2);
 
-/// VMM: what a leaving consumer writes into the ready words of a producer that died, so that
-/// GPU waits on them end: never a real value (`seq + 1` stays far below it).
+/// Memory fences: what a leaving consumer writes into the ready words of a producer that died,
+/// so that GPU waits on them end: never a real value (`seq + 1` stays far below it). The
+/// memory the waits guard stays mapped: our imports hold it (VMM by design; legacy IPC
+/// imports outlive their exporter too, as tests/gpu_peers.rs's kills check).
 const PRODUCER_DIED: u64 = u64::MAX;
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
@@ -123,29 +125,26 @@ struct OpenPool {
     mapping: Mapping,
 }
 
-/// How the consumer reaches the producer's fences, and it ours: the segment's `sharing`.
-enum RxShare {
-    Legacy(LegacyRx),
-    /// VMM: the segment, page-locked for our device; the fences are its words.
-    Vmm(SegmentWords),
+/// How the consumer's GPU work is ordered against the producer's: the segment's `fence`.
+enum RxFences {
+    Events(EventsRx),
+    /// Memory words: the segment, page-locked for our device; the fences are its words.
+    Words(SegmentWords),
 }
 
-/// Legacy IPC fences.
+/// Interprocess event fences.
 ///
 /// Invariants: `ready[i]` is buffer `i`'s ready event, opened from the segment; `release[i]`
 /// is our release event for buffer `i`, whose handle is in our release line `i`.
-struct LegacyRx {
+struct EventsRx {
     release: Vec<IpcEvent>,
     ready: Vec<IpcEvent>,
-    /// With `Fence::Memory`: the device address of the ring's fence words, inside the mapping
-    /// of the fence pool in `pools` (checked at join to hold `fence_bytes`).
-    words: Option<CUdeviceptr>,
 }
 
-impl LegacyRx {
+impl EventsRx {
     /// Nothing: what a departed consumer's side is left with.
-    fn empty() -> LegacyRx {
-        LegacyRx { release: Vec::new(), ready: Vec::new(), words: None }
+    fn empty() -> EventsRx {
+        EventsRx { release: Vec::new(), ready: Vec::new() }
     }
 }
 
@@ -156,7 +155,9 @@ impl LegacyRx {
 /// fences and mappings.
 pub struct CudaRx {
     stream: Stream,
-    share: RxShare,
+    fences: RxFences,
+    /// VMM sharing: pools come as fds from the producer's server; else from IPC handles.
+    vmm: bool,
     /// The mapped pools. Locked only to look a pool up or put one in: never while one is
     /// mapped, so threads sharing the consumer read mapped pools while another thread maps a
     /// new one (a VMM map waits on the producer's fd server).
@@ -177,9 +178,9 @@ fn cuda_err(e: impl Into<CudaError>) -> OpenErrorKind {
 
 impl CudaRx {
     /// Sets up consumer table entry `entry` (claimed, not active yet): picks the device, sets
-    /// up the fences of the ring's sharing (legacy: creates and publishes our release events,
-    /// opens the ready events; VMM: page-locks the segment, clears our release words) and maps
-    /// the live pools.
+    /// up the ring's fences (events: creates and publishes our release events, opens the ready
+    /// events; memory words: page-locks the segment, clears our release words) and maps the
+    /// live pools the ring's way.
     fn join(
         map: &MappedRing,
         entry: usize,
@@ -194,13 +195,14 @@ impl CudaRx {
             sharing_kind::VMM => true,
             other => return Err(bad("gpu.sharing", other as u64)),
         };
-        let fenced_by = tables.header.fence.load(Ordering::Relaxed);
-        if vmm && fenced_by != fence_kind::EVENTS {
-            return Err(bad("gpu.fence", fenced_by as u64));
-        }
+        // Relaxed: written before `magic`, which the open acquired.
+        let words = match tables.header.fence.load(Ordering::Relaxed) {
+            fence_kind::MEMORY => true,
+            fence_kind::EVENTS if !vmm => false,
+            other => return Err(bad("gpu.fence", other as u64)),
+        };
         let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
         // The producer's device has what the ring needs; the one we read on may be another.
-        let words = vmm || fenced_by == fence_kind::MEMORY;
         if let Some(lack) = lacks(placed.own, vmm, words).map_err(cuda_err)? {
             return Err(OpenErrorKind::MemoryUnavailable {
                 reason: format!(
@@ -209,7 +211,10 @@ impl CudaRx {
                 ),
             });
         }
-        if !vmm && map.params().producer_pid == std::process::id() {
+        if let Some(reason) = (!vmm).then(|| legacy_refusal(map.params(), words)).flatten() {
+            return Err(OpenErrorKind::MemoryUnavailable { reason });
+        }
+        if !vmm && made_here(map.params()) {
             // The driver would refuse with CUDA_ERROR_INVALID_CONTEXT: say why instead.
             return Err(OpenErrorKind::MemoryUnavailable {
                 reason: "CUDA IPC handles cannot be opened in the process that made them: \
@@ -227,7 +232,7 @@ impl CudaRx {
         if map.header().closed.load(Ordering::Acquire) != 0 {
             return Err(OpenErrorKind::Disconnected);
         }
-        let share = if vmm {
+        let fences = if words {
             let words = SegmentWords::register(&ctx, map).map_err(cuda_err)?;
             for line in tables.releases_of(entry) {
                 // Relaxed (both): published by the Release store of the generation below.
@@ -236,13 +241,14 @@ impl CudaRx {
                 // Release: a producer that Acquire-loads this generation sees the words above.
                 line.generation.store(generation, Ordering::Release);
             }
-            RxShare::Vmm(words)
+            RxFences::Words(words)
         } else {
-            RxShare::Legacy(LegacyRx::join(&ctx, map, entry, generation)?)
+            RxFences::Events(EventsRx::join(&ctx, map, entry, generation)?)
         };
-        let mut side = CudaRx {
+        let side = CudaRx {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
-            share,
+            fences,
+            vmm,
             pools: Mutex::new((0..MAX_POOLS).map(|_| None).collect()),
             opening: Mutex::new(()),
             ctx,
@@ -250,36 +256,7 @@ impl CudaRx {
             poll: settings.gpu_poll,
         };
         side.open_pools(&mut side.pools(), map, None).map_err(|e| e.opening(map))?;
-        let words = side.fence_words(map)?;
-        if let RxShare::Legacy(legacy) = &mut side.share {
-            legacy.words = words;
-        }
         Ok(side)
-    }
-
-    /// The fence words, if the segment says `Fence::Memory`: checks the kind, that the named
-    /// pool is one we mapped, and that it is large enough for every word we may touch.
-    fn fence_words(&self, map: &MappedRing) -> Result<Option<CUdeviceptr>, OpenErrorKind> {
-        let header = &map.gpu().header;
-        let bad = |field, value| OpenErrorKind::Corrupt(Corruption::Field { field, value });
-        // Relaxed (both): written before `magic`, which the open acquired.
-        match header.fence.load(Ordering::Relaxed) {
-            fence_kind::EVENTS => Ok(None),
-            fence_kind::MEMORY => {
-                let p = header.fence_pool.load(Ordering::Relaxed) as usize;
-                let pools = self.pools();
-                let Some(Some(pool)) = pools.get(p) else {
-                    return Err(bad("gpu.fence_pool", p as u64));
-                };
-                let params = map.params();
-                let need = fence_bytes(params.buffers() as usize);
-                if (pool.known.size as usize) < need {
-                    return Err(bad("gpu.fence_pool size", pool.known.size));
-                }
-                Ok(Some(pool.mapping.ptr()))
-            }
-            other => Err(bad("gpu.fence", other as u64)),
-        }
     }
 
     /// Checks pool table entry `p`: live (else `None`), of a sane size, on the ring's device.
@@ -315,8 +292,8 @@ impl CudaRx {
             only.is_none_or(|o| o == p) && pools[p].is_none()
         };
         let bad = |field, value| OpenFault::Corrupt(Corruption::Field { field, value });
-        match &self.share {
-            RxShare::Legacy(_) => {
+        match self.vmm {
+            false => {
                 for p in 0..MAX_POOLS {
                     if !wanted(pools, p) {
                         continue;
@@ -332,7 +309,7 @@ impl CudaRx {
                     pools[p] = Some(OpenPool { known, mapping: Mapping::Ipc(mapping) });
                 }
             }
-            RxShare::Vmm(_) => {
+            true => {
                 let epoch = map.params().epoch;
                 let addr = fd_address(map.segment().dir(), map.segment().name().ring(), epoch)
                     .map_err(|e| OpenFault::Fetch(e.to_string()))?;
@@ -437,7 +414,7 @@ impl CudaRx {
     }
 }
 
-impl LegacyRx {
+impl EventsRx {
     /// Creates and publishes our release events in entry `entry`'s lines (generation
     /// `generation`), and opens the buffers' ready events.
     fn join(
@@ -445,7 +422,7 @@ impl LegacyRx {
         map: &MappedRing,
         entry: usize,
         generation: u32,
-    ) -> Result<LegacyRx, OpenErrorKind> {
+    ) -> Result<EventsRx, OpenErrorKind> {
         let tables = map.gpu();
         // Our release lines: the producer reads them only once our entry is ACTIVE in this
         // generation, so nobody reads them while we write.
@@ -468,9 +445,75 @@ impl LegacyRx {
                 IpcEvent::open(ctx, h)
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(cuda_err)?;
-        Ok(LegacyRx { release, ready, words: None })
+            .map_err(events_err)?;
+        Ok(EventsRx { release, ready })
     }
+}
+
+/// A failure to open the producer's ready events. The driver opens an interprocess event
+/// through a file in the producer's /dev/shm: where this process has another /dev/shm (a
+/// container's own, Docker's default), it fails with `CUDA_ERROR_MAP_FAILED`. Said so, with
+/// what would work, rather than as a bare driver error.
+fn events_err(e: DriverError) -> OpenErrorKind {
+    if e.code != CUresult::CUDA_ERROR_MAP_FAILED {
+        return cuda_err(e);
+    }
+    OpenErrorKind::MemoryUnavailable {
+        reason: format!(
+            "this ring's fences are CUDA interprocess events, which this process cannot open \
+             ({e}): the driver opens them through the producer's /dev/shm, and this process \
+             does not see it (a container's own /dev/shm?). Share the producer's /dev/shm \
+             with every process of the ring, or create the ring with memory fences \
+             (Fence::Memory, `--fence memory`) or VMM sharing, which need only the ring \
+             directory shared (docs/containers.md)"
+        ),
+    }
+}
+
+/// Why legacy sharing cannot work between us and the ring's producer, if it cannot: said at
+/// once, before the driver is asked. Both limits come from the driver's use of process ids,
+/// which mean nothing across pid namespaces (containers):
+/// - it refuses a memory handle whose exporter has our pid (it takes it for our own), and a
+///   container's first process is pid 1 in every container;
+/// - it backs an interprocess event with a file in /dev/shm named after its creator's pid, so
+///   processes of equal pids in pid namespaces that share a /dev/shm overwrite each other's
+///   events: waits end early and frames are read before they are written. Event fences
+///   are therefore refused across pid namespaces.
+fn legacy_refusal(params: &Params, words: bool) -> Option<String> {
+    use crate::shm::ns::{Kind, Namespaces};
+    let theirs = Namespaces::from_words(params.producer_ns);
+    if !theirs.differ(&Namespaces::current()).contains(&Kind::Pid) {
+        return None;
+    }
+    let pid = std::process::id();
+    if params.producer_pid == pid {
+        return Some(format!(
+            "the producer runs in another pid namespace with the same pid as this process \
+             ({pid}; a container's first process is pid 1 in every container), and the CUDA \
+             driver refuses legacy IPC handles of a process with our pid: create the ring with \
+             VMM sharing, or start one of the two under another pid (docs/containers.md)"
+        ));
+    }
+    (!words).then(|| {
+        "this ring's fences are CUDA interprocess events and its producer runs in another pid \
+         namespace: the driver names an event's memory in /dev/shm after its creator's pid, so \
+         processes of equal pids in other pid namespaces that share a /dev/shm would overwrite \
+         each other's events (frames read before they are written). Create the ring with \
+         memory fences (Fence::Memory, `--fence memory`) or VMM sharing, or run the producer \
+         and its consumers in one pid namespace (docs/containers.md)"
+            .to_owned()
+    })
+}
+
+/// Whether the ring's producer is this very process (its pid, start time and pid namespace
+/// are ours). Its pid alone cannot tell: in another pid namespace (another container) the
+/// producer may have our number.
+fn made_here(params: &Params) -> bool {
+    use crate::shm::ns::{Kind, Namespaces};
+    let me = crate::shm::process::ProcessId::current();
+    let theirs = Namespaces::from_words(params.producer_ns);
+    let other_ns = theirs.differ(&Namespaces::current()).contains(&Kind::Pid);
+    params.producer_pid == me.pid && params.producer_start_time == me.start_time && !other_ns
 }
 
 impl ConsumerSide for CudaRx {
@@ -483,7 +526,7 @@ impl ConsumerSide for CudaRx {
         generation: u32,
     ) -> Result<Self, OpenErrorKind> {
         driver::available().map_err(|why| OpenErrorKind::MemoryUnavailable {
-            reason: format!("CUDA unavailable: {why}"),
+            reason: super::with_proc_hint(format!("CUDA unavailable: {why}")),
         })?;
         CudaRx::join(map, entry, generation, settings)
     }
@@ -499,8 +542,8 @@ impl ConsumerSide for CudaRx {
         Ok(ptr)
     }
 
-    /// Queues `m`'s release fence on `stream` (legacy: records our release event; VMM: writes
-    /// our release word) and says so in our release line; the caller then releases the slot.
+    /// Queues `m`'s release fence on `stream` (events: records our release event; memory
+    /// words: writes our release word) and says so in our release line; the caller then releases the slot.
     /// The producer polls that fence before it rewrites the buffer.
     fn release(
         &self,
@@ -513,9 +556,9 @@ impl ConsumerSide for CudaRx {
         let generation = ring.generation();
         let word = &line.release_done[release_bank(generation)];
         let value = release_value(generation, m.seq);
-        let queued = match &self.share {
-            RxShare::Legacy(legacy) => legacy.release[m.buffer].record(stream),
-            RxShare::Vmm(words) => {
+        let queued = match &self.fences {
+            RxFences::Events(events) => events.release[m.buffer].record(stream),
+            RxFences::Words(words) => {
                 let device = words.device(word);
                 self.ctx.bind().and_then(|_bound| {
                     // SAFETY: the word lies in the segment, page-locked for our device until
@@ -528,11 +571,12 @@ impl ConsumerSide for CudaRx {
             // Without the fence the producer could overwrite what our stream still reads: wait
             // here instead (an error path, not the steady state). If even that fails the
             // context is broken and nothing of ours reads any more; the slot is released all
-            // the same, or it would stay held for ever. VMM: once the wait succeeded the reads
-            // are over, so the CPU writes the word the GPU could not (Release: after the wait).
-            // If it failed, no word: the producer waits for this buffer until we leave.
-            let synced = stream.synchronize().is_ok();
-            if synced && matches!(self.share, RxShare::Vmm(_)) {
+            // the same, or it would stay held for ever. Memory words: the CPU writes the word
+            // the GPU could not (Release: after the wait), once the reads are over: the wait
+            // succeeded, or it failed, and a context that cannot even synchronize runs nothing
+            // more (its errors are sticky), as a failed event record lets the producer go on.
+            let _ = stream.synchronize();
+            if matches!(self.fences, RxFences::Words(_)) {
                 word.store(value, Ordering::Release);
             }
         }
@@ -546,8 +590,8 @@ impl ConsumerSide for CudaRx {
     /// (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the producer
     /// (mappings, ready events); we give back what we hold and retire the entry; the producer
     /// drops its imports of our release events and frees the entry; only then do we destroy
-    /// those events. VMM: the producer opened nothing of ours, so the entry is freed at once,
-    /// after the segment is unregistered.
+    /// those events. Memory words: the producer opened nothing of ours, so the entry is freed
+    /// at once, after the segment is unregistered.
     fn leave(&mut self, ring: &mut ConsumerRing) {
         if !self.wait_idle(ring) {
             // Our stream waits on a fence that will never complete (its producer died, or its
@@ -564,23 +608,24 @@ impl ConsumerSide for CudaRx {
             let pools = std::mem::replace(&mut self.pools, Mutex::new(Vec::new()));
             std::mem::forget(pools);
             std::mem::forget(std::mem::replace(
-                &mut self.share,
-                RxShare::Legacy(LegacyRx::empty()),
+                &mut self.fences,
+                RxFences::Events(EventsRx::empty()),
             ));
             return;
         }
         let (entry, generation) = (ring.entry(), ring.generation());
         self.pools.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
-        let legacy = match std::mem::replace(&mut self.share, RxShare::Legacy(LegacyRx::empty())) {
-            RxShare::Vmm(words) => {
+        let events = match std::mem::replace(&mut self.fences, RxFences::Events(EventsRx::empty()))
+        {
+            RxFences::Words(words) => {
                 drop(words);
                 tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
                 ring.leave(Leave::Free);
                 return;
             }
-            RxShare::Legacy(mut legacy) => {
-                legacy.ready.clear();
-                legacy
+            RxFences::Events(mut events) => {
+                events.ready.clear();
+                events
             }
         };
         tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
@@ -589,11 +634,11 @@ impl ConsumerSide for CudaRx {
         let Some(retiring) = left.and_then(|l| l.retiring) else {
             // The entry was not ours any more: nobody acknowledges it. Keep the events alive
             // in case the producer still has them open.
-            std::mem::forget(legacy);
+            std::mem::forget(events);
             return;
         };
         if self.wait_retired(ring, retiring) {
-            drop(legacy);
+            drop(events);
             tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer release events destroyed");
         } else {
             crate::ring::consumer::give_up_retiring(&ring.map().ring(), entry, retiring);
@@ -601,7 +646,7 @@ impl ConsumerSide for CudaRx {
                 ring = %ring.name(), entry,
                 "the producer did not let go of our release events in time: they stay until exit"
             );
-            std::mem::forget(legacy);
+            std::mem::forget(events);
         }
     }
 }
@@ -609,9 +654,9 @@ impl ConsumerSide for CudaRx {
 impl CudaRx {
     /// Makes work queued on `stream` from now on run after the producer's writes of `m`:
     /// nothing if they completed (seen within the `gpu_poll` window), else a GPU-side wait on
-    /// the ready event, or on the buffer's ready word (`Fence::Memory`, or VMM sharing).
+    /// the ready event, or on the buffer's ready word (memory fences).
     ///
-    /// VMM: a ready word at [`PRODUCER_DIED`] means the producer died before it wrote the
+    /// A ready word at [`PRODUCER_DIED`] means the producer died before it wrote the
     /// message (a leaving consumer set it, see `wait_idle`): `Disconnected`, not a frame.
     fn order_after_write(
         &self,
@@ -619,12 +664,9 @@ impl CudaRx {
         m: &Pinned,
         stream: &Stream,
     ) -> Result<(), Fault> {
-        let signal = match &self.share {
-            RxShare::Legacy(legacy) => {
-                let word = legacy.words.map(|w| (w + ready_word(m.buffer), m.seq + 1));
-                Signal::Event(&legacy.ready[m.buffer], word)
-            }
-            RxShare::Vmm(words) => {
+        let signal = match &self.fences {
+            RxFences::Events(events) => Signal::Event(&events.ready[m.buffer]),
+            RxFences::Words(words) => {
                 let cpu = &map.gpu().buffers[m.buffer].ready_done;
                 // Relaxed: only compared; the set-by-a-leaver value publishes nothing.
                 if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
@@ -633,9 +675,8 @@ impl CudaRx {
                 Signal::Word { cpu, device: words.device(cpu), value: m.seq + 1 }
             }
         };
-        // SAFETY: a legacy ready word lies in the fence pool we mapped (size checked at join),
-        // a VMM one in the segment we page-locked; both stay so while we live, and the
-        // producer writes seq + 1 there after message `seq`.
+        // SAFETY: a ready word lies in the segment we page-locked, which stays so while we
+        // live, and the producer writes seq + 1 there after message `seq`.
         Ok(unsafe { order_after(signal, self.poll, &self.ctx, stream) }?)
     }
 
@@ -650,13 +691,13 @@ impl CudaRx {
         let bank = release_bank(generation);
         let idle = || {
             self.stream.is_idle().unwrap_or(true)
-                && match &self.share {
-                    RxShare::Legacy(legacy) => {
-                        legacy.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
+                && match &self.fences {
+                    RxFences::Events(events) => {
+                        events.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
                     }
                     // Acquire: our GPU wrote the word after its reads; the unmapping comes
                     // after. Relaxed: `released` is our own store.
-                    RxShare::Vmm(_) => lines.iter().all(|l| {
+                    RxFences::Words(_) => lines.iter().all(|l| {
                         let released = l.released.load(Ordering::Relaxed);
                         let word = l.release_done[bank].load(Ordering::Acquire);
                         released == 0 || released_by(word, generation, released - 1)
@@ -676,8 +717,8 @@ impl CudaRx {
             }
             // Grace for work that was about to complete when the producer died.
             let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
-            if gone && matches!(self.share, RxShare::Vmm(_)) {
-                // VMM: our streams may wait on ready words the dead producer's GPU will never
+            if gone && matches!(self.fences, RxFences::Words(_)) {
+                // Memory fences: our streams may wait on ready words the dead producer's GPU will never
                 // write. They are host memory we map: set them to PRODUCER_DIED, so that the
                 // waits end (what they then read is unfinished, but we are leaving: nothing of
                 // ours uses it, and the memory stays valid, our imports hold it). Another
@@ -773,8 +814,8 @@ impl Consumer<Cuda> {
         &self.mem().stream
     }
 
-    /// How the ring shares its memory, as the segment says: `"legacy"` (IPC handles and
-    /// events) or `"vmm"` (fds from the producer's server, fences as memory words).
+    /// How the ring shares its memory, as the segment says: `"legacy"` (IPC handles, event or
+    /// memory fences) or `"vmm"` (fds from the producer's server, fences as memory words).
     ///
     /// ```no_run
     /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
@@ -782,9 +823,9 @@ impl Consumer<Cuda> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sharing_name(&self) -> &'static str {
-        match self.mem().share {
-            RxShare::Legacy(_) => "legacy",
-            RxShare::Vmm(_) => "vmm",
+        match self.mem().vmm {
+            false => "legacy",
+            true => "vmm",
         }
     }
 

@@ -17,8 +17,7 @@ use crate::error::{
     AcquireError, AcquireTimeoutError, CreateErrorKind, PublishError, RegisterError,
 };
 use crate::format::gpu::{
-    fence_bytes, fence_kind, pool_state, ready_word, release_bank, released_by, sharing_kind,
-    store_uuid, MAX_POOLS,
+    fence_kind, pool_state, release_bank, released_by, sharing_kind, store_uuid, MAX_POOLS,
 };
 use crate::format::offer::{encode, OfferedPool};
 use crate::format::view::MappedRing;
@@ -58,7 +57,7 @@ const WRITES_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A CUDA failure while creating a ring: the memory kind cannot be had.
 fn unavailable(e: CudaError) -> CreateErrorKind {
-    CreateErrorKind::MemoryUnavailable { reason: e.to_string() }
+    CreateErrorKind::MemoryUnavailable { reason: super::with_proc_hint(e.to_string()) }
 }
 
 /// A pool table entry of a CUDA producer: the slots' own allocation (0) or one registered
@@ -111,47 +110,67 @@ struct ReaderEvent {
     event: IpcEvent,
 }
 
-/// How the producer shares its pools and fences: the segment's `sharing`.
-enum TxShare {
-    Legacy(LegacyTx),
-    Vmm(VmmTx),
+/// How the producer's buffers are fenced: the segment's `fence`.
+enum TxFences {
+    Events(EventsTx),
+    Words(WordsTx),
 }
 
-/// Legacy IPC: pool handles in the table, interprocess events.
+/// Interprocess events (legacy sharing with `Fence::Events`).
 ///
 /// Invariants: `ready[i]` is buffer `i`'s ready event, whose handle is in the buffer's line.
-struct LegacyTx {
+struct EventsTx {
     ready: Vec<IpcEvent>,
     /// Per consumer table entry and buffer, the release event we opened (`buffers` per entry).
     /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
     /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
     readers: Vec<Option<ReaderEvent>>,
-    /// With `Fence::Memory`: the device address of the buffers' ready words (in a pool of
-    /// ours, zeroed at creation; `format::gpu::fence_bytes` long).
-    words: Option<CUdeviceptr>,
 }
 
-/// VMM: pools handed out by fd, fences as words in the segment.
+/// Sequence words in the segment (VMM sharing, or legacy with `Fence::Memory`): no IPC event,
+/// so nothing of another process is opened, and they work wherever the segment's file is
+/// shared (containers with a private /dev/shm included).
+///
+/// Invariants: `published[b]` is `seq + 1` of the last message published in buffer `b` (0:
+/// none), what its `ready_done` word reaches once the message's writes are done.
+struct WordsTx {
+    /// The segment, page-locked for our device: where the GPU writes the ready words.
+    words: SegmentWords,
+    published: Vec<u64>,
+}
+
+impl WordsTx {
+    /// Page-locks the segment for `ctx`'s device.
+    fn new(ctx: &Arc<Context>, map: &MappedRing) -> Result<WordsTx, CudaError> {
+        let words = SegmentWords::register(ctx, map)?;
+        Ok(WordsTx { words, published: vec![0; map.buffer_count()] })
+    }
+
+    /// Whether buffer `b`'s last published message is written (its ready word reached).
+    fn written(&self, map: &MappedRing, b: usize) -> bool {
+        // Acquire: the GPU wrote the word after the message's writes; reusing the buffer
+        // comes after.
+        map.gpu().buffers[b].ready_done.load(Ordering::Acquire) >= self.published[b]
+    }
+}
+
+/// VMM sharing: pools handed out by fd.
 ///
 /// Invariants: `offered[i]` describes `fds[i]`, one per pool table entry we filled, and the
-/// server offers exactly these; `published[b]` is `seq + 1` of the last message published in
-/// buffer `b` (0: none), what its `ready_done` word reaches once the message's writes are done.
+/// server offers exactly these.
 struct VmmTx {
     /// The fd server; `None` once the producer closed (a closed ring takes no new consumer).
     server: Option<FdServer>,
     fds: Vec<OwnedFd>,
     offered: Vec<OfferedPool>,
-    /// The segment, page-locked for our device: where the GPU writes the ready words.
-    words: SegmentWords,
-    published: Vec<u64>,
     epoch: u64,
 }
 
 impl VmmTx {
-    /// Starts serving ring instance `map`'s pools (none yet) to the peers `policy` admits, and
-    /// page-locks the segment for `ctx`'s device. Runs before the segment is published, so
-    /// every consumer that sees it finds the server listening.
-    fn start(ctx: &Arc<Context>, map: &MappedRing, policy: PeerPolicy) -> Result<VmmTx, CudaError> {
+    /// Starts serving ring instance `map`'s pools (none yet) to the peers `policy` admits.
+    /// Runs before the segment is published, so every consumer that sees it finds the server
+    /// listening.
+    fn start(map: &MappedRing, policy: PeerPolicy) -> Result<VmmTx, CudaError> {
         let epoch = map.params().epoch;
         let name = map.segment().name().ring();
         let (dir, mode) = (map.segment().dir(), map.segment().mode());
@@ -160,10 +179,7 @@ impl VmmTx {
         let server = served.map_err(|e| {
             CudaError::Unavailable(format!("cannot serve the ring's memory by fd: {e}"))
         })?;
-        let words = SegmentWords::register(ctx, map)?;
-        let published = vec![0; map.buffer_count()];
-        let (fds, offered) = (Vec::new(), Vec::new());
-        Ok(VmmTx { server: Some(server), fds, offered, words, published, epoch })
+        Ok(VmmTx { server: Some(server), fds: Vec::new(), offered: Vec::new(), epoch })
     }
 
     /// Adds pool `pool` (its fd, entry, generation and size) to what the server offers.
@@ -183,13 +199,6 @@ impl VmmTx {
         self.offered = offered;
         Ok(())
     }
-
-    /// Whether buffer `b`'s last published message is written (its ready word reached).
-    fn written(&self, map: &MappedRing, b: usize) -> bool {
-        // Acquire: the GPU wrote the word after the message's writes; reusing the buffer
-        // comes after.
-        map.gpu().buffers[b].ready_done.load(Ordering::Acquire) >= self.published[b]
-    }
 }
 
 /// The producer's CUDA side.
@@ -203,7 +212,9 @@ pub struct CudaTx {
     pools: Vec<PoolMemory>,
     /// Distance between slots in pool 0.
     stride: usize,
-    share: TxShare,
+    fences: TxFences,
+    /// VMM sharing: the fd server and what it offers; `None`: legacy IPC handles.
+    vmm: Option<VmmTx>,
     /// Buffers: the ring's capacity plus its spares.
     buffers: usize,
     /// The producer's own stream, for `acquire`.
@@ -217,8 +228,8 @@ pub struct CudaTx {
 }
 
 impl CudaTx {
-    /// Allocates the buffers (and, legacy, their events), and writes the pool table and buffer
-    /// lines of a segment nobody sees yet; VMM: starts the fd server first.
+    /// Allocates the buffers (and, with event fences, their events), and writes the pool
+    /// table and buffer lines of a segment nobody sees yet; VMM: starts the fd server first.
     fn build(
         ctx: &Arc<Context>,
         map: &MappedRing,
@@ -230,22 +241,24 @@ impl CudaTx {
         let uuid = ctx.uuid()?;
         let tables = map.gpu();
         store_uuid(&tables.header.device_uuid, uuid);
-        let (share, pool, sharing) = match &settings.vmm {
+        let (vmm, pool, sharing) = match &settings.vmm {
             None => {
-                let readers = map.params().max_consumers as usize * buffers;
-                let legacy = LegacyTx {
-                    ready: Vec::with_capacity(buffers),
-                    readers: (0..readers).map(|_| None).collect(),
-                    words: None,
-                };
                 let pool = PoolMemory::Owned(DevicePool::new(ctx, stride * buffers)?);
-                (TxShare::Legacy(legacy), pool, sharing_kind::LEGACY)
+                (None, pool, sharing_kind::LEGACY)
             }
             Some(policy) => {
-                let vmm = VmmTx::start(ctx, map, policy.clone())?;
+                let vmm = VmmTx::start(map, policy.clone())?;
                 let pool = PoolMemory::OwnedVmm(VmmPool::new(ctx, stride * buffers)?);
-                (TxShare::Vmm(vmm), pool, sharing_kind::VMM)
+                (Some(vmm), pool, sharing_kind::VMM)
             }
+        };
+        let (fences, fence) = if settings.words() {
+            (TxFences::Words(WordsTx::new(ctx, map)?), fence_kind::MEMORY)
+        } else {
+            let readers = map.params().max_consumers as usize * buffers;
+            let ready = Vec::with_capacity(buffers);
+            let events = EventsTx { ready, readers: (0..readers).map(|_| None).collect() };
+            (TxFences::Events(events), fence_kind::EVENTS)
         };
         let mut side = CudaTx {
             name: map.segment().name().ring().to_owned(),
@@ -253,7 +266,8 @@ impl CudaTx {
             uuid,
             pools: Vec::new(),
             stride,
-            share,
+            fences,
+            vmm,
             buffers,
             stream: Stream::new(ctx)?,
             unfenced: settings.unfenced,
@@ -266,36 +280,17 @@ impl CudaTx {
         };
         side.add_pool(map, pool).map_err(registered)?;
         let header = &tables.header;
-        // Relaxed (all three): published by the Release store of `magic`.
+        // Relaxed (both): published by the Release store of `magic`.
         header.sharing.store(sharing, Ordering::Relaxed);
-        header.fence.store(fence_kind::EVENTS, Ordering::Relaxed);
-        if settings.memory_fence {
-            let bytes = fence_bytes(buffers);
-            let words = DevicePool::new(ctx, bytes)?;
-            {
-                let _bound = ctx.bind()?;
-                let setup = Stream::new(ctx)?;
-                // SAFETY: `words` is a live allocation of at least `bytes`; the stream is live
-                // and synchronized before anyone can see the ring.
-                unsafe { driver::memset_async(words.ptr(), 0, bytes, setup.raw()) }?;
-                setup.synchronize()?;
-            }
-            let ptr = words.ptr();
-            let id = side.add_pool(map, PoolMemory::Owned(words)).map_err(registered)?;
-            if let TxShare::Legacy(legacy) = &mut side.share {
-                legacy.words = Some(ptr);
-            }
-            header.fence_pool.store(id.0, Ordering::Relaxed);
-            header.fence.store(fence_kind::MEMORY, Ordering::Relaxed);
-        }
+        header.fence.store(fence, Ordering::Relaxed);
         for line in tables.buffers {
             // Relaxed (both): published by the Release store of `magic`.
             line.pool.store(0, Ordering::Relaxed);
             line.ready_done.store(0, Ordering::Relaxed);
-            if let TxShare::Legacy(legacy) = &mut side.share {
+            if let TxFences::Events(events) = &mut side.fences {
                 let ev = IpcEvent::new(ctx)?;
                 line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
-                legacy.ready.push(ev);
+                events.ready.push(ev);
             }
         }
         Ok(side)
@@ -310,17 +305,17 @@ impl CudaTx {
             return Err(RegisterError::TableFull);
         }
         let cuda = |e: DriverError| RegisterError::Cuda(e.into());
-        match (&self.share, &mem) {
-            (TxShare::Legacy(_), PoolMemory::OwnedVmm(_)) => {
+        match (&self.vmm, &mem) {
+            (None, PoolMemory::OwnedVmm(_)) => {
                 return Err(RegisterError::WrongSharing { ring: "legacy" });
             }
-            (TxShare::Vmm(_), PoolMemory::Owned(_)) => {
+            (Some(_), PoolMemory::Owned(_)) => {
                 return Err(RegisterError::WrongSharing { ring: "vmm" });
             }
             _ => {}
         }
         let _bound = self.ctx.bind().map_err(cuda)?;
-        if let (TxShare::Vmm(_), PoolMemory::Borrowed { size, .. }) = (&self.share, &mem) {
+        if let (Some(_), PoolMemory::Borrowed { size, .. }) = (&self.vmm, &mem) {
             // Consumers map the pool's size from offset 0, which the driver allows only in
             // whole granules (ours: the recommended one, a multiple of the minimum).
             let granule = driver::mem_granularity(self.ctx.ordinal()).map_err(cuda)?;
@@ -350,14 +345,14 @@ impl CudaTx {
         entry.size.store(mem.size() as u64, Ordering::Relaxed);
         store_uuid(&entry.device_uuid, self.uuid);
         let generation = entry.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        match &mut self.share {
-            TxShare::Legacy(_) => {
+        match &mut self.vmm {
+            None => {
                 // SAFETY: `mem.ptr()` is the base of a live allocation in the current context
                 // (checked just above by the driver).
                 let handle = unsafe { driver::ipc_get_mem_handle(mem.ptr()) }.map_err(cuda)?;
                 entry.handle.store(&driver::mem_handle_bytes(&handle));
             }
-            TxShare::Vmm(vmm) => {
+            Some(vmm) => {
                 let fd = match &mem {
                     PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
                     // SAFETY: `mem.ptr()` is a live mapping of this context (checked above);
@@ -377,13 +372,13 @@ impl CudaTx {
         Ok(PoolId(index as u32))
     }
 
-    /// Drops our imports of entry `entry`'s release events (legacy): the producer is about to
-    /// free the entry (its consumer retired, died or was evicted), after which its owner may
-    /// destroy them.
+    /// Drops our imports of entry `entry`'s release events (event fences): the producer is
+    /// about to free the entry (its consumer retired, died or was evicted), after which its
+    /// owner may destroy them.
     fn forget_reader(&mut self, entry: usize, generation: u32) {
-        let TxShare::Legacy(legacy) = &mut self.share else { return };
+        let TxFences::Events(events) = &mut self.fences else { return };
         let n = self.buffers;
-        let mine = &mut legacy.readers[entry * n..(entry + 1) * n];
+        let mine = &mut events.readers[entry * n..(entry + 1) * n];
         if mine.iter().any(Option::is_some) {
             mine.iter_mut().for_each(|r| *r = None);
             let ring = &self.name;
@@ -393,14 +388,14 @@ impl CudaTx {
 
     /// Whether every buffer's last write is done.
     fn all_written(&self, map: &MappedRing) -> bool {
-        match &self.share {
-            TxShare::Legacy(l) => l.ready.iter().all(|ev| ev.is_complete().unwrap_or(true)),
-            TxShare::Vmm(v) => (0..self.buffers).all(|b| v.written(map, b)),
+        match &self.fences {
+            TxFences::Events(e) => e.ready.iter().all(|ev| ev.is_complete().unwrap_or(true)),
+            TxFences::Words(w) => (0..self.buffers).all(|b| w.written(map, b)),
         }
     }
 }
 
-impl LegacyTx {
+impl EventsTx {
     /// The release event of consumer `entry` (whose lease we saw as `seen`, ACTIVE) for
     /// `slot`, opened once per occupant.
     fn reader_event(
@@ -464,21 +459,13 @@ fn consumers_gone(seg: &Segment, ring: &Ring<'_>) -> bool {
 }
 
 /// Refuses settings this build cannot honour, before the segment exists: VMM sharing needs a
-/// device that shares `cuMemCreate` memory by fd and 64-bit stream memory operations (its
-/// fences), and is not combined with `Fence::Memory`; that fence needs the memory operations
-/// too.
+/// device that shares `cuMemCreate` memory by fd; memory fences (`Fence::Memory`, and always
+/// with VMM) need 64-bit stream memory operations.
 fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateErrorKind> {
-    if settings.vmm.is_some() && settings.memory_fence {
-        return Err(CreateErrorKind::InvalidConfig {
-            field: "fence",
-            reason: "Fence::Memory cannot be combined with Sharing::Vmm, whose fences are \
-                     memory words already",
-        });
-    }
     let vmm = settings.vmm.is_some();
-    let lack = lacks(ctx.ordinal(), vmm, vmm || settings.memory_fence);
+    let lack = lacks(ctx.ordinal(), vmm, settings.words());
     if let Some(lack) = lack.map_err(|e| unavailable(e.into()))? {
-        let what = if settings.memory_fence { "Fence::Memory" } else { "Sharing::Vmm" };
+        let what = if vmm { "Sharing::Vmm" } else { "Fence::Memory" };
         return Err(CreateErrorKind::MemoryUnavailable {
             reason: format!("{what} needs {lack}, which this device does not support"),
         });
@@ -517,17 +504,25 @@ impl ProducerSide for CudaTx {
     /// ring; without it, a producer faster than the GPU fills the driver's launch queue and
     /// latency grows to tens of milliseconds.
     fn written(&mut self, ring: &ProducerRing, slot: usize) -> Result<bool, Fault> {
-        match &self.share {
-            TxShare::Legacy(legacy) => Ok(legacy.ready[slot].is_complete()?),
-            TxShare::Vmm(vmm) => Ok(vmm.written(ring.map(), slot)),
+        match &self.fences {
+            TxFences::Events(events) => Ok(events.ready[slot].is_complete()?),
+            TxFences::Words(words) if words.written(ring.map(), slot) => Ok(true),
+            TxFences::Words(_) => {
+                // Not yet: unless our context failed (a kernel fault is sticky), after which
+                // its GPU writes no word again. A word is no driver call, so ask the driver
+                // here, or this wait would never end; the failure ends it as an event query's
+                // would.
+                self.stream.is_idle()?;
+                Ok(false)
+            }
         }
     }
 
     /// Whether every active consumer that read message `prev` in slot `slot` (its release line
     /// says so) has finished reading it on its GPU: its release fence for the slot is done
-    /// (legacy: its release event completed; VMM: its release word reached `prev + 1`). A
-    /// legacy consumer whose event cannot be opened or queried is evicted (the failure is its
-    /// entry's alone) and no longer waited for.
+    /// (events: its release event completed; memory words: its release word reached
+    /// `prev + 1`). A consumer whose event cannot be opened or queried is evicted (the failure
+    /// is its entry's alone) and no longer waited for.
     fn readers_done(
         &mut self,
         ring: &mut ProducerRing,
@@ -552,9 +547,9 @@ impl ProducerSide for CudaTx {
             if line.released.load(Ordering::Acquire) != prev + 1 {
                 continue;
             }
-            let legacy = match &mut self.share {
-                TxShare::Legacy(legacy) => legacy,
-                TxShare::Vmm(_) => {
+            let events = match &mut self.fences {
+                TxFences::Events(events) => events,
+                TxFences::Words(_) => {
                     // Acquire: the consumer's GPU wrote the word after its reads of `prev`;
                     // our rewrite of the buffer comes after.
                     let generation = lease::generation(seen);
@@ -563,7 +558,7 @@ impl ProducerSide for CudaTx {
                     continue;
                 }
             };
-            let looked = match legacy.reader_event(&self.ctx, map, (e, seen), (slot, self.buffers))
+            let looked = match events.reader_event(&self.ctx, map, (e, seen), (slot, self.buffers))
             {
                 Ok(event) => event.is_complete().map_err(EventFault::of),
                 Err(why) => Err(why),
@@ -575,7 +570,7 @@ impl ProducerSide for CudaTx {
                 // consumer's handle (or line) is to blame and that consumer goes; if it does
                 // not (a sticky error, out of memory), the failure is ours and ends this
                 // acquire rather than evict anyone.
-                Err(EventFault::Failed(why)) if legacy.ready[slot].is_complete().is_err() => {
+                Err(EventFault::Failed(why)) if events.ready[slot].is_complete().is_err() => {
                     return Err(Fault::Cuda(why));
                 }
                 Err(EventFault::Failed(why)) => {
@@ -603,29 +598,15 @@ impl ProducerSide for CudaTx {
         let stream = stream.unwrap_or(&self.stream);
         let tables = ring.map().gpu();
         let seq = ring.published();
-        match &mut self.share {
-            TxShare::Legacy(legacy) => {
-                if let Some(words) = legacy.words {
-                    let _bound = self.ctx.bind()?;
-                    // SAFETY: the slot's ready word lies in our fence words, alive as long as
-                    // the producer; the stream is live.
-                    unsafe {
-                        driver::stream_write_value64(
-                            stream.raw(),
-                            words + ready_word(slot),
-                            seq + 1,
-                        )
-                    }?;
-                }
-                legacy.ready[slot].record(stream)?;
-            }
-            TxShare::Vmm(vmm) => {
-                let word = vmm.words.device(&tables.buffers[slot].ready_done);
+        match &mut self.fences {
+            TxFences::Events(events) => events.ready[slot].record(stream)?,
+            TxFences::Words(words) => {
+                let word = words.words.device(&tables.buffers[slot].ready_done);
                 let _bound = self.ctx.bind()?;
                 // SAFETY: the word lies in the segment, page-locked for our device until the
                 // producer closes (after its last write is done); the stream is live.
                 unsafe { driver::stream_write_value64(stream.raw(), word, seq + 1) }?;
-                vmm.published[slot] = seq + 1;
+                words.published[slot] = seq + 1;
             }
         }
         // Relaxed: only this producer writes pool entries.
@@ -682,8 +663,8 @@ impl ProducerSide for CudaTx {
         }
         let _ = ring.reap_with(&mut |_, _| {});
         // VMM: stop serving fds; an import already made keeps its memory alive without us.
-        let vmm = matches!(self.share, TxShare::Vmm(_));
-        if let TxShare::Vmm(v) = &mut self.share {
+        let vmm = self.vmm.is_some();
+        if let Some(v) = &mut self.vmm {
             v.server = None;
         }
         if !written || (!all_left && !vmm) {
@@ -696,21 +677,21 @@ impl ProducerSide for CudaTx {
             // it to process exit, and stay alive to consumers until then.
             ring.keep_presence_until_exit();
             std::mem::forget(std::mem::take(&mut self.pools));
-            let share = std::mem::replace(&mut self.share, TxShare::Legacy(LegacyTx::empty()));
-            std::mem::forget(share);
+            let fences = std::mem::replace(&mut self.fences, TxFences::Events(EventsTx::empty()));
+            std::mem::forget(fences);
             return;
         }
         drop(std::mem::take(&mut self.pools));
-        // VMM: unregister the segment now, while it is still mapped.
-        drop(std::mem::replace(&mut self.share, TxShare::Legacy(LegacyTx::empty())));
+        // Memory fences: unregister the segment now, while it is still mapped.
+        drop(std::mem::replace(&mut self.fences, TxFences::Events(EventsTx::empty())));
         tracing::debug!(target: "gpuring::lifecycle", ring = %ring.name(), "producer pools freed");
     }
 }
 
-impl LegacyTx {
+impl EventsTx {
     /// Nothing: what a closed producer's side is left with.
-    fn empty() -> LegacyTx {
-        LegacyTx { ready: Vec::new(), readers: Vec::new(), words: None }
+    fn empty() -> EventsTx {
+        EventsTx { ready: Vec::new(), readers: Vec::new() }
     }
 }
 
@@ -791,9 +772,9 @@ impl Producer<Cuda> {
     /// ```
     pub fn alloc_pool(&mut self, bytes: usize) -> Result<PoolId, RegisterError> {
         let (ring, mem) = self.parts();
-        let pool = match mem.share {
-            TxShare::Legacy(_) => PoolMemory::Owned(DevicePool::new(&mem.ctx, bytes)?),
-            TxShare::Vmm(_) => PoolMemory::OwnedVmm(VmmPool::new(&mem.ctx, bytes)?),
+        let pool = match mem.vmm {
+            None => PoolMemory::Owned(DevicePool::new(&mem.ctx, bytes)?),
+            Some(_) => PoolMemory::OwnedVmm(VmmPool::new(&mem.ctx, bytes)?),
         };
         mem.add_pool(ring.map(), pool)
     }
@@ -808,9 +789,9 @@ impl Producer<Cuda> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sharing_name(&self) -> &'static str {
-        match self.mem().share {
-            TxShare::Legacy(_) => "legacy",
-            TxShare::Vmm(_) => "vmm",
+        match self.mem().vmm {
+            None => "legacy",
+            Some(_) => "vmm",
         }
     }
 
@@ -865,7 +846,7 @@ impl Producer<Cuda> {
     }
 
     /// Like [`acquire`](Self::acquire), but the slot is written on `stream` (your decoder's or
-    /// kernel's stream, of this producer's device): `publish` records the ready event there.
+    /// kernel's stream, of this producer's device): `publish` queues the ready fence there.
     ///
     /// ```no_run
     /// use gpuring::cuda::Stream;
@@ -991,7 +972,7 @@ impl WriteSlot<'_, Cuda> {
 
     /// Publishes `len` bytes at `offset` of registered pool `pool` instead of the slot's own
     /// memory. Write them on [`stream`](Self::stream) (or make it wait for your writes) first;
-    /// the consumers' reads are fenced by the same ready event. Do not rewrite the region
+    /// the consumers' reads are fenced by the same ready fence. Do not rewrite the region
     /// until this slot comes round again: its next acquire is where the producer's stream
     /// waits for the region's readers.
     ///

@@ -1,4 +1,4 @@
-//! The fence words of a VMM ring: sequence words in the segment itself
+//! The memory fence words of a ring (`Fence::Memory`, and always with VMM): sequence words in the segment itself
 //! (`GpuSlotLine::ready_done`, `ConsumerSlot::release_done`), which each process page-locks
 //! and maps for its device, so that its GPU writes and waits on them and its CPU reads them.
 //! No IPC event handle is involved.
