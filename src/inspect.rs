@@ -76,6 +76,9 @@ pub struct RingStatus {
     pub evictions: u64,
     /// Dead consumers whose entries and slots the producer took back.
     pub reclaims: u64,
+    /// CUDA rings (read by a build with feature `cuda`): how memory and fences reach the
+    /// consumers, which decides where they may run (docs/containers.md).
+    pub cuda: Option<CudaSharing>,
     /// The joined consumers.
     pub consumers: Vec<ConsumerInfo>,
 }
@@ -242,6 +245,48 @@ impl RingStatus {
     }
 }
 
+/// How a CUDA ring shares its memory and fences, as its segment says.
+///
+/// ```no_run
+/// let s = gpuring::inspect::status("cam0")?;
+/// if let Some(c) = s.cuda {
+///     println!("{} sharing, {} fences", c.sharing, c.fence);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaSharing {
+    /// `"legacy"` (IPC handles) or `"vmm"` (file descriptors); `"invalid"` for a value no
+    /// producer writes.
+    pub sharing: &'static str,
+    /// `"events"` (interprocess events) or `"memory"` (words in the segment); `"invalid"` as
+    /// above.
+    pub fence: &'static str,
+}
+
+/// The CUDA ring `map`'s sharing and fences (None for host rings, or without feature `cuda`).
+fn cuda_sharing(map: &MappedRing) -> Option<CudaSharing> {
+    #[cfg(feature = "cuda")]
+    if map.params().memory_kind == MemoryKind::Cuda {
+        use crate::format::gpu::{fence_kind, sharing_kind};
+        let header = &map.gpu().header;
+        // Relaxed (both): written before `magic`, which the open acquired.
+        let sharing = match header.sharing.load(Ordering::Relaxed) {
+            sharing_kind::LEGACY => "legacy",
+            sharing_kind::VMM => "vmm",
+            _ => "invalid",
+        };
+        let fence = match header.fence.load(Ordering::Relaxed) {
+            fence_kind::EVENTS => "events",
+            fence_kind::MEMORY => "memory",
+            _ => "invalid",
+        };
+        return Some(CudaSharing { sharing, fence });
+    }
+    let _ = map;
+    None
+}
+
 /// [`status_in`], failing with what went wrong only.
 fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
     let shm = ShmName::new(name).map_err(OpenErrorKind::InvalidName)?;
@@ -283,6 +328,7 @@ fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
         blocked_now: blocked,
         evictions: ring.producer.evictions.load(Ordering::Relaxed),
         reclaims: ring.producer.reclaims.load(Ordering::Relaxed),
+        cuda: cuda_sharing(&map),
         consumers,
     })
 }

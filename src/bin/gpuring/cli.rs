@@ -134,6 +134,10 @@ struct RingJson {
     evictions: u64,
     /// Dead consumers whose entries and slots the producer took back.
     reclaims: u64,
+    /// CUDA rings: "legacy" or "vmm" (null for host rings).
+    sharing: Option<&'static str>,
+    /// CUDA rings: "events" or "memory" (null for host rings).
+    fence: Option<&'static str>,
     consumers: Vec<ConsumerJson>,
 }
 
@@ -208,6 +212,8 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         }),
         evictions: s.evictions,
         reclaims: s.reclaims,
+        sharing: s.cuda.map(|c| c.sharing),
+        fence: s.cuda.map(|c| c.fence),
         consumers: s
             .consumers
             .iter()
@@ -311,6 +317,12 @@ fn print_stat(
         producer_state(now),
         now.epoch
     );
+    if let Some(c) = now.cuda {
+        println!(
+            "CUDA: {} sharing, {} fences (docs/containers.md says where each works)",
+            c.sharing, c.fence
+        );
+    }
     let elsewhere = now.producer_elsewhere();
     if !elsewhere.is_empty() {
         println!(

@@ -169,6 +169,17 @@ pub fn mps(gpu: bool, context_made: bool) -> Check {
         };
         return Check::new("mps", Verdict::Skip, finding).value(value);
     }
+    if daemons.is_empty() && has_control {
+        // A container: the daemon runs outside our pid namespace, its pipe directory is
+        // mounted in. Neither it nor its server can be seen from here.
+        let finding = format!(
+            "MPS control socket in {dir}, its daemon outside this pid namespace (a container): \
+             contexts made here go through MPS if this container also has the MPS server's \
+             /dev/shm at /dev/shm (docs/containers.md, \"MPS\"); event-fenced CUDA rings still \
+             need producer and consumers in one pid namespace"
+        );
+        return Check::new("mps", Verdict::Ok, finding).value(value);
+    }
     if daemons.is_empty() {
         let finding = "the MPS control daemon (nvidia-cuda-mps-control) is not running: kernels \
                        of different processes are time-sliced, each cross-process hop waits \
@@ -304,7 +315,13 @@ pub fn namespaces() -> Check {
         if kinds.is_empty() {
             continue;
         }
-        if s.memory == gpuring::MemoryKind::Cuda && kinds.contains(&Kind::Mnt) {
+        // Legacy sharing goes by pids, which mean nothing across pid namespaces, and event
+        // fences open only through the producer's /dev/shm (docs/containers.md).
+        let events = s.cuda.is_some_and(|c| c.fence == "events");
+        let legacy = s.cuda.is_some_and(|c| c.sharing == "legacy");
+        if events && (kinds.contains(&Kind::Mnt) || kinds.contains(&Kind::Pid))
+            || legacy && kinds.contains(&Kind::Pid) && s.producer_pid == std::process::id()
+        {
             cuda_elsewhere.push(name.clone());
         }
         elsewhere.push((name.clone(), kinds));
@@ -328,14 +345,16 @@ pub fn namespaces() -> Check {
     let value = value_of(&elsewhere);
     if !cuda_elsewhere.is_empty() {
         finding.push_str(&format!(
-            "; CUDA ring(s) {} come from another mount namespace: legacy IPC events cannot \
-             cross a private /dev/shm",
+            "; CUDA ring(s) {} cannot be read from here: their event fences need the \
+             producer's pid namespace and /dev/shm, or (legacy sharing) its pid equals ours in \
+             another pid namespace",
             cuda_elsewhere.join(", ")
         ));
         return Check::new("namespaces", Verdict::Warn, finding)
             .fix(
-                "share the producer's /dev/shm with this container, or use VMM sharing for \
-                 those rings (docs/gpu.md, \"Containers\")",
+                "create those rings with VMM sharing (works in every layout), or with memory \
+                 fences (--fence memory: all but a producer with our pid in another pid \
+                 namespace); docs/containers.md",
             )
             .value(value);
     }
