@@ -25,22 +25,21 @@
 //! is taken down when the cell ends, however it ends.
 
 mod common;
+#[path = "common/ns.rs"]
+mod ns;
 
-use std::collections::HashSet;
-use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env, gpuring_bin, role, unique_name, ROLE};
+use common::{env, gpuring_bin, role, unique_name};
 use gpuring::testing::pattern;
 use gpuring::{Consumer, Ended, Policy, Producer, RecvError};
+use ns::{
+    await_command, check_namespaces, die_with_parent, loopback_up, mark, until_stdin_ends, Cell,
+    Column, Peer, Program, Row, SharedDir, DEADLINE, DIR_ENV,
+};
 use prometheus_parse::{Scrape, Value};
 
 /// Messages sent while both consumers read.
@@ -59,125 +58,6 @@ const PACE: Duration = Duration::from_millis(2);
 /// The async consumer's liveness interval: the timer of each of its waits, and how soon it
 /// finds the producer dead. A wait that a message ends well before it was woken by a knock.
 const CONSUMER_LIVENESS: Duration = Duration::from_secs(1);
-/// Every wait of a child, on anything: generous, since the assertions are on counts.
-const DEADLINE: Duration = Duration::from_secs(30);
-/// Every wait of the test on a child: longer than the child's own, so that a child that
-/// fails says why before the test gives up on it.
-const TEST_DEADLINE: Duration = Duration::from_secs(90);
-
-/// The environment variable that sets the default ring directory (of the library and the
-/// `gpuring` command).
-const DIR_ENV: &str = "GPURING_DIR";
-
-/// The prefix of the lines a child writes on stderr to tell the test where it is.
-const MARK: &str = "@gpuring-ns ";
-
-/// The namespaces the isolated side has of its own: a row of the matrix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Row {
-    Pid,
-    Net,
-    Ipc,
-    Mount,
-    All,
-}
-
-impl Row {
-    fn name(self) -> &'static str {
-        match self {
-            Row::Pid => "pid namespace",
-            Row::Net => "network namespace",
-            Row::Ipc => "IPC namespace",
-            Row::Mount => "mount namespace + private /dev/shm",
-            Row::All => "all namespaces",
-        }
-    }
-
-    fn key(self) -> &'static str {
-        match self {
-            Row::Pid => "pid",
-            Row::Net => "net",
-            Row::Ipc => "ipc",
-            Row::Mount => "mnt",
-            Row::All => "all",
-        }
-    }
-
-    fn from_key(key: &str) -> Row {
-        [Row::Pid, Row::Net, Row::Ipc, Row::Mount, Row::All]
-            .into_iter()
-            .find(|r| r.key() == key)
-            .unwrap_or_else(|| panic!("no row {key}"))
-    }
-
-    /// Whether this row gives the isolated side namespace `ns` (as `/proc/self/ns` names it).
-    fn has(self, ns: &str) -> bool {
-        match self {
-            Row::All => true,
-            row => row.key() == ns,
-        }
-    }
-
-    /// `unshare`'s options for this row. The pid namespace's first process (`--fork`) is
-    /// killed with `unshare` (`--kill-child`), and with it the whole namespace.
-    fn unshare_args(self) -> Vec<&'static str> {
-        let mut args = Vec::new();
-        if self.has("pid") {
-            args.extend(["--pid", "--fork", "--kill-child"]);
-        }
-        if self == Row::All {
-            // A /proc of the namespace, as a container has.
-            args.push("--mount-proc");
-        }
-        if self.has("net") {
-            args.push("--net");
-        }
-        if self.has("ipc") {
-            args.push("--ipc");
-        }
-        if self.has("mnt") {
-            args.push("--mount");
-        }
-        args
-    }
-}
-
-/// Which side is isolated: a column of the matrix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Column {
-    Consumers,
-    Producer,
-    Both,
-}
-
-impl Column {
-    const ALL: [Column; 3] = [Column::Consumers, Column::Producer, Column::Both];
-
-    fn name(self) -> &'static str {
-        match self {
-            Column::Consumers => "consumers isolated",
-            Column::Producer => "producer isolated",
-            Column::Both => "both isolated",
-        }
-    }
-
-    fn producer(self) -> bool {
-        self != Column::Consumers
-    }
-
-    fn consumers(self) -> bool {
-        self != Column::Producer
-    }
-}
-
-/// The namespaces compared between the test and its children.
-const NAMESPACES: [&str; 4] = ["pid", "net", "ipc", "mnt"];
-
-/// The namespace `/proc/self/ns/{ns}` of this process, as `net:[4026531840]`.
-fn namespace(ns: &str) -> String {
-    let link = fs::read_link(format!("/proc/self/ns/{ns}")).expect("/proc/self/ns");
-    link.to_string_lossy().into_owned()
-}
 
 // ---------------------------------------------------------------------------------------------
 // The test side: one cell at a time.
@@ -212,6 +92,18 @@ fn all_namespaces_at_once() {
     row(Row::All, "all_namespaces_at_once");
 }
 
+#[test]
+#[ignore = "needs root and unshare"]
+fn pid_namespace_with_its_own_proc() {
+    row(Row::PidProc, "pid_namespace_with_its_own_proc");
+}
+
+#[test]
+#[ignore = "needs root and unshare"]
+fn all_namespaces_but_the_hosts_dev_shm() {
+    row(Row::AllButShm, "all_namespaces_but_the_hosts_dev_shm");
+}
+
 /// Runs the three cells of `row` one after another (or, in a child, its role), and fails
 /// naming every cell that failed.
 fn row(row: Row, test: &str) {
@@ -242,7 +134,7 @@ fn run_cell(row: Row, column: Column, test: &str, cell: &str) -> Result<String, 
     let name = unique_name("ns");
     let dir = SharedDir::mount(&name)?;
     let peer = |role: &str, isolated: bool| {
-        Peer::spawn(test, cell, role, isolated.then_some(row), &name, &dir)
+        Peer::spawn(&Program::Test(test), (cell, role), isolated.then_some(row), (&name, &dir), &[])
     };
     // The consumers may start first, as containers do: they wait for the ring to appear.
     let mut peers = [
@@ -292,323 +184,12 @@ fn cell_steps(column: Column, [producer, reader, victim]: &mut [Peer; 3]) -> Res
     reader.expect_success()
 }
 
-/// A tmpfs mounted for one cell (the directory both sides share), and a marker file in the
-/// host's /dev/shm that a private /dev/shm must not show. Unmounted and removed on drop, with
-/// any file of the ring that went to the host's /dev/shm instead.
-struct SharedDir {
-    path: PathBuf,
-    marker: PathBuf,
-    ring: String,
-}
-
-impl SharedDir {
-    fn mount(ring: &str) -> Result<SharedDir, String> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let tag =
-            format!("gpuring-ns-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let path = std::env::temp_dir().join(&tag);
-        fs::create_dir(&path).map_err(|e| format!("mkdir {}: {e}", path.display()))?;
-        let marker = Path::new("/dev/shm").join(format!("{tag}-marker"));
-        // From here on, drop cleans up whatever was made.
-        let dir = SharedDir { path, marker, ring: ring.to_owned() };
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "gpuring-ns"])
-            .arg(&dir.path)
-            .output()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr);
-            return Err(format!("mount -t tmpfs on {}: {why}", dir.path.display()));
-        }
-        fs::write(&dir.marker, b"").map_err(|e| format!("{}: {e}", dir.marker.display()))?;
-        Ok(dir)
-    }
-
-    /// Files in the host's /dev/shm whose names contain the ring's.
-    fn strays(&self) -> Vec<String> {
-        let Ok(entries) = fs::read_dir("/dev/shm") else { return Vec::new() };
-        entries
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .filter(|f| f.contains(&self.ring))
-            .collect()
-    }
-}
-
-impl Drop for SharedDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.marker);
-        for f in self.strays() {
-            let _ = fs::remove_file(Path::new("/dev/shm").join(f));
-        }
-        let umount = |lazy: bool| {
-            let mut cmd = Command::new("umount");
-            if lazy {
-                cmd.arg("--lazy");
-            }
-            cmd.arg(&self.path).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
-        };
-        if !umount(false) && !umount(true) {
-            eprintln!("namespaces: could not unmount {}", self.path.display());
-        }
-        let _ = fs::remove_dir(&self.path);
-    }
-}
-
-/// One child of a cell: this test binary again with a role, under `unshare` if isolated.
-/// Killed (and with it its pid namespace) on drop.
-struct Peer {
-    label: String,
-    row: Option<Row>,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    marks: Receiver<String>,
-    seen: HashSet<String>,
-    /// Whether the test killed it.
-    killed: bool,
-    /// Its stderr lines other than marks: the last ones go into failure messages.
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Peer {
-    fn spawn(
-        test: &str,
-        cell: &str,
-        role: &str,
-        row: Option<Row>,
-        name: &str,
-        dir: &SharedDir,
-    ) -> Result<Peer, String> {
-        let label = format!("{role}{}", if row.is_some() { " (isolated)" } else { "" });
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd = match row {
-            None => Command::new(&exe),
-            Some(row) => {
-                let mut cmd = Command::new("unshare");
-                cmd.args(row.unshare_args());
-                if row.has("mnt") {
-                    // A /dev/shm of its own, as a container has; the ring directory stays.
-                    let shm = "mount -t tmpfs -o size=64m gpuring-ns-shm /dev/shm";
-                    cmd.args(["sh", "-c", &format!("{shm} && exec \"$0\" \"$@\"")]);
-                }
-                cmd.arg(&exe);
-                cmd
-            }
-        };
-        cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
-            .env(ROLE, role)
-            .env("NS_CELL", cell)
-            .env("NS_RING", name)
-            .env("NS_DIR", &dir.path)
-            .env("NS_SHM_MARKER", &dir.marker)
-            .env("NS_ROW", row.map_or("", Row::key))
-            // A failure's message, not a backtrace, is what the test reports.
-            .env("RUST_BACKTRACE", "0")
-            .env_remove(DIR_ENV)
-            .stdin(Stdio::piped())
-            // The child's harness chatter; what it has to say goes to stderr.
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for ns in NAMESPACES {
-            cmd.env(format!("NS_HOST_{ns}"), namespace(ns));
-        }
-        die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| format!("starting the {label}: {e}"))?;
-        let stdin = child.stdin.take();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, marks) = mpsc::channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        {
-            let (log, prefix) = (log.clone(), format!("[{cell}] {label}: "));
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    match line.strip_prefix(MARK) {
-                        Some(mark) => drop(tx.send(mark.to_owned())),
-                        // util-linux's unshare when the process it forked was killed: it
-                        // cannot pass SIGKILL on by re-raising it, and says so.
-                        None if line.starts_with("unshare: sigprocmask unblock failed") => {}
-                        None => {
-                            eprintln!("{prefix}{line}");
-                            log.lock().unwrap().push(line);
-                        }
-                    }
-                }
-            });
-        }
-        Ok(Peer { label, row, child, stdin, marks, seen: HashSet::new(), killed: false, log })
-    }
-
-    /// The last lines it wrote, for a failure message.
-    fn tail(&self) -> String {
-        let log = self.log.lock().unwrap();
-        let from = log.len().saturating_sub(12);
-        if log.is_empty() {
-            String::from(" (no output)")
-        } else {
-            format!("; its last output:\n    {}", log[from..].join("\n    "))
-        }
-    }
-
-    /// Why it failed, if it has ended unsuccessfully without being killed: its status and
-    /// its panic message.
-    fn failure(&mut self) -> Option<String> {
-        let status = self.child.try_wait().ok().flatten()?;
-        if status.success() || self.killed {
-            return None;
-        }
-        let log = self.log.lock().unwrap();
-        let message = log
-            .iter()
-            .skip_while(|l| !l.contains("panicked at"))
-            .skip(1)
-            .take_while(|l| !l.starts_with("note:"))
-            .take(3)
-            .map(|l| l.as_str())
-            .collect::<Vec<_>>()
-            .join(" / ");
-        Some(format!("the {} failed ({status}): {message}", self.label))
-    }
-
-    /// Waits until it writes mark `what`.
-    fn expect(&mut self, what: &str) -> Result<(), String> {
-        let deadline = Instant::now() + TEST_DEADLINE;
-        while !self.seen.contains(what) {
-            match self.marks.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(mark) => {
-                    self.seen.insert(mark);
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    let tail = self.tail();
-                    return Err(format!(
-                        "the {}: no {what:?} within {TEST_DEADLINE:?}{tail}",
-                        self.label
-                    ));
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.wait()?;
-                    return Err(format!(
-                        "the {} ended ({status}) before {what:?}{}",
-                        self.label,
-                        self.tail()
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The async consumer's wake counts, from the mark it wrote before it ended.
-    fn wakes(&mut self) -> String {
-        self.seen.extend(self.marks.try_iter());
-        let wakes = self.seen.iter().find_map(|m| m.strip_prefix("wakes "));
-        wakes.map_or_else(|| String::from("no wake counts"), |w| format!("async wakes: {w}"))
-    }
-
-    /// Writes a command line on its stdin.
-    fn tell(&mut self, what: &str) -> Result<(), String> {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{what}").map_err(|e| format!("telling the {} {what:?}: {e}", self.label))
-    }
-
-    /// The pid (in the test's namespace) of the process that runs the role: the child itself,
-    /// or, in a pid namespace, the first process there (unshare's child, pid 1 inside).
-    fn role_pid(&self) -> Result<u32, String> {
-        let id = self.child.id();
-        if !self.row.is_some_and(|r| r.has("pid")) {
-            return Ok(id);
-        }
-        let children = fs::read_to_string(format!("/proc/{id}/task/{id}/children"))
-            .map_err(|e| format!("the children of unshare ({id}): {e}"))?;
-        let first = children.split_whitespace().next();
-        first.and_then(|p| p.parse().ok()).ok_or_else(|| format!("unshare ({id}) has no child"))
-    }
-
-    /// Kills the role's process with SIGKILL, as `docker kill` does, and waits for its end.
-    fn sigkill(&mut self) -> Result<(), String> {
-        let pid = self.role_pid()?;
-        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
-            .map_err(|e| format!("kill -9 the {}: {e}", self.label))?;
-        self.killed = true;
-        self.wait().map(drop)
-    }
-
-    /// Waits (within the deadline) for the child to end.
-    fn wait(&mut self) -> Result<ExitStatus, String> {
-        let deadline = Instant::now() + TEST_DEADLINE;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Ok(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                Ok(None) => {
-                    return Err(format!("the {} did not end in {TEST_DEADLINE:?}", self.label))
-                }
-                Err(e) => return Err(format!("waiting for the {}: {e}", self.label)),
-            }
-        }
-    }
-
-    /// Waits for the child to end and checks that it succeeded.
-    fn expect_success(&mut self) -> Result<(), String> {
-        let status = self.wait()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("the {} failed ({status}){}", self.label, self.tail()))
-        }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // The role first (a pid namespace's first process ignores signals from inside, not
-            // this one), then unshare, whose --kill-child takes down what is left.
-            if let Ok(pid) = self.role_pid() {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Makes `cmd`'s process get SIGKILL when the thread that started it ends, so that no child
-/// outlives a test that was itself killed.
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and calls only prctl, which is
-    // async-signal-safe; it allocates nothing and takes no lock.
-    unsafe {
-        cmd.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                .map_err(std::io::Error::from)
-        });
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The children.
 
 const PRODUCER: &str = "producer";
 const ASYNC_CONSUMER: &str = "async consumer";
 const KILLED_CONSUMER: &str = "consumer to kill";
-
-/// Where a child is: one line on stderr that the test waits for.
-fn mark(what: &str) {
-    eprintln!("{MARK}{what}");
-}
-
-/// What a child knows of its cell.
-struct Cell {
-    name: String,
-    ring: String,
-    dir: PathBuf,
-    row: Option<Row>,
-}
 
 fn child(role: &str) {
     let row: String = env("NS_ROW");
@@ -629,70 +210,6 @@ fn child(role: &str) {
         KILLED_CONSUMER => killed_consumer(&me),
         other => panic!("no role {other}"),
     }
-}
-
-/// Checks that this process has its own namespaces where its row says so, and shares the
-/// test's everywhere else: the cell is what it claims to be.
-fn check_namespaces(me: &Cell, role: &str) {
-    for ns in NAMESPACES {
-        let host: String = env(&format!("NS_HOST_{ns}"));
-        let own = me.row.is_some_and(|r| r.has(ns));
-        assert_eq!(
-            namespace(ns) != host,
-            own,
-            "[{}] {role}: expected {} {ns} namespace",
-            me.name,
-            if own { "its own" } else { "the test's" }
-        );
-    }
-    if me.row.is_some_and(|r| r.has("pid")) {
-        assert_eq!(std::process::id(), 1, "[{}] {role}: not pid 1 in its namespace", me.name);
-    }
-    let marker: PathBuf = env("NS_SHM_MARKER");
-    let private = me.row.is_some_and(|r| r.has("mnt"));
-    assert_eq!(
-        !marker.exists(),
-        private,
-        "[{}] {role}: the host's /dev/shm is {}",
-        me.name,
-        if private { "visible in a private /dev/shm" } else { "not visible" }
-    );
-}
-
-/// Sets the loopback interface up (`ip link set lo up`, without needing iproute2).
-fn loopback_up() {
-    // SAFETY: socket(2) with constant arguments; the result is checked below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-    // SAFETY: `fd` was just opened and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: `ifreq` is plain data, for which all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads the interface name from `req` and writes its flags there.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) };
-    assert_eq!(r, 0, "SIOCGIFFLAGS lo: {}", std::io::Error::last_os_error());
-    // SAFETY: SIOCGIFFLAGS filled the union's `ifru_flags` member.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
-    // SAFETY: SIOCSIFFLAGS reads the name and flags from `req`.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) };
-    assert_eq!(r, 0, "SIOCSIFFLAGS lo: {}", std::io::Error::last_os_error());
-}
-
-/// Waits for command `what` on stdin (from the test).
-fn await_command(me: &Cell, what: &str) {
-    let mut line = String::new();
-    std::io::stdin().lock().read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), what, "[{}] expected the command {what:?}", me.name);
-}
-
-/// Waits until stdin ends (the test let go of this child without killing it), then leaves.
-fn until_stdin_ends() -> ! {
-    let mut sink = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
-    std::process::exit(0);
 }
 
 /// Acquires a slot (failing after the deadline, naming `why`), writes message `seq`'s
