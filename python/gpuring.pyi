@@ -334,8 +334,12 @@ class Producer:
     `sharing` (CUDA rings): "legacy" (IPC handles in the ring, which any process that can read
     it may map) or "vmm" (memory handed out by file descriptor to processes of this uid only, or
     also of the uids in `allow_uids` and the groups in `allow_gids`; a refused consumer gets
-    `PermissionError`). `permissions`: the ring's file mode (default 0o600: this user only);
-    consumers of other users need read and write (for example 0o666, and
+    `PermissionError`). `fence` (CUDA rings): how GPU work is ordered across processes:
+    "events" (interprocess CUDA events) or "memory" (sequence words in the ring's segment; no
+    IPC event is made, so it works for consumers in containers with their own /dev/shm or pid
+    namespace, where events do not: docs/containers.md); VMM sharing always fences with memory
+    words, whatever `fence` says. `permissions`: the ring's file mode (default 0o600: this user
+    only); consumers of other users need read and write (for example 0o666, and
     `Consumer(..., allow_foreign_owner=True)`). `dir`: the directory the ring's file and sockets
     go in (default the `GPURING_DIR` environment variable if set, else `/dev/shm`); consumers
     pass the same directory, as they see it (for containers: a volume both mount). The ring is
@@ -355,6 +359,7 @@ class Producer:
         max_consumers: int | None = None,
         spares: int | None = None,
         sharing: Literal["legacy", "vmm"] = "legacy",
+        fence: Literal["events", "memory"] = "events",
         allow_uids: list[int] | None = None,
         allow_gids: list[int] | None = None,
         permissions: int | None = None,

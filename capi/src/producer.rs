@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 
 use gpuring::cuda::Stream;
 use gpuring::{
-    AcquireError, AcquireTimeoutError, Cuda, Host, Memory, PeerPolicy, Policy, Producer,
+    AcquireError, AcquireTimeoutError, Cuda, Fence, Host, Memory, PeerPolicy, Policy, Producer,
     ProducerBuilder, PublishError, Sharing, WriteSlot,
 };
 
@@ -58,6 +58,12 @@ pub struct gpuring_producer_options {
     /// if set, else /dev/shm. Consumers must name the same directory, as they see it. Default
     /// NULL.
     pub dir: *const c_char,
+    /// Nonzero: CUDA rings fence with sequence words in the ring's segment, which every
+    /// process page-locks, instead of interprocess CUDA events; no IPC event is made, so
+    /// consumers in containers with their own /dev/shm or pid namespace can read the ring.
+    /// Needs 64-bit stream memory operations. Default 0 (events). VMM sharing always fences
+    /// so, whatever this says. A `uint32_t` flag like `vmm`; refused for host memory.
+    pub fence_memory: u32,
 }
 
 /// The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
@@ -75,6 +81,7 @@ pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options
         vmm: 0,
         file_mode: 0,
         dir: std::ptr::null(),
+        fence_memory: 0,
     }
 }
 
@@ -165,6 +172,9 @@ pub unsafe extern "C" fn gpuring_producer_create(
         if o.vmm != 0 {
             b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
         }
+        if o.fence_memory != 0 {
+            b = b.fence(Fence::Memory);
+        }
         // SAFETY: `dir` is null or a C string, valid for the call, by the caller's contract.
         if let Some(dir) = unsafe { ring_dir(o.dir) } {
             b = b.dir(dir);
@@ -175,6 +185,12 @@ pub unsafe extern "C" fn gpuring_producer_create(
             0 => gpuring::cuda::available().is_ok(),
             other => return fail(GPURING_INVALID_ARGUMENT, format!("memory {other}")),
         };
+        if !cuda && o.fence_memory != 0 {
+            return fail(
+                GPURING_INVALID_ARGUMENT,
+                "fence_memory orders CUDA work; a host ring has no GPU fences",
+            );
+        }
         let made =
             if cuda { create::<Cuda>(b).map(Tx::Cuda) } else { create::<Host>(b).map(Tx::Host) };
         match made {

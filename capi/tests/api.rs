@@ -1,7 +1,7 @@
 //! The C API's error paths, called as C would (through the `extern "C"` functions), in host
 //! memory: null arguments, bad enum values, one slot at a time, a failed publish ending its
 //! slot, a consumer freed with a message out, the tensor header, and option flags read as
-//! "nonzero = true".
+//! "nonzero = true". Where a GPU is usable, also that `fence_memory` reaches a CUDA ring.
 
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};
@@ -226,6 +226,24 @@ fn nonzero_flags_are_true() {
             unsafe { gpuring_producer_free(p) };
         }
     }
+    // So is `fence_memory`.
+    for (fence, refused) in [(0, false), (1, true), (2, true), (0xFF, true), (u32::MAX, true)] {
+        let mut o = gpuring_producer_options_default();
+        o.memory = gpuring_memory::GPURING_MEMORY_HOST as u32;
+        o.slot_size = 64;
+        o.fence_memory = fence;
+        let mut p = null_mut();
+        // SAFETY: valid name, options and out-pointer.
+        let s = unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) };
+        if refused {
+            assert_eq!(s, GPURING_INVALID_ARGUMENT, "fence_memory = {fence:#x}");
+            assert!(last_error().contains("fence_memory orders CUDA work"), "{}", last_error());
+        } else {
+            assert_eq!(s, GPURING_OK, "fence_memory = 0: {}", last_error());
+            // SAFETY: made above.
+            unsafe { gpuring_producer_free(p) };
+        }
+    }
 
     // `allow_foreign_owner`, written as a foreign caller would: one byte of the field set to 2,
     // or all of it to ones. It takes a ring file of another uid, which only root can make.
@@ -259,4 +277,29 @@ fn nonzero_flags_are_true() {
     }
     // SAFETY: made by `host_producer`.
     unsafe { gpuring_producer_free(p) };
+}
+
+/// `fence_memory` makes a CUDA ring that fences with memory words, and the default one with
+/// events, as the segment records them. Skipped without a usable CUDA GPU.
+#[test]
+fn fence_memory_reaches_a_cuda_ring() {
+    if let Err(why) = gpuring::cuda::available() {
+        eprintln!("fence_memory_reaches_a_cuda_ring: skipped (no usable CUDA GPU: {why})");
+        return;
+    }
+    for (fence_memory, recorded) in [(0, "events"), (1, "memory")] {
+        let n = name(&format!("fence{fence_memory}"));
+        let mut o = gpuring_producer_options_default();
+        o.memory = gpuring_memory::GPURING_MEMORY_CUDA as u32;
+        o.fence_memory = fence_memory;
+        let mut p = null_mut();
+        // SAFETY: valid name, options and out-pointer.
+        let s = unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) };
+        assert_eq!(s, GPURING_OK, "{}", last_error());
+        let status = gpuring::inspect::status(n.to_str().unwrap()).unwrap();
+        let cuda = status.cuda.expect("a CUDA ring");
+        assert_eq!((cuda.sharing, cuda.fence), ("legacy", recorded));
+        // SAFETY: made above.
+        unsafe { gpuring_producer_free(p) };
+    }
 }

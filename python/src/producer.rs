@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use gpuring::tensor::TensorHeader;
 use gpuring::{
-    AcquireTimeoutError, Cuda, Host, Memory, PeerPolicy, Policy, Producer as RingProducer,
+    AcquireTimeoutError, Cuda, Fence, Host, Memory, PeerPolicy, Policy, Producer as RingProducer,
     ProducerBuilder, Sharing,
 };
 use pyo3::exceptions::PyValueError;
@@ -46,7 +46,7 @@ trait Sender {
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
 ///          policy="block", max_consumers=None, spares=None, sharing="legacy",
-///          allow_uids=None, allow_gids=None, permissions=None, dir=None)
+///          fence="events", allow_uids=None, allow_gids=None, permissions=None, dir=None)
 ///
 /// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: the delivery mode of consumers
@@ -57,10 +57,14 @@ trait Sender {
 /// 8, fewer where the ring's limits leave less room). `sharing` (CUDA rings): "legacy" (IPC
 /// handles in the ring, which any process that can read it may map) or "vmm" (memory handed
 /// out by file descriptor to processes of this uid only, or also of the uids in `allow_uids`
-/// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). `dir`: the
-/// directory (a `str` or `os.PathLike`) the ring's file and sockets go in; default the
-/// `GPURING_DIR` environment variable if set, else `/dev/shm`. Consumers must pass the same
-/// directory (as they see it). The ring is removed when the producer is closed or freed.
+/// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). `fence` (CUDA
+/// rings): how GPU work is ordered across processes: "events" (interprocess CUDA events) or
+/// "memory" (sequence words in the ring's segment; no IPC event is made, so consumers in
+/// containers with their own /dev/shm or pid namespace can read the ring). VMM sharing always
+/// fences with memory words, whatever `fence` says. `dir`: the directory (a `str` or
+/// `os.PathLike`) the ring's file and sockets go in; default the `GPURING_DIR` environment
+/// variable if set, else `/dev/shm`. Consumers must pass the same directory (as they see it).
+/// The ring is removed when the producer is closed or freed.
 #[pyclass(module = "gpuring")]
 pub struct Producer {
     /// None once closed. Bound to the thread that made it (see `bound`).
@@ -79,7 +83,7 @@ impl Drop for Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", allow_uids=None, allow_gids=None, permissions=None, dir=None))]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", fence="events", allow_uids=None, allow_gids=None, permissions=None, dir=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -93,6 +97,7 @@ impl Producer {
         max_consumers: Option<u32>,
         spares: Option<u32>,
         sharing: &str,
+        fence: &str,
         allow_uids: Option<Vec<u32>>,
         allow_gids: Option<Vec<u32>>,
         permissions: Option<u32>,
@@ -148,7 +153,21 @@ impl Producer {
                 "sharing=\"vmm\" shares CUDA memory: use memory=\"cuda\" (or \"auto\" on a GPU machine)",
             ));
         }
-        let builder = builder.device(device).sharing(sharing);
+        let fence = match fence {
+            "events" => Fence::Events,
+            "memory" => Fence::Memory,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "fence={other:?}: use \"events\" or \"memory\""
+                )))
+            }
+        };
+        if !cuda && fence != Fence::Events {
+            return Err(PyValueError::new_err(
+                "fence=\"memory\" orders CUDA work: use memory=\"cuda\" (or \"auto\" on a GPU machine)",
+            ));
+        }
+        let builder = builder.device(device).sharing(sharing).fence(fence);
         let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
         let tx = tx.map_err(error)?;
         let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned(), dir };

@@ -26,9 +26,9 @@ def expected_words(seq, n_words):
 PRODUCER = r"""
 import sys, time, torch, gpuring
 MUL = 0x9E3779B97F4A7C15
-name, size, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+name, size, capacity, fence = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # No spare buffers: a held message then stalls the producer, which is how these tests see holds.
-tx = gpuring.Producer(name, size, memory="cuda", capacity=capacity, spares=0)
+tx = gpuring.Producer(name, size, memory="cuda", capacity=capacity, spares=0, fence=fence)
 print("ready", flush=True)
 for line in sys.stdin:
     cmd, *args = line.split()
@@ -61,8 +61,8 @@ for line in sys.stdin:
 
 
 class ProducerProcess:
-    def __init__(self, name, size, capacity):
-        self.p = subprocess.Popen([sys.executable, "-c", PRODUCER, name, str(size), str(capacity)],
+    def __init__(self, name, size, capacity, fence="events"):
+        self.p = subprocess.Popen([sys.executable, "-c", PRODUCER, name, str(size), str(capacity), fence],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.ask(None) == "ready"
 
@@ -83,8 +83,8 @@ class ProducerProcess:
 def producer(ring_name):
     made = []
 
-    def make(size, capacity=4):
-        made.append(ProducerProcess(ring_name, size, capacity))
+    def make(size, capacity=4, fence="events"):
+        made.append(ProducerProcess(ring_name, size, capacity, fence))
         return made[-1]
     yield make
     for p in made:
@@ -120,11 +120,20 @@ def test_another_stream_is_ordered_after_the_write_and_before_the_release(ring_n
     tx = producer(size, capacity=2)
     rx = gpuring.Consumer(ring_name, start="next")
     assert tx.ask("wait 1") == "ok"
-    tx.p.stdin.write("slow 20\n")
+    bad = read_slow_messages(tx, rx, 20, size)
+    assert bad == [], f"messages read before their write finished or after reuse: {bad}"
+
+
+def read_slow_messages(tx, rx, count, size):
+    """Has producer `tx` write `count` pattern messages of `size` bytes with slow kernels on a
+    side stream, reads each on a stream of ours, and returns the sequence numbers of those
+    that were not exact: read before their write finished, or rewritten before our reads of
+    them were done."""
+    tx.p.stdin.write(f"slow {count}\n")
     tx.p.stdin.flush()
     consume = torch.cuda.Stream()
     bad = []
-    for seq in range(20):
+    for seq in range(count):
         with torch.cuda.stream(consume):
             with rx.recv(timeout=30) as slot:
                 assert slot.seq == seq
@@ -136,8 +145,28 @@ def test_another_stream_is_ordered_after_the_write_and_before_the_release(ring_n
             # Read again after release: a copy taken before it must still be intact.
             if not torch.equal(twice, expected_words(seq, size // 8)):
                 bad.append(seq)
-    assert tx.ask(None) == "ok"  # the producer finished its 20 sends
+    assert tx.ask(None) == "ok"  # the producer finished its sends
+    return bad
+
+
+def test_memory_fences_order_every_message_exactly(ring_name, producer):
+    """A producer made with fence="memory" (sequence words in the segment, no IPC event):
+    every message written by slow kernels on a side stream reads back exact on a third stream,
+    none is rewritten before our reads of it are done (capacity 2), and tensors arrive with
+    their type and shape."""
+    size = 64 << 20
+    tx = producer(size, capacity=2, fence="memory")
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    bad = read_slow_messages(tx, rx, 20, size)
     assert bad == [], f"messages read before their write finished or after reuse: {bad}"
+    for seed in range(5):
+        assert tx.ask(f"randn {seed}") == str(20 + seed)
+        torch.manual_seed(seed)
+        src = torch.randn(64, 32, device="cuda")
+        with rx.recv(timeout=10) as slot:
+            assert (slot.dtype, slot.shape) == ("float32", (64, 32))
+            assert torch.equal(torch.from_dlpack(slot), src)
 
 
 def test_a_tensor_holds_its_message_after_release(ring_name, producer):

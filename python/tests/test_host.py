@@ -288,6 +288,23 @@ def test_open_errors(ring_name):
         gpuring.Producer(ring_name, 64, memory="disk")
 
 
+def test_cuda_only_arguments_are_refused_on_a_host_ring(ring_name):
+    """`fence` and `sharing` are checked like the other names; a CUDA-only value on a host ring
+    is refused before anything is made, and the default fence is accepted."""
+    with pytest.raises(ValueError, match='fence="ipc": use "events" or "memory"'):
+        gpuring.Producer(ring_name, 64, memory="host", fence="ipc")
+    with pytest.raises(ValueError, match='fence="memory" orders CUDA work'):
+        gpuring.Producer(ring_name, 64, memory="host", fence="memory")
+    with pytest.raises(ValueError, match='sharing="vmm" shares CUDA memory'):
+        gpuring.Producer(ring_name, 64, memory="host", sharing="vmm")
+    assert not pathlib.Path(f"/dev/shm/gpuring.{ring_name}").exists()
+    with gpuring.Producer(ring_name, 64, memory="host", fence="events") as tx:
+        rx = gpuring.Consumer(ring_name, start="next")
+        tx.send(b"events")
+        with rx.recv(timeout=5) as slot:
+            assert bytes(slot) == b"events"
+
+
 def test_a_ring_in_another_directory(ring_name, tmp_path):
     """`dir=`: the ring's file goes in that directory (one a container shares, say); consumers
     that look elsewhere do not find it."""

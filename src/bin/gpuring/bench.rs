@@ -44,6 +44,9 @@ struct BenchResult {
     /// How CUDA memory was shared: "legacy" or "vmm" ("legacy" for host memory, which shares
     /// the segment itself).
     sharing: String,
+    /// How the CUDA ring's GPU work was ordered across processes: "events" or "memory" (always
+    /// "memory" with VMM sharing); null for host memory, which has no GPU fences.
+    fence: Option<&'static str>,
     policy: &'static str,
     /// The consumers' delivery mode.
     mode: &'static str,
@@ -84,6 +87,11 @@ pub struct Options {
     /// uid-checked; see docs/gpu.md, "Sharing modes").
     #[arg(long, default_value = "legacy", value_parser = ["legacy", "vmm"])]
     pub sharing: String,
+    /// How CUDA rings order GPU work across processes: events (interprocess CUDA events) or
+    /// memory (sequence words in the ring's segment; works for consumers in containers with
+    /// their own /dev/shm, see docs/containers.md). VMM sharing always fences with memory.
+    #[arg(long, default_value = "events", value_parser = ["events", "memory"])]
+    pub fence: String,
     /// Consumer processes.
     #[arg(long, default_value_t = 2)]
     pub consumers: usize,
@@ -220,9 +228,22 @@ fn run_in<M: Payload>(
     if memory == "host" && o.sharing != "legacy" {
         return Err("--sharing vmm shares CUDA memory: use --memory cuda".into());
     }
+    if memory == "host" && o.fence != "events" {
+        return Err("--fence memory fences CUDA work: use --memory cuda".into());
+    }
     #[cfg(feature = "cuda")]
     let builder =
         builder.sharing(gpuring::Sharing::from_name(&o.sharing).expect("checked by clap"));
+    #[cfg(feature = "cuda")]
+    let builder = match o.fence.as_str() {
+        "memory" => builder.fence(gpuring::Fence::Memory),
+        _ => builder.fence(gpuring::Fence::Events),
+    };
+    let fence = match (memory, o.sharing.as_str(), o.fence.as_str()) {
+        ("host", _, _) => None,
+        (_, "vmm", _) | (_, _, "memory") => Some("memory"),
+        _ => Some("events"),
+    };
     let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
     let mut tx = builder.create_in::<M>().map_err(err)?;
     let w = M::writer(&tx).map_err(|e| format!("preparing the pattern writer: {e}"))?;
@@ -263,6 +284,7 @@ fn run_in<M: Payload>(
     Ok(BenchResult {
         memory,
         sharing: o.sharing.clone(),
+        fence,
         policy: o.policy.name(),
         mode: mode.name(),
         capacity: o.capacity,
@@ -287,8 +309,10 @@ fn print(r: &BenchResult) {
         0 => String::new(),
         ms => format!(", the last holding each message {ms} ms"),
     };
-    let sharing =
-        if r.memory == "cuda" { format!(" ({} sharing)", r.sharing) } else { String::new() };
+    let sharing = match r.fence {
+        Some(fence) => format!(" ({} sharing, {fence} fences)", r.sharing),
+        None => String::new(),
+    };
     println!(
         "{} memory{sharing}, {} policy, {} consumers, {} slots + {} spares, 1 -> {}{slow}, {} B frames, \
          {:.1} s: producer {:.0} frames/s",
