@@ -102,7 +102,7 @@ impl TxSettings {
     /// Whether the fences are memory words in the segment: with `Fence::Memory`, and always
     /// with VMM sharing.
     #[cfg(feature = "cuda")]
-    pub fn words(&self) -> bool {
+    pub(crate) fn words(&self) -> bool {
         self.memory_fence || self.vmm.is_some()
     }
 }
