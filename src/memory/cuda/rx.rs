@@ -1,7 +1,7 @@
 //! The consumer's side of a CUDA ring ([`CudaRx`]), and what only CUDA consumers and their
 //! messages have: the context and stream, device pointers, `recv_on`.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use crate::error::{
 };
 use crate::format::gpu::{
     check_descriptor, fence_kind, load_uuid, pool_state, release_bank, release_value, released_by,
-    sharing_kind, KnownPool, MAX_POOLS,
+    sharing_kind, GpuSlotLine, KnownPool, MAX_POOLS,
 };
 use crate::format::offer::decode;
 use crate::format::view::MappedRing;
@@ -128,8 +128,41 @@ struct OpenPool {
 /// How the consumer's GPU work is ordered against the producer's: the segment's `fence`.
 enum RxFences {
     Events(EventsRx),
-    /// Memory words: the segment, page-locked for our device; the fences are its words.
-    Words(SegmentWords),
+    Words(WordsRx),
+}
+
+/// Memory word fences: the segment, page-locked for our device, and what we waited for.
+///
+/// Invariants: `awaited[b]` is the highest `seq + 1` this consumer made a stream wait for (or
+/// polled) in buffer `b`'s ready word, 0 for none: the only words a dead producer's waits of
+/// ours can hang on.
+struct WordsRx {
+    words: SegmentWords,
+    awaited: Vec<AtomicU64>,
+}
+
+impl WordsRx {
+    /// Raises the ready words of a dead producer that are still below what we waited for (the
+    /// messages it published but died before writing) to [`PRODUCER_DIED`], so that our GPU
+    /// waits on them end. Words of messages it finished are left alone: other consumers still
+    /// receive those frames.
+    fn unblock(&self, lines: &[GpuSlotLine]) {
+        for (line, awaited) in lines.iter().zip(&self.awaited) {
+            // Relaxed (all): nothing is published with these; GPUs poll the word over PCIe.
+            let want = awaited.load(Ordering::Relaxed);
+            let seen = line.ready_done.load(Ordering::Relaxed);
+            if want != 0 && seen < want {
+                // From the value seen only: a late write of the dying context that completed
+                // the message meanwhile wins.
+                let _ = line.ready_done.compare_exchange(
+                    seen,
+                    PRODUCER_DIED,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+    }
 }
 
 /// Interprocess event fences.
@@ -241,7 +274,8 @@ impl CudaRx {
                 // Release: a producer that Acquire-loads this generation sees the words above.
                 line.generation.store(generation, Ordering::Release);
             }
-            RxFences::Words(words)
+            let awaited = (0..tables.buffer_count).map(|_| AtomicU64::new(0)).collect();
+            RxFences::Words(WordsRx { words, awaited })
         } else {
             RxFences::Events(EventsRx::join(&ctx, map, entry, generation)?)
         };
@@ -558,8 +592,8 @@ impl ConsumerSide for CudaRx {
         let value = release_value(generation, m.seq);
         let queued = match &self.fences {
             RxFences::Events(events) => events.release[m.buffer].record(stream),
-            RxFences::Words(words) => {
-                let device = words.device(word);
+            RxFences::Words(w) => {
+                let device = w.words.device(word);
                 self.ctx.bind().and_then(|_bound| {
                     // SAFETY: the word lies in the segment, page-locked for our device until
                     // we leave (after this write is done); the stream is live.
@@ -666,18 +700,30 @@ impl CudaRx {
     ) -> Result<(), Fault> {
         let signal = match &self.fences {
             RxFences::Events(events) => Signal::Event(&events.ready[m.buffer]),
-            RxFences::Words(words) => {
+            RxFences::Words(w) => {
                 let cpu = &map.gpu().buffers[m.buffer].ready_done;
                 // Relaxed: only compared; the set-by-a-leaver value publishes nothing.
                 if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
                     return Err(Fault::Disconnected);
                 }
-                Signal::Word { cpu, device: words.device(cpu), value: m.seq + 1 }
+                // Relaxed: read by our own leave, after our threads are done with us.
+                w.awaited[m.buffer].fetch_max(m.seq + 1, Ordering::Relaxed);
+                Signal::Word { cpu, device: w.words.device(cpu), value: m.seq + 1 }
             }
         };
         // SAFETY: a ready word lies in the segment we page-locked, which stays so while we
         // live, and the producer writes seq + 1 there after message `seq`.
-        Ok(unsafe { order_after(signal, self.poll, &self.ctx, stream) }?)
+        unsafe { order_after(signal, self.poll, &self.ctx, stream) }?;
+        if let RxFences::Words(_) = &self.fences {
+            // A leaver may have set the word between our look and the poll, which then took
+            // PRODUCER_DIED for done: not a frame either.
+            // Relaxed: only compared.
+            let cpu = &map.gpu().buffers[m.buffer].ready_done;
+            if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
+                return Err(Fault::Disconnected);
+            }
+        }
+        Ok(())
     }
 
     /// Waits until our GPU work is done: the stream and every release fence complete. Polls,
@@ -690,7 +736,28 @@ impl CudaRx {
         let generation = ring.generation();
         let bank = release_bank(generation);
         let idle = || {
-            self.stream.is_idle().unwrap_or(true)
+            let stream_idle = match self.stream.is_idle() {
+                Ok(idle) => idle,
+                Err(_) => {
+                    // Our context failed (errors are sticky): none of its work runs any more,
+                    // including release writes it had queued. Write them from the CPU, as
+                    // `release` does when it cannot queue one, or the producer would wait for
+                    // them until we exit. (Event fences: their records complete or fail with
+                    // the context; nothing to write.)
+                    if let RxFences::Words(_) = &self.fences {
+                        for l in lines {
+                            // Relaxed: our own store. Release: after our reads, which ended.
+                            let released = l.released.load(Ordering::Relaxed);
+                            if released != 0 {
+                                let value = release_value(generation, released - 1);
+                                l.release_done[bank].fetch_max(value, Ordering::Release);
+                            }
+                        }
+                    }
+                    true
+                }
+            };
+            stream_idle
                 && match &self.fences {
                     RxFences::Events(events) => {
                         events.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
@@ -717,19 +784,17 @@ impl CudaRx {
             }
             // Grace for work that was about to complete when the producer died.
             let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
-            if gone && matches!(self.fences, RxFences::Words(_)) {
-                // Memory fences: our streams may wait on ready words the dead producer's GPU will never
-                // write. They are host memory we map: set them to PRODUCER_DIED, so that the
-                // waits end (what they then read is unfinished, but we are leaving: nothing of
-                // ours uses it, and the memory stays valid, our imports hold it). Another
-                // consumer that has not yet placed such a message gets `Disconnected` for it,
-                // not the frame (`order_after_write`). Stored at every look, in case a late
-                // write of the dying context lowers a word again; a second grace follows the
-                // first store. The segment is the dead instance's: a successor makes a new file.
-                for line in tables.buffers {
-                    // Relaxed: nothing is published with it; GPUs poll it over PCIe.
-                    line.ready_done.store(PRODUCER_DIED, Ordering::Relaxed);
-                }
+            if let (RxFences::Words(w), true) = (&self.fences, gone || unblocked) {
+                // Memory fences: our streams may wait on ready words the dead producer's GPU
+                // will never write. They are host memory we map: raise the ones below what we
+                // waited for to PRODUCER_DIED, so that the waits end (what they then read is
+                // unfinished, but we are leaving: nothing of ours uses it, and the memory stays
+                // valid, our imports hold it). Another consumer that has not yet placed such a
+                // message gets `Disconnected` for it, not the frame (`order_after_write`).
+                // Raised at every look from the first on, in case a late write of the dying
+                // context lowers a word again; a second grace follows the first. The segment
+                // is the dead instance's: a successor makes a new file.
+                w.unblock(tables.buffers);
                 if !unblocked {
                     tracing::info!(ring = %ring.name(), "producer dead: its ready words set, to end our waits");
                     (unblocked, producer_dead_since) = (true, Some(Instant::now()));
