@@ -26,6 +26,42 @@ pub struct DriverError {
     pub code: sys::CUresult,
 }
 
+impl DriverError {
+    /// Whether the error means the context is lost for good: a fault of its work (sticky:
+    /// every later call fails the same way), its teardown, or its MPS server gone. Other
+    /// failures (a stream capture refusing a query, say) leave its work running.
+    ///
+    /// ```
+    /// use gpuring::cuda::driver::{CUresult, DriverError};
+    ///
+    /// let fault = DriverError { call: "cuStreamQuery", code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS };
+    /// assert!(fault.context_lost());
+    /// let capture =
+    ///     DriverError { call: "cuStreamQuery", code: CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED };
+    /// assert!(!capture.context_lost());
+    /// ```
+    pub fn context_lost(&self) -> bool {
+        use sys::CUresult::*;
+        matches!(
+            self.code,
+            CUDA_ERROR_ILLEGAL_ADDRESS
+                | CUDA_ERROR_LAUNCH_FAILED
+                | CUDA_ERROR_LAUNCH_TIMEOUT
+                | CUDA_ERROR_ASSERT
+                | CUDA_ERROR_ILLEGAL_INSTRUCTION
+                | CUDA_ERROR_MISALIGNED_ADDRESS
+                | CUDA_ERROR_HARDWARE_STACK_ERROR
+                | CUDA_ERROR_INVALID_PC
+                | CUDA_ERROR_ECC_UNCORRECTABLE
+                | CUDA_ERROR_CONTEXT_IS_DESTROYED
+                | CUDA_ERROR_DEINITIALIZED
+                | CUDA_ERROR_MPS_CONNECTION_FAILED
+                | CUDA_ERROR_MPS_SERVER_NOT_READY
+                | CUDA_ERROR_MPS_CLIENT_TERMINATED
+        )
+    }
+}
+
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut name: *const std::ffi::c_char = std::ptr::null();

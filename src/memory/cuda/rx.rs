@@ -738,6 +738,9 @@ impl CudaRx {
         let idle = || {
             let stream_idle = match self.stream.is_idle() {
                 Ok(idle) => idle,
+                // Any other failure with event fences: as before, taken for idle (their
+                // records complete or fail with the context). With words: look again.
+                Err(e) if !e.context_lost() => matches!(self.fences, RxFences::Events(_)),
                 Err(_) => {
                     // Our context failed (errors are sticky): none of its work runs any more,
                     // including release writes it had queued. Write them from the CPU, as
@@ -750,7 +753,7 @@ impl CudaRx {
                             let released = l.released.load(Ordering::Relaxed);
                             if released != 0 {
                                 let value = release_value(generation, released - 1);
-                                l.release_done[bank].fetch_max(value, Ordering::Release);
+                                l.release_done[bank].store(value, Ordering::Release);
                             }
                         }
                     }

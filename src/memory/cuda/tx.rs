@@ -512,8 +512,10 @@ impl ProducerSide for CudaTx {
                 // its GPU writes no word again. A word is no driver call, so ask the driver
                 // here, or this wait would never end; the failure ends it as an event query's
                 // would.
-                self.stream.is_idle()?;
-                Ok(false)
+                match self.stream.is_idle() {
+                    Err(e) if e.context_lost() => Err(Fault::Cuda(e.into())),
+                    _ => Ok(false),
+                }
             }
         }
     }
