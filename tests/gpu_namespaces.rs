@@ -38,8 +38,8 @@ use common::{env, role, unique_name};
 use gpuring::testing::kernels::{MismatchCounter, PatternKernels};
 use gpuring::{Consumer, Cuda, Fence, PeerPolicy, Policy, Producer, Sharing};
 use ns::{
-    await_command, check_namespaces, loopback_up, mark, until_stdin_ends, Cell, Column, Peer,
-    Program, Row, SharedDir, DEADLINE,
+    await_command, await_one_reclaim, mark, until_stdin_ends, Cell, Column, Peer, Program, Row,
+    SharedDir, DEADLINE,
 };
 
 /// Messages sent while both consumers read.
@@ -234,17 +234,7 @@ const PRODUCER: &str = "producer";
 const VICTIM: &str = "consumer to kill";
 
 fn child(role: &str) {
-    let row: String = env("NS_ROW");
-    let me = Cell {
-        name: env("NS_CELL"),
-        ring: env("NS_RING"),
-        dir: env("NS_DIR"),
-        row: (!row.is_empty()).then(|| Row::from_key(&row)),
-    };
-    check_namespaces(&me, role);
-    if me.row.is_some_and(|r| r.has("net")) {
-        loopback_up();
-    }
+    let me = Cell::enter(role);
     let mode = Mode::from_key(&env::<String>("NS_MODE"));
     let refusal: String = env("NS_REFUSAL");
     let refusal: Vec<&str> = refusal.split('|').filter(|s| !s.is_empty()).collect();
@@ -292,21 +282,7 @@ fn producer(me: &Cell, mode: Mode, refused: bool) {
     for seq in MESSAGES..TOTAL {
         send(seq, "is the killed consumer still gating the producer?");
     }
-    let t = Instant::now();
-    loop {
-        let s = gpuring::inspect::status_in(&me.dir, &me.ring).unwrap();
-        if s.reclaims == 1 {
-            break;
-        }
-        assert!(
-            s.reclaims == 0 && t.elapsed() < DEADLINE,
-            "[{}] producer: {} reclaims, consumers {:?}",
-            me.name,
-            s.reclaims,
-            s.consumers
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    await_one_reclaim(me);
     mark("reclaimed");
     until_stdin_ends();
 }

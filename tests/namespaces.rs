@@ -33,12 +33,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env, gpuring_bin, role, unique_name};
+use common::{gpuring_bin, role, unique_name};
 use gpuring::testing::pattern;
 use gpuring::{Consumer, Ended, Policy, Producer, RecvError};
 use ns::{
-    await_command, check_namespaces, die_with_parent, loopback_up, mark, until_stdin_ends, Cell,
-    Column, Peer, Program, Row, SharedDir, DEADLINE, DIR_ENV,
+    await_command, await_one_reclaim, die_with_parent, mark, until_stdin_ends, Cell, Column, Peer,
+    Program, Row, SharedDir, DEADLINE, DIR_ENV,
 };
 use prometheus_parse::{Scrape, Value};
 
@@ -192,18 +192,7 @@ const ASYNC_CONSUMER: &str = "async consumer";
 const KILLED_CONSUMER: &str = "consumer to kill";
 
 fn child(role: &str) {
-    let row: String = env("NS_ROW");
-    let me = Cell {
-        name: env("NS_CELL"),
-        ring: env("NS_RING"),
-        dir: env("NS_DIR"),
-        row: (!row.is_empty()).then(|| Row::from_key(&row)),
-    };
-    check_namespaces(&me, role);
-    if me.row.is_some_and(|r| r.has("net")) {
-        // A new network namespace has its loopback down; a container's is up.
-        loopback_up();
-    }
+    let me = Cell::enter(role);
     match role {
         PRODUCER => producer(&me),
         ASYNC_CONSUMER => async_consumer(&me),
@@ -254,24 +243,7 @@ fn producer(me: &Cell) {
     for seq in MESSAGES..TOTAL {
         send(me, &mut tx, seq, "is the killed consumer still gating the producer?");
     }
-    // Counted by the producer's stats, as `gpuring stat` shows them.
-    let t = Instant::now();
-    loop {
-        let s = gpuring::inspect::status_in(&me.dir, &me.ring)
-            .unwrap_or_else(|e| panic!("[{}] producer: inspect: {e}", me.name));
-        if s.reclaims == 1 {
-            break;
-        }
-        assert!(
-            s.reclaims == 0 && t.elapsed() < DEADLINE,
-            "[{}] producer: the killed consumer was not reclaimed once: {} reclaims, consumers \
-             {:?}",
-            me.name,
-            s.reclaims,
-            s.consumers
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    await_one_reclaim(me);
     mark("reclaimed");
     if me.row.is_some() {
         cli_checks(me, "producer");

@@ -486,6 +486,49 @@ pub struct Cell {
 }
 
 /// Checks that this process has its own namespaces where its row says so, and shares the
+impl Cell {
+    /// This child's cell, from the environment its [`Peer`] was started with, after checking
+    /// that it runs in the namespaces its row says (and with its loopback up in a network
+    /// namespace of its own, as a container's is).
+    pub fn enter(role: &str) -> Cell {
+        let row: String = env("NS_ROW");
+        let me = Cell {
+            name: env("NS_CELL"),
+            ring: env("NS_RING"),
+            dir: env("NS_DIR"),
+            row: (!row.is_empty()).then(|| Row::from_key(&row)),
+        };
+        check_namespaces(&me, role);
+        if me.row.is_some_and(|r| r.has("net")) {
+            // A new network namespace has its loopback down; a container's is up.
+            loopback_up();
+        }
+        me
+    }
+}
+
+/// Waits until the producer's stats (what `gpuring stat` shows) count exactly one reclaim of
+/// a dead consumer, failing after [`DEADLINE`] or on any other count.
+pub fn await_one_reclaim(me: &Cell) {
+    let t = Instant::now();
+    loop {
+        let s = gpuring::inspect::status_in(&me.dir, &me.ring)
+            .unwrap_or_else(|e| panic!("[{}] producer: inspect: {e}", me.name));
+        if s.reclaims == 1 {
+            return;
+        }
+        assert!(
+            s.reclaims == 0 && t.elapsed() < DEADLINE,
+            "[{}] producer: the killed consumer was not reclaimed once: {} reclaims, consumers \
+             {:?}",
+            me.name,
+            s.reclaims,
+            s.consumers
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// test's everywhere else: the cell is what it claims to be.
 pub fn check_namespaces(me: &Cell, role: &str) {
     for ns in NAMESPACES {
