@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::error::{OpenError, OpenErrorKind};
-use crate::format::view::MappedRing;
 use crate::format::{MemoryKind, Params};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::Policy;
 use crate::shm::ns::{self, Namespaces};
 use crate::shm::stale::Refused;
+use crate::shm::view::MappedRing;
 use crate::shm::{default_dir, presence, OpenOptions, RingDir, Segment, ShmName, SHM_PREFIX};
 use crate::stats::{self, ConsumerInfo};
 

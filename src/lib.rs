@@ -71,12 +71,12 @@ pub mod metrics;
 mod producer;
 #[cfg(not(loom))]
 mod stats;
+#[cfg(not(loom))]
+mod waiter;
 pub mod tensor;
 #[cfg(all(feature = "test-support", not(loom)))]
 #[doc(hidden)]
 pub mod testing;
-#[cfg(not(loom))]
-mod wait;
 
 #[cfg(all(feature = "tokio", not(loom)))]
 pub use asynch::Messages;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use futures_core::Stream;
 
 use crate::consumer::{Attempt, Consumer, ConsumerBuilder, ReadSlot};
+use crate::error::Fault;
 use crate::error::{OpenError, RecvError};
-use crate::memory::{Fault, Memory};
+use crate::memory::Memory;
 use crate::ring::Pinned;
 
 impl ConsumerBuilder {

@@ -29,7 +29,7 @@ use tokio::io::Interest;
 
 use crate::ring::{park, WakeLine};
 use crate::shm::doorbell::Doorbell;
-use crate::wait::{WaitConfig, YIELD_PHASE};
+use crate::shm::wait::{WaitConfig, YIELD_PHASE};
 
 pub use consumer::Messages;
 

@@ -1,10 +1,9 @@
 //! The producer's async acquire.
 
-use crate::error::{AcquireError, SendError};
-use crate::memory::{Fault, Host, Memory, ProducerSide};
+use crate::error::{AcquireError, Fault, SendError};
+use crate::memory::{Host, Memory};
 use crate::producer::{Producer, WriteSlot};
-
-use super::wait_async;
+use crate::waiter::Waiter;
 
 impl<M: Memory> Producer<M> {
     /// A slot for the next message, awaiting one without blocking the thread: under
@@ -29,44 +28,11 @@ impl<M: Memory> Producer<M> {
         Ok(self.acquire_async_slot().await?)
     }
 
-    /// `acquire_async`, failing with the internal [`Fault`] that `send_async` converts too.
+    /// `acquire_async`, failing with the internal [`Fault`] that `send_async` converts too:
+    /// the one acquire, parked.
     async fn acquire_async_slot(&mut self) -> Result<WriteSlot<'_, M>, Fault> {
-        let lapped = self.parts().0.lapped_buffer();
-        if let Some(buffer) = lapped {
-            self.poll_async(|p| {
-                let (ring, mem) = p.parts();
-                mem.written(ring, buffer)
-            })
-            .await?;
-        }
-        let (ring, mem) = self.parts();
-        let claimed = ring.claim_async(&mut |e, g| mem.forget(e, g)).await?;
-        let buffer = claimed.buffer;
-        if let Some(prev) = claimed.prev {
-            if lapped != Some(buffer) {
-                self.poll_async(|p| {
-                    let (ring, mem) = p.parts();
-                    mem.written(ring, buffer)
-                })
-                .await?;
-            }
-            self.poll_async(|p| {
-                let (ring, mem) = p.parts();
-                mem.readers_done(ring, buffer, prev)
-            })
-            .await?;
-        }
-        Ok(WriteSlot::new(self, buffer))
-    }
-
-    /// Awaits `done` saying yes, reaping the consumer table once per liveness interval, as the
-    /// blocking `poll` does.
-    async fn poll_async(
-        &mut self,
-        mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
-    ) -> Result<(), Fault> {
-        let config = self.poll_config();
-        wait_async(None, config, |tick| self.poll_step(tick, &mut done)).await
+        let buffer = self.acquire_with(Waiter::Parked).await?;
+        Ok(WriteSlot::new(self, buffer, None))
     }
 }
 

@@ -236,7 +236,9 @@ fn wait_for_importer(
     Ok(false)
 }
 
-/// The ring exported, in either memory kind.
+/// The ring exported, in either memory kind. One per export, made once: the variants' sizes
+/// (a CUDA consumer is some 200 bytes larger) cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Source {
     Host(Consumer<Host>),
     #[cfg(feature = "cuda")]

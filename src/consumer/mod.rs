@@ -2,19 +2,24 @@
 //! memory kind: [`Consumer<M>`] is the ring's consumer state ([`ring`]) plus what memory kind
 //! `M` adds ([`crate::memory`]).
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod event_loop;
 mod ring;
 
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "cuda")]
+pub use cuda::{GpuConsumer, GpuReadSlot};
 pub(crate) use ring::ConsumerRing;
 
+use crate::error::Fault;
 use crate::error::{OpenError, OpenErrorKind, RecvError, RecvTimeoutError, TryRecvError};
 use crate::format::MemoryKind;
-use crate::memory::{ConsumerSide, Fault, Host, Memory, RxSettings};
-use crate::ring::{Mode, Pinned, Policy, StartAt};
-use crate::wait::Deadline;
+use crate::memory::{ConsumerSide, Host, Member, Memory, Quiesced, RxSettings};
+use crate::ring::{Leave, Mode, Pinned, Policy, StartAt};
+use crate::shm::wait::Deadline;
 
 /// How often a waiting open looks again for the ring.
 pub(crate) const OPEN_RETRY: Duration = Duration::from_millis(5);
@@ -320,7 +325,7 @@ impl ConsumerBuilder {
     fn open_kind<M: Memory>(&self) -> Result<Consumer<M>, OpenErrorKind> {
         let settings = self.kind;
         let (ring, mem) = ConsumerRing::open(self, M::KIND, |map, entry, generation| {
-            M::Rx::join(&settings, map, entry, generation)
+            M::Rx::join(&settings, map, Member { entry, generation })
         })?;
         Ok(Consumer { ring, mem })
     }
@@ -381,10 +386,11 @@ impl ConsumerBuilder {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Consumer<M: Memory = Host> {
+    /// What memory kind `M` adds. Dropped before `ring`, while the segment is still mapped
+    /// (CUDA unregisters its page-lock of the segment).
+    mem: M::Rx,
     /// The ring's side: segment, entry, cursor, waiting, liveness.
     ring: ConsumerRing,
-    /// What memory kind `M` adds.
-    mem: M::Rx,
 }
 
 impl Consumer<Host> {
@@ -687,7 +693,7 @@ impl<M: Memory> Consumer<M> {
         m: Pinned,
         stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
     ) -> Result<ReadSlot<'a, M>, Fault> {
-        match self.mem.place(&self.ring, &m, stream) {
+        match self.mem.place(self.ring.map(), &m, stream) {
             Ok(addr) => Ok(ReadSlot { consumer: self, m, addr, stream }),
             Err(e) => {
                 self.ring.release(m.buffer);
@@ -741,9 +747,27 @@ impl<M: Memory> std::fmt::Debug for Consumer<M> {
     }
 }
 
+/// Leaves the ring, once the memory kind is quiet (for CUDA: its GPU work done, its mappings
+/// of the producer's memory closed), in the way the kind says: the entry freed, retired until
+/// the producer lets go of what it holds of ours, or kept stepped aside until the process
+/// exits (work that never finished). See docs/gpu.md, "Leaving".
 impl<M: Memory> Drop for Consumer<M> {
     fn drop(&mut self) {
-        self.mem.leave(&mut self.ring);
+        let Consumer { ring, mem } = self;
+        let member = ring.member();
+        let alive = || ring.producer_alive();
+        match mem.quiesce(ring.map(), member, ring.wait_config(), &alive) {
+            Quiesced::Free => {
+                ring.leave(Leave::Free);
+            }
+            Quiesced::StepAside => {
+                ring.step_aside();
+            }
+            Quiesced::Retire => {
+                let let_go = ring.retire();
+                mem.retired(ring.map(), member, let_go);
+            }
+        }
     }
 }
 
@@ -818,7 +842,7 @@ impl<'a, M: Memory> ReadSlot<'a, M> {
     pub(crate) fn finish(self) -> Result<(), Fault> {
         let this = std::mem::ManuallyDrop::new(self);
         let c = this.consumer;
-        let r = c.mem.release(&c.ring, &this.m, this.stream);
+        let r = c.mem.release(c.ring.map(), c.ring.member(), &this.m, this.stream);
         c.ring.release(this.m.buffer);
         r
     }
@@ -953,7 +977,7 @@ impl<M: Memory> Drop for ReadSlot<'_, M> {
         let c = self.consumer;
         // A failure is the memory kind's to handle (CUDA: it synchronizes instead); the slot
         // is released all the same, or it would stay held for ever.
-        let _ = c.mem.release(&c.ring, &self.m, self.stream);
+        let _ = c.mem.release(c.ring.map(), c.ring.member(), &self.m, self.stream);
         c.ring.release(self.m.buffer);
     }
 }

@@ -1,23 +1,23 @@
 //! What every consumer has, whatever its memory kind: the mapped segment, its table entry and
 //! cursor, waiting for a message, watching the producer, and leaving.
 
-use crate::format::header::CLOSED_DONE;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::ConsumerBuilder;
 use crate::doorbells::{BellCell, ConsumerBells};
-use crate::error::{Corruption, OpenErrorKind};
-use crate::format::view::MappedRing;
+use crate::error::{Corruption, Fault, OpenErrorKind};
+use crate::format::header::CLOSED_DONE;
 use crate::format::{MemoryKind, Params};
-use crate::memory::Fault;
+use crate::memory::Member;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
 use crate::shm::doorbell::Doorbell;
 use crate::shm::ns::Namespaces;
 use crate::shm::process::ProcessId;
+use crate::shm::view::MappedRing;
+use crate::shm::wait::{self, Deadline, WaitConfig};
 use crate::shm::{presence, OpenOptions, RingDir, Segment, ShmName};
-use crate::wait::{self, Deadline, WaitConfig};
 
 /// The error of a join whose entry was taken from it before it became active.
 fn lost(entry: usize) -> OpenErrorKind {
@@ -43,7 +43,6 @@ pub(crate) struct ConsumerRing {
     receiving: Mutex<Receiving>,
     /// Copies of the entry's fixed facts, read without the lock.
     index: usize,
-    #[cfg(feature = "cuda")]
     generation: u32,
     mode: crate::ring::Mode,
     /// The producer as the header names it: for display only (its pid is its own pid
@@ -135,6 +134,15 @@ impl ConsumerRing {
             // Relaxed: for display; published by the Release CAS to ACTIVE.
             word.store(value, Ordering::Relaxed);
         }
+        // Our entry is JOINING. SeqCst, against the fence of a closing producer's linger
+        // (`ProducerRing::linger`): either it sees our entry taken (and waits for us before its
+        // memory goes), or we see `closed` here (and give up).
+        fence(Ordering::SeqCst);
+        // Acquire: pairs with the producer's Release store of `closed`.
+        if map.header().closed.load(Ordering::Acquire) != 0 {
+            joining.abandon(&ring);
+            return Err(OpenErrorKind::Disconnected);
+        }
         let extra = match setup(&map, joining.index(), joining.generation()) {
             Ok(extra) => extra,
             Err(e) => {
@@ -150,13 +158,11 @@ impl ConsumerRing {
         );
         let join_wake = core.join_wake();
         let (index, mode) = (core.index(), core.mode());
-        #[cfg(feature = "cuda")]
         let core_generation = core.generation();
         let consumer = ConsumerRing {
             map,
             receiving: Mutex::new(Receiving { core, deferred: None }),
             index,
-            #[cfg(feature = "cuda")]
             generation: core_generation,
             mode,
             producer,
@@ -208,19 +214,17 @@ impl ConsumerRing {
     }
 
     /// Its consumer table entry.
-    #[cfg(any(feature = "cuda", feature = "tokio"))]
+    #[cfg(feature = "tokio")]
     pub(crate) fn entry(&self) -> usize {
         self.index
     }
 
-    /// Its consumer table entry's generation while it owns it.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn generation(&self) -> u32 {
-        self.generation
+    /// Its consumer table entry and the generation it owns it as.
+    pub(crate) fn member(&self) -> Member {
+        Member { entry: self.index, generation: self.generation }
     }
 
     /// How waiting is configured.
-    #[cfg(feature = "cuda")]
     pub(crate) fn wait_config(&self) -> WaitConfig {
         self.wait
     }
@@ -441,7 +445,6 @@ impl ConsumerRing {
     }
 
     /// Steps aside without leaving (see `ConsumerCore::step_aside`).
-    #[cfg(feature = "cuda")]
     pub(crate) fn step_aside(&mut self) -> bool {
         self.left = true;
         // The entry stays ours until the process exits: so does its liveness lock, or the
@@ -473,6 +476,42 @@ impl ConsumerRing {
         Some(left)
     }
 }
+
+impl ConsumerRing {
+    /// Leaves by retiring the entry (the producer holds something of ours it must drop first),
+    /// then waits until the producer has let go of it, or is closed and gone, or is dead.
+    /// Returns whether it let go; if not within [`LEAVE_PATIENCE`], the entry is freed here and
+    /// whatever the producer may still hold of ours must stay until the process exits (also
+    /// when the entry was not ours any more).
+    pub(crate) fn retire(&mut self) -> bool {
+        let Some(retiring) = self.leave(Leave::Retire).and_then(|l| l.retiring) else {
+            return false;
+        };
+        let Member { entry, generation } = self.member();
+        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer retiring");
+        let lines = self.map.ring();
+        let mut first = true;
+        let let_go = wait::wait_until(None, self.wait, Deadline::after(LEAVE_PATIENCE), |tick| {
+            if crate::ring::consumer::retire_done(&lines, entry, retiring) {
+                return Some(());
+            }
+            let look = std::mem::replace(&mut first, false) || tick;
+            (look && !self.producer_alive()).then_some(())
+        })
+        .is_some();
+        if !let_go {
+            crate::ring::consumer::give_up_retiring(&lines, entry, retiring);
+            tracing::info!(
+                ring = %self.name(), entry,
+                "the producer did not let go of our entry in time: what it holds stays until exit"
+            );
+        }
+        let_go
+    }
+}
+
+/// How long a retiring consumer waits for the producer to let go of its entry.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
 
 impl Drop for ConsumerRing {
     fn drop(&mut self) {

@@ -1,14 +1,10 @@
 //! Host memory: the payload lives in the segment, and the memory kind adds nothing to the ring.
 
-use std::time::Duration;
-
-use super::{ConsumerSide, Fault, Memory, ProducerSide, RxSettings, TxSettings};
-use crate::consumer::ConsumerRing;
-use crate::error::{CreateErrorKind, OpenErrorKind, PublishError};
-use crate::format::view::MappedRing;
+use super::{ConsumerSide, Member, Memory, ProducerSide, RxSettings, TxSettings};
+use crate::error::{CreateErrorKind, Fault, OpenErrorKind, PublishError};
 use crate::format::MemoryKind;
-use crate::producer::ProducerRing;
-use crate::ring::{Leave, Pinned};
+use crate::ring::Pinned;
+use crate::shm::view::MappedRing;
 
 /// Host memory: the payload lives in the shared-memory segment itself. Runs on any Linux
 /// machine.
@@ -33,7 +29,8 @@ impl Memory for Host {
     type Rx = HostRx;
 }
 
-/// The host side of a producer: nothing beside the segment.
+/// The host side of a producer: nothing beside the segment. Its writes are done when the
+/// producer publishes, and its consumers' reads when they release: the trait's defaults.
 pub struct HostTx;
 
 impl ProducerSide for HostTx {
@@ -55,63 +52,34 @@ impl ProducerSide for HostTx {
         Ok(HostTx)
     }
 
-    fn spin(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn written(&mut self, _: &ProducerRing, _: usize) -> Result<bool, Fault> {
-        Ok(true)
-    }
-
-    fn readers_done(&mut self, _: &mut ProducerRing, _: usize, _: u64) -> Result<bool, Fault> {
-        // A host consumer's reads end with its release: the ring's claim already waited.
-        Ok(true)
-    }
-
-    fn forget(&mut self, _: usize, _: u32) {}
-
     fn publish(
         &mut self,
-        _: &ProducerRing,
+        _: &MappedRing,
         _: usize,
-        _: (u32, u64),
+        _: u64,
+        _: Option<(u32, u64)>,
         _: Option<&()>,
     ) -> Result<(), PublishError> {
         Ok(())
     }
 
-    fn slot_region(&self, _: usize) -> (u32, u64) {
-        (0, 0)
-    }
-
-    fn slot_addr(&self, ring: &ProducerRing, slot: usize) -> u64 {
-        ring.map().payload(slot) as u64
-    }
-
-    fn close(&mut self, ring: &mut ProducerRing) {
-        ring.close();
+    fn buffer_addr(&self, map: &MappedRing, buffer: usize) -> u64 {
+        map.payload(buffer) as u64
     }
 }
 
-/// The host side of a consumer: nothing beside the segment.
+/// The host side of a consumer: nothing beside the segment. A release is the ring's alone, and
+/// the entry is freed at once when the consumer leaves: the trait's defaults.
 pub struct HostRx;
 
 impl ConsumerSide for HostRx {
     type Stream = ();
 
-    fn join(_: &RxSettings, _: &MappedRing, _: usize, _: u32) -> Result<Self, OpenErrorKind> {
+    fn join(_: &RxSettings, _: &MappedRing, _: Member) -> Result<Self, OpenErrorKind> {
         Ok(HostRx)
     }
 
-    fn place(&self, ring: &ConsumerRing, m: &Pinned, _: Option<&()>) -> Result<u64, Fault> {
-        Ok(ring.map().payload(m.buffer) as u64)
-    }
-
-    fn release(&self, _: &ConsumerRing, _: &Pinned, _: Option<&()>) -> Result<(), Fault> {
-        Ok(())
-    }
-
-    fn leave(&mut self, ring: &mut ConsumerRing) {
-        ring.leave(Leave::Free);
+    fn place(&self, map: &MappedRing, m: &Pinned, _: Option<&()>) -> Result<u64, Fault> {
+        Ok(map.payload(m.buffer) as u64)
     }
 }

@@ -20,19 +20,16 @@
 
 use std::time::Duration;
 
-use crate::consumer::ConsumerRing;
-use crate::error::{CreateErrorKind, OpenErrorKind, PublishError};
-use crate::format::view::MappedRing;
+use crate::error::{CreateErrorKind, Fault, OpenErrorKind, PublishError};
 use crate::format::MemoryKind;
-use crate::producer::ProducerRing;
 use crate::ring::Pinned;
+use crate::shm::view::MappedRing;
+use crate::shm::wait::WaitConfig;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
-mod fault;
 mod host;
 
-pub(crate) use fault::Fault;
 pub use host::Host;
 
 mod sealed {
@@ -67,10 +64,16 @@ pub trait Memory: sealed::Sealed + Sized + Send + 'static {
 }
 
 #[cfg(feature = "cuda")]
-pub use cuda::{
-    Cuda, Fence, GpuConsumer, GpuProducer, GpuReadSlot, GpuWriteSlot, PoolId, Sharing,
-    DEFAULT_LINGER, SLOT_ALIGN,
-};
+pub use cuda::{Cuda, Fence, PoolId, Sharing, DEFAULT_LINGER, SLOT_ALIGN};
+// The CUDA aliases of the API types are the producer's and the consumer's (`producer::cuda`,
+// `consumer::cuda`); they stay reachable here, where they were first published. The one
+// mention of the layers above in this module: a name, not a dependency of its code.
+#[cfg(feature = "cuda")]
+#[doc(no_inline)]
+pub use crate::consumer::{GpuConsumer, GpuReadSlot};
+#[cfg(feature = "cuda")]
+#[doc(no_inline)]
+pub use crate::producer::{GpuProducer, GpuWriteSlot};
 
 /// Default for `gpu_poll` on both builders (CUDA rings): how long the CPU polls a pending
 /// event (`cuEventQuery`, ~50 ns) before it hands the wait to the GPU (`cuStreamWaitEvent`).
@@ -135,13 +138,59 @@ impl Default for RxSettings {
     }
 }
 
-/// What a memory kind adds to a producer. Every method but `create` runs on a ring whose
-/// segment is published. Slot indices here are *buffer* indices (`capacity + spares` of them;
-/// see `crate::ring`). The producer calls them in this order per message: `written` on the
-/// buffer one lap back (the run-ahead bound, until true), its own claim of a buffer, `written`
-/// on that buffer if it is another one and `readers_done` (each until true), then `publish` when
-/// the user publishes. `forget` runs before the producer frees a consumer's entry, `close` once, at
-/// drop.
+/// What a consumer table entry's release fences tell a producer that waits to reuse a buffer
+/// ([`ProducerSide::readers_done`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Readers {
+    /// Every reader of the buffer's previous message is done with it.
+    Done,
+    /// Some reader is not done yet: ask again.
+    Busy,
+    /// Consumer `entry`, whose lease was seen as `seen`, failed in a way that is its entry's
+    /// alone (`reason`: a `ring::lease::evict_reason`): the producer evicts it, then asks again.
+    Evict { entry: usize, seen: u64, reason: u32 },
+}
+
+/// How a consumer leaves, once its memory kind is quiet ([`ConsumerSide::quiesce`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Quiesced {
+    /// Free the entry now: nothing of ours is left that the producer holds.
+    Free,
+    /// Retire the entry and wait for the producer to let go of it (it holds imports of ours),
+    /// then tell the kind ([`ConsumerSide::retired`]).
+    Retire,
+    /// Our GPU work never finished: keep the entry (stepped aside) until the process exits, so
+    /// that the producer does not free what that work still reads.
+    StepAside,
+}
+
+/// What a closing producer's memory kind did with its memory ([`ProducerSide::close`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Closed {
+    /// Freed: nobody can use it any more.
+    Freed,
+    /// Left to process exit, because someone may still use it: the producer stays alive to
+    /// consumers (its liveness lock) until then.
+    Kept,
+}
+
+/// A consumer table entry as its occupant knows it: the index and the generation it joined as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub entry: usize,
+    pub generation: u32,
+}
+
+/// What a memory kind adds to a producer: it answers, the producer acts (claims, evicts,
+/// reaps, closes). Every method but `prepare` and `create` runs on a ring whose segment is
+/// published, and sees the mapped segment, never the producer. Buffer indices here are *buffer*
+/// indices (`capacity + spares` of them; see `crate::ring`). The producer asks, per message:
+/// `written` on the buffer one lap back (the run-ahead bound, until true), then claims a buffer,
+/// then `written` on that buffer if it is another one and `readers_done` (each until done), then
+/// `publish` when the user publishes. `forget` runs before the producer frees a consumer's
+/// entry; at drop, after the ring is closed, `linger` and `close`.
 pub(crate) trait ProducerSide: Send + Sized + 'static {
     /// The stream a buffer is written on (`()` for host memory, which has none).
     type Stream: 'static;
@@ -161,65 +210,77 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     ) -> Result<Self, CreateErrorKind>;
 
     /// How long the producer spins on a pending condition of this kind before it yields.
-    fn spin(&self) -> Duration;
+    fn spin(&self) -> Duration {
+        Duration::ZERO
+    }
 
-    /// Whether the GPU (or whatever writes the payload) has finished writing buffer `slot`'s
+    /// Whether the GPU (or whatever writes the payload) has finished writing buffer `buffer`'s
     /// previous message, so it can be written again.
-    fn written(&mut self, ring: &ProducerRing, slot: usize) -> Result<bool, Fault>;
+    fn written(&mut self, _map: &MappedRing, _buffer: usize) -> Result<bool, Fault> {
+        Ok(true)
+    }
 
-    /// Whether the consumers that read message `prev` in buffer `slot` are done reading it (on
-    /// their GPUs): called once the buffer is claimed. May evict a consumer through `ring`.
+    /// Whether the consumers that read message `prev` in buffer `buffer` are done reading it
+    /// (on their GPUs): asked once the buffer is claimed. A host consumer's reads end with its
+    /// release, which the claim already waited for.
     fn readers_done(
         &mut self,
-        ring: &mut ProducerRing,
-        slot: usize,
-        prev: u64,
-    ) -> Result<bool, Fault>;
+        _map: &MappedRing,
+        _buffer: usize,
+        _prev: u64,
+    ) -> Result<Readers, Fault> {
+        Ok(Readers::Done)
+    }
 
     /// Drops what the producer opened of consumer entry `entry` (generation `generation`).
-    fn forget(&mut self, entry: usize, generation: u32);
+    fn forget(&mut self, _entry: usize, _generation: u32) {}
 
-    /// Records what consumers need to read the message in buffer `slot` (pool `pool`, at
-    /// `offset`), written on `stream` (or the producer's own): the fence, the descriptor.
+    /// Records what consumers need to read message `seq` in buffer `buffer` (at `at`, a pool
+    /// and an offset; `None`: the buffer's own region), written on `stream` (or the producer's
+    /// own): the fence, the descriptor. The ring's publish follows.
     fn publish(
         &mut self,
-        ring: &ProducerRing,
-        slot: usize,
-        at: (u32, u64),
+        map: &MappedRing,
+        buffer: usize,
+        seq: u64,
+        at: Option<(u32, u64)>,
         stream: Option<&Self::Stream>,
     ) -> Result<(), PublishError>;
 
-    /// Where a plain `publish` of buffer `slot` puts the message: (pool, offset).
-    fn slot_region(&self, slot: usize) -> (u32, u64);
+    /// Where buffer `buffer`'s bytes are: a host address in this process, or a device address.
+    fn buffer_addr(&self, map: &MappedRing, buffer: usize) -> u64;
 
-    /// Where buffer `slot`'s bytes are: a host address in this process, or a device address.
-    fn slot_addr(&self, ring: &ProducerRing, slot: usize) -> u64;
+    /// How long a closing producer waits for its consumers to leave before [`close`]
+    /// (`Self::close`); `None`: it does not wait (nothing of the kind outlives the segment).
+    fn linger(&self) -> Option<Duration> {
+        None
+    }
 
-    /// Closes the ring (the producer is dropped).
-    fn close(&mut self, ring: &mut ProducerRing);
+    /// Lets go of the kind's memory once the ring is closed and the linger time is over
+    /// (`all_left`: every consumer left in it): waits for its own writes, drops what it opened
+    /// of consumers, and frees the memory unless someone may still use it.
+    fn close(&mut self, _map: &MappedRing, _all_left: bool) -> Closed {
+        Closed::Freed
+    }
 }
 
-/// What a memory kind adds to a consumer. `Send + Sync`, as the consumer is: its `&self`
-/// methods may run on several threads at once.
+/// What a memory kind adds to a consumer: it answers, the consumer acts (pins, releases,
+/// leaves). `Send + Sync`, as the consumer is: its `&self` methods may run on several threads
+/// at once.
 pub(crate) trait ConsumerSide: Sized + Send + Sync + 'static {
     /// The stream a message is read on (`()` for host memory).
     type Stream: Send + Sync + 'static;
 
-    /// Opens what the consumer of claimed entry `entry` (generation `generation`) needs, before
-    /// it becomes active.
-    fn join(
-        settings: &RxSettings,
-        map: &MappedRing,
-        entry: usize,
-        generation: u32,
-    ) -> Result<Self, OpenErrorKind>;
+    /// Opens what the consumer of claimed entry `member` needs, before it becomes active.
+    fn join(settings: &RxSettings, map: &MappedRing, member: Member)
+        -> Result<Self, OpenErrorKind>;
 
     /// Finds pinned message `m` and orders the next work on `stream` (or the kind's own) after
     /// its writer's. Returns where its bytes are: a host address in this process, or a device
     /// address.
     fn place(
         &self,
-        ring: &ConsumerRing,
+        map: &MappedRing,
         m: &Pinned,
         stream: Option<&Self::Stream>,
     ) -> Result<u64, Fault>;
@@ -228,11 +289,28 @@ pub(crate) trait ConsumerSide: Sized + Send + Sync + 'static {
     /// last; the ring release follows.
     fn release(
         &self,
-        ring: &ConsumerRing,
-        m: &Pinned,
-        stream: Option<&Self::Stream>,
-    ) -> Result<(), Fault>;
+        _map: &MappedRing,
+        _member: Member,
+        _m: &Pinned,
+        _stream: Option<&Self::Stream>,
+    ) -> Result<(), Fault> {
+        Ok(())
+    }
 
-    /// Leaves the ring (the consumer is dropped).
-    fn leave(&mut self, ring: &mut ConsumerRing);
+    /// The consumer leaves: ends the kind's own work and closes what it opened of the producer,
+    /// polling as `wait` says and asking `producer_alive` while it waits, and says how the
+    /// entry goes.
+    fn quiesce(
+        &mut self,
+        _map: &MappedRing,
+        _member: Member,
+        _wait: WaitConfig,
+        _producer_alive: &dyn Fn() -> bool,
+    ) -> Quiesced {
+        Quiesced::Free
+    }
+
+    /// After [`Quiesced::Retire`]: whether the producer let go of the entry (`let_go`), so that
+    /// what it held of ours may be destroyed; if not, it is left to process exit.
+    fn retired(&mut self, _map: &MappedRing, _member: Member, _let_go: bool) {}
 }

@@ -2,23 +2,29 @@
 //! [`Producer<M>`] is the ring's producer state ([`ring`]) plus what memory kind `M` adds
 //! ([`crate::memory`]).
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod ring;
 
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
+#[cfg(feature = "cuda")]
+pub use cuda::{GpuProducer, GpuWriteSlot};
 pub(crate) use ring::ProducerRing;
 
+use crate::error::Fault;
 use crate::error::{
     AcquireError, AcquireTimeoutError, Corruption, CreateError, CreateErrorKind, PublishError,
     SendError, TryAcquireError,
 };
 use crate::format::{Layout, MemoryKind, Params};
-use crate::memory::{Fault, Host, Memory, ProducerSide, TxSettings};
+use crate::memory::{Closed, Host, Memory, ProducerSide, Readers, TxSettings};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
+use crate::shm::wait::{self, Deadline, WaitConfig};
 use crate::stats::ConsumerInfo;
-use crate::wait::{self, Deadline, WaitConfig};
+use crate::waiter::{block_on, Waiter};
 
 /// Spare buffers of a ring whose builder does not set them (see
 /// [`ProducerBuilder::spare_buffers`]), where the ring's limits leave room for them.
@@ -377,10 +383,11 @@ fn new_epoch(me: ProcessId) -> u64 {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Producer<M: Memory = Host> {
+    /// What memory kind `M` adds. Dropped before `ring`, while the segment is still mapped
+    /// (CUDA unregisters its page-lock of the segment).
+    mem: M::Tx,
     /// The ring's side: segment, protocol, waiting, reaping.
     ring: ProducerRing,
-    /// What memory kind `M` adds.
-    mem: M::Tx,
 }
 
 impl Producer<Host> {
@@ -727,72 +734,79 @@ impl<M: Memory> Producer<M> {
         Ok(self.acquire_until(Deadline::after(timeout), None)?)
     }
 
-    /// The one acquire: waits, until `deadline`, for the payload's write of the message one lap
-    /// back to be done (the run-ahead bound), claims a buffer, waits for the buffer's previous
-    /// write and its readers, and hands it out to be written on `stream` (or the memory kind's
-    /// own). See docs/gpu.md, "Run-ahead" and "Reusing a buffer".
+    /// [`acquire_with`](Self::acquire_with) on this thread, until `deadline`; the slot is
+    /// written on `stream` (or the memory kind's own).
     pub(crate) fn acquire_until<'a>(
         &'a mut self,
         deadline: Deadline,
         stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
     ) -> Result<WriteSlot<'a, M>, Fault> {
+        let buffer = block_on(self.acquire_with(Waiter::Blocking(deadline)))?;
+        Ok(WriteSlot::new(self, buffer, stream))
+    }
+
+    /// The one acquire, blocking or async as `how` says: waits for the payload's write of the
+    /// message one lap back to be done (the run-ahead bound), claims a buffer, waits for the
+    /// buffer's previous write and its readers, and returns the buffer. See docs/gpu.md,
+    /// "Run-ahead" and "Reusing a buffer".
+    pub(crate) async fn acquire_with(&mut self, how: Waiter) -> Result<usize, Fault> {
         let lapped = self.ring.lapped_buffer();
         if let Some(buffer) = lapped {
-            self.poll(deadline, |p| p.mem.written(&p.ring, buffer))?;
+            self.poll(how, |p| p.mem.written(p.ring.map(), buffer)).await?;
         }
         let Producer { ring, mem } = &mut *self;
-        let claimed = ring.claim_until(deadline, &mut |e, g| mem.forget(e, g))?;
+        let claimed = ring.claim(how, &mut |e, g| mem.forget(e, g)).await?;
         let buffer = claimed.buffer;
         if let Some(prev) = claimed.prev {
             if lapped != Some(buffer) {
-                self.poll(deadline, |p| p.mem.written(&p.ring, buffer))?;
+                self.poll(how, |p| p.mem.written(p.ring.map(), buffer)).await?;
             }
-            self.poll(deadline, |p| p.mem.readers_done(&mut p.ring, buffer, prev))?;
+            self.poll(how, |p| p.readers_done(buffer, prev)).await?;
         }
-        Ok(WriteSlot { producer: self, slot: buffer, stream })
+        Ok(buffer)
     }
 
-    /// Polls `done` until it says yes, or `deadline` passes (`Blocked`), reaping the consumer
-    /// table once per liveness interval meanwhile (dead consumers are noticed, retiring ones let
-    /// go): through the crate's one wait (`wait::wait_until`), with no wake line (nobody wakes a
-    /// producer for a GPU event), spinning for the memory kind's spin time first.
-    fn poll(
+    /// Whether the readers of message `prev` in `buffer` are done with it, as the memory kind
+    /// tells; a consumer it names as failed is evicted, and the others are asked about again.
+    fn readers_done(&mut self, buffer: usize, prev: u64) -> Result<bool, Fault> {
+        loop {
+            match self.mem.readers_done(self.ring.map(), buffer, prev)? {
+                Readers::Done => return Ok(true),
+                Readers::Busy => return Ok(false),
+                Readers::Evict { entry, seen, reason } => {
+                    self.ring.evict(entry, seen, reason);
+                }
+            }
+        }
+    }
+
+    /// Polls `done` until it says yes (or a blocking wait's deadline passes: `Blocked`),
+    /// reaping the consumer table once per liveness interval meanwhile (dead consumers are
+    /// noticed, retiring ones let go), with no waker (nobody wakes a producer for a GPU event),
+    /// spinning for the memory kind's spin time first.
+    async fn poll(
         &mut self,
-        deadline: Deadline,
+        how: Waiter,
         mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
     ) -> Result<(), Fault> {
-        let config = self.poll_config();
-        let waited =
-            wait::wait_until(None, config, deadline, |tick| self.poll_step(tick, &mut done));
-        waited.unwrap_or(Err(Fault::Blocked))
-    }
-
-    /// How [`poll`](Self::poll) (and its async twin) waits: the ring's liveness tick, the
-    /// memory kind's spin.
-    pub(crate) fn poll_config(&self) -> WaitConfig {
-        WaitConfig { spin: self.mem.spin(), ..self.ring.wait_config() }
-    }
-
-    /// One step of [`poll`](Self::poll) (and its async twin): reap if `tick`, then ask `done`.
-    pub(crate) fn poll_step(
-        &mut self,
-        tick: bool,
-        done: &mut impl FnMut(&mut Self) -> Result<bool, Fault>,
-    ) -> Option<Result<(), Fault>> {
-        if tick {
-            if let Err(c) = self.reap() {
-                return Some(Err(Fault::Corrupt(c)));
+        let config = WaitConfig { spin: self.mem.spin(), ..self.ring.wait_config() };
+        let step = |tick| {
+            if tick {
+                if let Err(c) = self.reap() {
+                    return Some(Err(Fault::Corrupt(c)));
+                }
             }
-        }
-        match done(self) {
-            Ok(false) => None,
-            Ok(true) => Some(Ok(())),
-            Err(e) => Some(Err(e)),
-        }
+            match done(self) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            }
+        };
+        how.wait(None, config, step).await.unwrap_or(Err(Fault::Blocked))
     }
 
     /// The ring's side and the memory kind's, borrowed at once.
-    #[cfg(any(feature = "cuda", feature = "tokio"))]
+    #[cfg(feature = "cuda")]
     pub(crate) fn parts(&mut self) -> (&mut ProducerRing, &mut M::Tx) {
         (&mut self.ring, &mut self.mem)
     }
@@ -846,9 +860,22 @@ impl<M: Memory> std::fmt::Debug for Producer<M> {
     }
 }
 
+/// Closes the ring. A memory kind whose consumers map memory of the producer's (CUDA) is given
+/// time for them to leave, then lets go of that memory: freed, or left to process exit while
+/// someone may still use it, and the producer then stays alive to consumers until it exits.
 impl<M: Memory> Drop for Producer<M> {
     fn drop(&mut self) {
-        self.mem.close(&mut self.ring);
+        let Producer { ring, mem } = self;
+        ring.close();
+        let Some(linger) = mem.linger() else { return };
+        let all_left = ring.linger(linger, &mut |e, g| mem.forget(e, g));
+        let closed = mem.close(ring.map(), all_left);
+        // The memory kind dropped what it opened of consumers: whoever still retires may now
+        // destroy what it exported. Let every retiring entry go.
+        let _ = ring.reap_with(&mut |_, _| {});
+        if closed == Closed::Kept {
+            ring.keep_presence_until_exit();
+        }
     }
 }
 
@@ -900,10 +927,14 @@ pub struct WriteSlot<'a, M: Memory = Host> {
 }
 
 impl<'a, M: Memory> WriteSlot<'a, M> {
-    /// Wraps slot `slot`, which `producer` has just claimed (and waited for).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn new(producer: &'a mut Producer<M>, slot: usize) -> WriteSlot<'a, M> {
-        WriteSlot { producer, slot, stream: None }
+    /// Wraps buffer `slot`, which `producer` has just claimed (and waited for), to be written
+    /// on `stream` (or the memory kind's own).
+    pub(crate) fn new(
+        producer: &'a mut Producer<M>,
+        slot: usize,
+        stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
+    ) -> WriteSlot<'a, M> {
+        WriteSlot { producer, slot, stream }
     }
 
     /// Its producer, slot index and stream (for the memory kinds' own methods).
@@ -927,7 +958,7 @@ impl<'a, M: Memory> WriteSlot<'a, M> {
     /// ```
     pub fn ptr(&self) -> u64 {
         let Producer { ring, mem } = &*self.producer;
-        mem.slot_addr(ring, self.slot)
+        mem.buffer_addr(ring.map(), self.slot)
     }
 
     /// The index of the buffer being written (for diagnostics): one of the ring's
@@ -976,15 +1007,15 @@ impl<'a, M: Memory> WriteSlot<'a, M> {
         if len > slot_size {
             return Err(PublishError::TooLong { len, slot_size });
         }
-        let at = self.producer.mem.slot_region(self.slot);
-        self.publish_at(at, len as u64, header)
+        self.publish_at(None, len as u64, header)
     }
 
-    /// Publishes message `len` at `at` (pool, offset), whose length the caller checked: the
-    /// memory kind's records first (fences, descriptor), then the ring's.
+    /// Publishes message `len` at `at` (a pool and an offset; `None`: the slot's own buffer),
+    /// whose length the caller checked: the memory kind's records first (fences, descriptor),
+    /// then the ring's.
     pub(crate) fn publish_at(
         self,
-        at: (u32, u64),
+        at: Option<(u32, u64)>,
         len: u64,
         header: &[u8],
     ) -> Result<u64, PublishError> {
@@ -993,8 +1024,10 @@ impl<'a, M: Memory> WriteSlot<'a, M> {
         if header.len() > max {
             return Err(PublishError::HeaderTooLong { len: header.len(), max });
         }
-        mem.publish(ring, self.slot, at, self.stream)?;
-        ring.publish_claimed(self.slot, len, header)
+        let seq = ring.published();
+        mem.publish(ring.map(), self.slot, seq, at, self.stream)?;
+        ring.publish_claimed(self.slot, seq, len, header);
+        Ok(seq)
     }
 }
 

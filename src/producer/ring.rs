@@ -1,21 +1,21 @@
 //! What every producer has, whatever its memory kind: the mapped segment, the ring protocol's
 //! state, waiting for a free buffer, and looking after the consumer table.
 
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
 
 use super::{monotonic_ns, ProducerBuilder};
 use crate::doorbells::ProducerBells;
-use crate::error::{Corruption, CreateErrorKind, PublishError};
+use crate::error::{Corruption, CreateErrorKind, Fault};
 use crate::format::header::{CLOSED_CUT, CLOSED_DONE};
-use crate::format::view::MappedRing;
 use crate::format::{Layout, MemoryKind, MAGIC};
-use crate::memory::Fault;
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
-use crate::ring::{audit, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
+use crate::ring::{audit, lease, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
+use crate::shm::view::MappedRing;
+use crate::shm::wait::{self, Deadline, WaitConfig};
 use crate::shm::{presence, RingDir, Segment, ShmName};
-use crate::wait::{self, Deadline, WaitConfig};
+use crate::waiter::{Waiter, WakeOn};
 
 /// The ring's side of a producer. `Producer<M>` (`super`) is this plus memory kind `M`'s side.
 pub(crate) struct ProducerRing {
@@ -243,7 +243,6 @@ impl ProducerRing {
 
     /// Keeps the producer's liveness lock until the process exits (`Segment::
     /// keep_presence_until_exit`): for a close that leaves device memory to process exit.
-    #[cfg(feature = "cuda")]
     pub(crate) fn keep_presence_until_exit(&mut self) {
         self.map.segment_mut().keep_presence_until_exit();
     }
@@ -269,70 +268,49 @@ impl ProducerRing {
         self.core.next_seq()
     }
 
-    /// Claims a buffer for the next message, waiting until `deadline` on the producer's wake
-    /// line, looking after the consumer table meanwhile: once per liveness interval, and
-    /// whenever it changed (a consumer joined or retired: a retiring one waits for us).
-    pub(crate) fn claim_until(
+    /// Claims a buffer for the next message, waiting as `how` says on the producer's wake line
+    /// (blocking) or doorbell (async), which a consumer's release (or retire) knocks on. First
+    /// refuses a truncated segment; looks after the consumer table when it changed (a consumer
+    /// joined or retired: a retiring one waits for us) or a liveness interval has passed, and
+    /// while it waits at each liveness tick too: dead consumers are noticed while the producer
+    /// runs, not only when it is blocked. `on_free` is told of each entry a reap frees.
+    pub(crate) async fn claim(
         &mut self,
-        deadline: Deadline,
+        how: Waiter,
         on_free: OnFree<'_>,
     ) -> Result<Claimed, Fault> {
-        self.before_claim(on_free)?;
+        if self.map.segment().faulted() {
+            return Err(Fault::Corrupt(Corruption::Truncated));
+        }
+        if table_moved(&self.map.ring(), &mut self.table_seen)
+            || self.last_reap.elapsed() >= self.wait.tick
+        {
+            self.reap_with(on_free)?;
+        }
         let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
         let (ring, bells) = (map.ring(), &*bells);
         // The first try reads no clock: most claims end here.
         if let Some(claimed) = claim(core, &ring) {
             return claimed;
         }
-        if deadline == Deadline::Now {
+        if how.gives_up_now() {
             return Err(Fault::Blocked);
         }
+        // Dropped with the future if an async claim is cancelled: its time counts all the same.
         let mut stall = Stall::begin(&ring);
-        let claimed = wait::wait_until(Some(ring.producer_wake), *wait, deadline, |tick| {
-            if tick {
-                stall.account();
-            }
-            let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
-            claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
-        });
-        stall.end(claimed.is_some());
-        claimed.unwrap_or(Err(Fault::Blocked))
-    }
-
-    /// [`claim_until`](Self::claim_until) without a deadline, awaiting a buffer (feature
-    /// `tokio`): the task parks on the producer's doorbell, which a consumer's release (or
-    /// retire) knocks on.
-    #[cfg(feature = "tokio")]
-    pub(crate) async fn claim_async(&mut self, on_free: OnFree<'_>) -> Result<Claimed, Fault> {
-        use crate::asynch::{wait_async, Wake};
-        self.before_claim(on_free)?;
-        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
-        let (ring, bells) = (map.ring(), &*bells);
-        if let Some(claimed) = claim(core, &ring) {
-            return claimed;
-        }
-        // Dropped with the future if it is cancelled: its time is counted all the same.
-        let mut stall = Stall::begin(&ring);
-        let wake = Wake { line: ring.producer_wake, flag: None, bell: bells.own(), emptied: None };
-        let claimed = wait_async(Some(wake), *wait, |tick| {
-            if tick {
-                stall.account();
-            }
-            let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
-            claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
-        })
-        .await;
-        stall.end(true);
+        let wake = WakeOn { line: ring.producer_wake, bell: bells.own() };
+        let claimed = how
+            .wait(Some(wake), *wait, |tick| {
+                if tick {
+                    stall.account();
+                }
+                let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
+                claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
+            })
+            .await
+            .unwrap_or(Err(Fault::Blocked));
+        stall.end(!matches!(claimed, Err(Fault::Blocked)));
         claimed
-    }
-
-    /// What every claim does first: refuse a truncated segment, and look after the consumer
-    /// table if it changed or is due ([`maintain`](Self::maintain)).
-    fn before_claim(&mut self, on_free: OnFree<'_>) -> Result<(), Fault> {
-        if self.map.segment().faulted() {
-            return Err(Fault::Corrupt(Corruption::Truncated));
-        }
-        Ok(self.maintain(on_free)?)
     }
 
     /// Reaps the consumer table and audits the next claim's buffers (`look_after`), telling the memory
@@ -343,21 +321,9 @@ impl ProducerRing {
         Ok(look_after(map.segment(), &map.ring(), core, bells, on_free, *closed)?)
     }
 
-    /// Reaps when the consumer table changed since the last look (a consumer joined or
-    /// retired) or a liveness interval has passed: dead consumers are noticed while the
-    /// producer runs, not only when it is blocked, and retiring consumers are let go quickly.
-    fn maintain(&mut self, on_free: OnFree<'_>) -> Result<(), Corruption> {
-        let moved = table_moved(&self.map.ring(), &mut self.table_seen);
-        if moved || self.last_reap.elapsed() >= self.wait.tick {
-            self.reap_with(on_free)?;
-        }
-        Ok(())
-    }
-
     /// Evicts the consumer of entry `entry`, whose lease was seen as `seen`, for `reason` (a
     /// `ring::lease::evict_reason`): a failure the producer met was attributable to that entry
     /// alone, so that consumer goes and the others are served on. Returns whether it evicted.
-    #[cfg(feature = "cuda")]
     pub(crate) fn evict(&mut self, entry: usize, seen: u64, reason: u32) -> bool {
         let ring = self.map.ring();
         let evicted = crate::ring::evict(&ring, entry, seen, reason);
@@ -370,19 +336,13 @@ impl ProducerRing {
         evicted
     }
 
-    /// Writes `header` into claimed buffer `buffer`'s user header and publishes message `len`.
-    /// The caller checked `len` and `header` against what the message may hold.
-    pub(crate) fn publish_claimed(
-        &mut self,
-        buffer: usize,
-        len: u64,
-        header: &[u8],
-    ) -> Result<u64, PublishError> {
+    /// Writes `header` into claimed buffer `buffer`'s user header and publishes message `len`
+    /// as `seq`, the next sequence number. The caller checked `len` and `header` against what
+    /// the message may hold.
+    pub(crate) fn publish_claimed(&mut self, buffer: usize, seq: u64, len: u64, header: &[u8]) {
         let map = &self.map;
         let max = map.user_header_size();
-        if header.len() > max {
-            return Err(PublishError::HeaderTooLong { len: header.len(), max });
-        }
+        debug_assert!(header.len() <= max, "the caller checks the header's length");
         let dst = map.user_header(buffer);
         // SAFETY: the buffer is claimed by us, so no correct peer touches its user header; the
         // region is `max` bytes long and header.len() <= max.
@@ -391,19 +351,19 @@ impl ProducerRing {
             std::ptr::write_bytes(dst.add(header.len()), 0, max - header.len());
         }
         let ring = map.ring();
-        let (seq, wake) = self.core.publish(&ring, len, monotonic_ns());
+        let (published, wake) = self.core.publish(&ring, len, monotonic_ns());
+        debug_assert_eq!(published, seq);
         if wake {
             wake_consumers(&ring, &self.bells);
         }
-        Ok(seq)
     }
 
-    /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
     /// Makes the close say the stream was cut (`Ended::Died` for consumers).
     pub(crate) fn mark_cut(&mut self) {
         self.cut = true;
     }
 
+    /// Marks the ring closed, wakes the consumers and removes the name. Idempotent.
     pub(crate) fn close(&mut self) {
         if std::mem::replace(&mut self.closed, true) {
             return;
@@ -420,6 +380,36 @@ impl ProducerRing {
         }
         self.map.segment().unlink();
     }
+
+    /// After the close, for a memory kind whose consumers map memory of ours: waits up to
+    /// `linger` for every consumer to leave, reaping every tick meanwhile (retiring consumers
+    /// are let go, `on_free` first; dead ones reclaimed). Returns whether all left.
+    pub(crate) fn linger(&mut self, linger: Duration, on_free: OnFree<'_>) -> bool {
+        // SeqCst, against the fence a joining consumer makes between claiming its entry and
+        // loading `closed`: either it sees `closed` (and gives up) or `consumers_gone` below
+        // sees its entry taken (and waits for it).
+        fence(Ordering::SeqCst);
+        let config = WaitConfig { tick: Duration::from_millis(10), ..self.wait };
+        wait::wait_until(None, config, Deadline::after(linger), |tick| {
+            if tick {
+                let _ = self.reap_with(on_free);
+            }
+            consumers_gone(self.map.segment(), &self.map.ring()).then_some(())
+        })
+        .is_some()
+    }
+}
+
+/// Whether every owned entry of `ring` is gone for a closing producer: free, or owned by a
+/// dead process (its entry's liveness lock is free: `shm::presence`). (A retiring entry is
+/// freed by the closing producer's reaps.)
+fn consumers_gone(seg: &Segment, ring: &Ring<'_>) -> bool {
+    ring.consumers.iter().enumerate().all(|(index, e)| {
+        // Acquire: pairs with a leaving consumer's Release CAS, made after it closed its
+        // mappings of our memory.
+        let l = e.lease.load(Ordering::Acquire);
+        lease::state(l) == lease::FREE || !seg.held(presence::consumer(index))
+    })
 }
 
 /// One step of a claim's wait: if `look` (the liveness tick, or a table that moved), look after

@@ -1,7 +1,9 @@
 //! The OS layer: shared memory segments in a ring directory, their header, names, owner checks,
 //! liveness locks (`presence`), namespace identities, replacing a dead producer's segment
-//! (`stale`), the doorbells that wake async waiters, and the socket that hands fds to peers. Nothing here knows the ring protocol; it
-//! places bytes and checks them.
+//! (`stale`), the doorbells that wake async waiters, the socket that hands fds to peers, the
+//! typed view of a mapped segment (`view`: where offsets of the segment format become
+//! references) and the one blocking wait (`wait`: spin, yield, futex). Nothing here drives the
+//! ring protocol; it places bytes, checks them and waits on them.
 
 pub mod dir;
 pub mod doorbell;
@@ -16,6 +18,10 @@ mod segment;
 #[cfg(not(loom))]
 pub(crate) mod stale;
 pub mod unixsock;
+#[cfg(not(loom))]
+pub(crate) mod view;
+#[cfg(not(loom))]
+pub(crate) mod wait;
 
 pub use dir::{default_dir, RingDir, DIR_ENV};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};

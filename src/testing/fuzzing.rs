@@ -11,9 +11,9 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::format::view::MappedRing;
 use crate::format::{Header, Layout, MemoryKind, Params, MAGIC};
 use crate::ring::{evict, reap, ConsumerCore, Leave, Mode, ProducerCore, Recount, StartAt};
+use crate::shm::view::MappedRing;
 use crate::shm::Segment;
 
 /// Runs an importer's checks of a received bridge message over `data` (feature `zenoh`):

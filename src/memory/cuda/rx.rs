@@ -1,7 +1,7 @@
-//! The consumer's side of a CUDA ring ([`CudaRx`]), and what only CUDA consumers and their
-//! messages have: the context and stream, device pointers, `recv_on`.
+//! The consumer's side of a CUDA ring ([`CudaRx`]): what it opens of the producer's (pools,
+//! ready fences), its release fences, and its answers to the consumer (place, release, leave).
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -10,24 +10,21 @@ use std::os::fd::AsFd;
 use super::fence::{order_after, Signal};
 use super::placement::{place, Driver, Placement};
 use super::words::SegmentWords;
-use super::{lacks, same_device, Cuda};
-use crate::consumer::{Consumer, ConsumerRing, ReadSlot};
+use super::{lacks, Leakable};
 use crate::cuda::driver::{self, CUdeviceptr, CUresult, DriverError};
 use crate::cuda::{Context, CudaError, IpcEvent, IpcMapping, Stream, VmmImportError, VmmMapping};
-use crate::error::{
-    Corruption, OpenError, OpenErrorKind, RecvError, RecvTimeoutError, TryRecvError,
-};
+use crate::error::{Corruption, Fault, OpenErrorKind};
 use crate::format::gpu::{
     check_descriptor, fence_kind, load_uuid, pool_state, release_bank, release_value, released_by,
     sharing_kind, GpuSlotLine, KnownPool, MAX_POOLS,
 };
 use crate::format::offer::decode;
-use crate::format::view::MappedRing;
 use crate::format::Params;
-use crate::memory::{ConsumerSide, Fault, RxSettings};
-use crate::ring::{Leave, Pinned};
+use crate::memory::{ConsumerSide, Member, Quiesced, RxSettings};
+use crate::ring::Pinned;
 use crate::shm::fdpass::{fd_address, fetch_from, FetchError};
-use crate::wait::{self, Deadline};
+use crate::shm::view::MappedRing;
+use crate::shm::wait::{self, Deadline, WaitConfig};
 
 /// Why a pool could not be mapped.
 enum OpenFault {
@@ -91,11 +88,6 @@ const PRODUCER_DIED: u64 = u64::MAX;
 
 /// Largest pool a consumer accepts from a pool table (1 TiB, as for slot sizes).
 const MAX_POOL_SIZE: u64 = Params::MAX_SLOT_SIZE;
-
-/// How long a leaving consumer waits for the producer to drop its imports of the consumer's
-/// release events before it gives up and leaves the events to process exit (docs/gpu.md,
-/// "Leaving"). A producer that acquires, or is closing, answers within a liveness interval.
-const LEAVE_PATIENCE: Duration = Duration::from_millis(500);
 
 /// How long a dropped consumer waits for its own GPU work to finish while the producer lives,
 /// before it leaves everything to process exit (its stream may wait on a fence the producer's
@@ -174,13 +166,6 @@ struct EventsRx {
     ready: Vec<IpcEvent>,
 }
 
-impl EventsRx {
-    /// Nothing: what a departed consumer's side is left with.
-    fn empty() -> EventsRx {
-        EventsRx { release: Vec::new(), ready: Vec::new() }
-    }
-}
-
 /// The consumer's CUDA state.
 ///
 /// Invariants: each `pools[p]` maps pool table entry `p` in generation `known.generation`, and
@@ -188,13 +173,15 @@ impl EventsRx {
 /// fences and mappings.
 pub struct CudaRx {
     stream: Stream,
-    fences: RxFences,
+    /// Leaked, with `pools`, when our GPU work never finished, or (release events) when the
+    /// producer may still have them open.
+    fences: Leakable<RxFences>,
     /// VMM sharing: pools come as fds from the producer's server; else from IPC handles.
     vmm: bool,
     /// The mapped pools. Locked only to look a pool up or put one in: never while one is
     /// mapped, so threads sharing the consumer read mapped pools while another thread maps a
     /// new one (a VMM map waits on the producer's fd server).
-    pools: Mutex<Vec<Option<OpenPool>>>,
+    pools: Leakable<Mutex<Vec<Option<OpenPool>>>>,
     /// Held while a pool registered after we joined is mapped, so that each is mapped once.
     opening: Mutex<()>,
     /// On `placed.own`'s device.
@@ -203,6 +190,32 @@ pub struct CudaRx {
     placed: Placement,
     /// How long to poll a ready fence before a GPU-side wait.
     poll: Duration,
+}
+
+impl CudaRx {
+    /// The context we read in.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Our own stream.
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device the ring's memory is on, as this process numbers devices.
+    pub(crate) fn memory_device(&self) -> i32 {
+        self.placed.ring
+    }
+
+    /// "legacy" or "vmm".
+    pub(crate) fn sharing_name(&self) -> &'static str {
+        if self.vmm {
+            "vmm"
+        } else {
+            "legacy"
+        }
+    }
 }
 
 fn cuda_err(e: impl Into<CudaError>) -> OpenErrorKind {
@@ -216,8 +229,7 @@ impl CudaRx {
     /// live pools the ring's way.
     fn join(
         map: &MappedRing,
-        entry: usize,
-        generation: u32,
+        Member { entry, generation }: Member,
         settings: &RxSettings,
     ) -> Result<CudaRx, OpenErrorKind> {
         let tables = map.gpu();
@@ -257,14 +269,6 @@ impl CudaRx {
             });
         }
         let ctx = Context::new(placed.own).map_err(cuda_err)?;
-        // Our entry is JOINING. SeqCst, against the fence of the producer's close: either the
-        // closing producer sees our entry taken (and waits for us), or we see `closed` (and
-        // give up, as its memory is about to go).
-        fence(Ordering::SeqCst);
-        // Acquire: pairs with the producer's Release store of `closed`.
-        if map.header().closed.load(Ordering::Acquire) != 0 {
-            return Err(OpenErrorKind::Disconnected);
-        }
         let fences = if words {
             let words = SegmentWords::register(&ctx, map).map_err(cuda_err)?;
             for line in tables.releases_of(entry) {
@@ -281,9 +285,9 @@ impl CudaRx {
         };
         let side = CudaRx {
             stream: Stream::new(&ctx).map_err(cuda_err)?,
-            fences,
+            fences: Leakable::new(fences),
             vmm,
-            pools: Mutex::new((0..MAX_POOLS).map(|_| None).collect()),
+            pools: Leakable::new(Mutex::new((0..MAX_POOLS).map(|_| None).collect())),
             opening: Mutex::new(()),
             ctx,
             placed,
@@ -556,41 +560,36 @@ impl ConsumerSide for CudaRx {
     fn join(
         settings: &RxSettings,
         map: &MappedRing,
-        entry: usize,
-        generation: u32,
+        member: Member,
     ) -> Result<Self, OpenErrorKind> {
         driver::available().map_err(|why| OpenErrorKind::MemoryUnavailable {
             reason: super::with_proc_hint(format!("CUDA unavailable: {why}")),
         })?;
-        CudaRx::join(map, entry, generation, settings)
+        CudaRx::join(map, member, settings)
     }
 
-    fn place(
-        &self,
-        ring: &ConsumerRing,
-        m: &Pinned,
-        stream: Option<&Stream>,
-    ) -> Result<u64, Fault> {
-        let ptr = self.locate(ring.map(), m)?;
-        self.order_after_write(ring.map(), m, stream.unwrap_or(&self.stream))?;
+    fn place(&self, map: &MappedRing, m: &Pinned, stream: Option<&Stream>) -> Result<u64, Fault> {
+        let ptr = self.locate(map, m)?;
+        self.order_after_write(map, m, stream.unwrap_or(&self.stream))?;
         Ok(ptr)
     }
 
     /// Queues `m`'s release fence on `stream` (events: records our release event; memory
-    /// words: writes our release word) and says so in our release line; the caller then releases the slot.
-    /// The producer polls that fence before it rewrites the buffer.
+    /// words: writes our release word) and says so in our release line; the caller then
+    /// releases the slot. The producer polls that fence before it rewrites the buffer.
     fn release(
         &self,
-        ring: &ConsumerRing,
+        map: &MappedRing,
+        member: Member,
         m: &Pinned,
         stream: Option<&Stream>,
     ) -> Result<(), Fault> {
         let stream = stream.unwrap_or(&self.stream);
-        let line = &ring.map().gpu().releases_of(ring.entry())[m.buffer];
-        let generation = ring.generation();
+        let line = &map.gpu().releases_of(member.entry)[m.buffer];
+        let generation = member.generation;
         let word = &line.release_done[release_bank(generation)];
         let value = release_value(generation, m.seq);
-        let queued = match &self.fences {
+        let queued = match &*self.fences {
             RxFences::Events(events) => events.release[m.buffer].record(stream),
             RxFences::Words(w) => {
                 let device = w.words.device(word);
@@ -610,7 +609,7 @@ impl ConsumerSide for CudaRx {
             // succeeded, or it failed, and a context that cannot even synchronize runs nothing
             // more (its errors are sticky), as a failed event record lets the producer go on.
             let _ = stream.synchronize();
-            if matches!(self.fences, RxFences::Words(_)) {
+            if matches!(*self.fences, RxFences::Words(_)) {
                 word.store(value, Ordering::Release);
             }
         }
@@ -620,67 +619,54 @@ impl ConsumerSide for CudaRx {
         Ok(queued?)
     }
 
-    /// Leaves in the order that keeps every CUDA object valid while someone uses it
-    /// (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the producer
-    /// (mappings, ready events); we give back what we hold and retire the entry; the producer
-    /// drops its imports of our release events and frees the entry; only then do we destroy
-    /// those events. Memory words: the producer opened nothing of ours, so the entry is freed
-    /// at once, after the segment is unregistered.
-    fn leave(&mut self, ring: &mut ConsumerRing) {
-        if !self.wait_idle(ring) {
+    /// The first half of leaving, in the order that keeps every CUDA object valid while someone
+    /// uses it (docs/gpu.md, "Leaving"): our GPU work ends; we close what we opened of the
+    /// producer (mappings, ready events). Memory words: the producer opened nothing of ours, so
+    /// the entry is freed at once. Events: the entry retires, the producer drops its imports of
+    /// our release events and frees it, and only then ([`retired`](Self::retired)) may those
+    /// events go.
+    fn quiesce(
+        &mut self,
+        map: &MappedRing,
+        member: Member,
+        wait: WaitConfig,
+        producer_alive: &dyn Fn() -> bool,
+    ) -> Quiesced {
+        if !self.wait_idle(map, member, wait, producer_alive) {
             // Our stream waits on a fence that will never complete (its producer died, or its
             // context failed): nothing it queued may be closed or destroyed under it. Leave it
             // all to process exit.
-            tracing::warn!(ring = %ring.name(), "our GPU work did not finish: leaving it to exit");
-            if ring.producer_alive() {
-                // Keep the entry (EVICTED) until we exit: a producer that saw it free would free
-                // the memory our unfinished work reads.
-                ring.step_aside();
-            } else {
-                ring.leave(Leave::Free);
-            }
-            let pools = std::mem::replace(&mut self.pools, Mutex::new(Vec::new()));
-            std::mem::forget(pools);
-            std::mem::forget(std::mem::replace(
-                &mut self.fences,
-                RxFences::Events(EventsRx::empty()),
-            ));
-            return;
+            let ring = map.segment().name().ring();
+            tracing::warn!(ring = %ring, "our GPU work did not finish: leaving it to exit");
+            self.pools.leak();
+            self.fences.leak();
+            // A live producer must not see the entry free, or it would free the memory our
+            // unfinished work reads: keep it (stepped aside) until we exit.
+            return if producer_alive() { Quiesced::StepAside } else { Quiesced::Free };
         }
-        let (entry, generation) = (ring.entry(), ring.generation());
+        let Member { entry, generation } = member;
         self.pools.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
-        let events = match std::mem::replace(&mut self.fences, RxFences::Events(EventsRx::empty()))
-        {
-            RxFences::Words(words) => {
-                drop(words);
-                tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
-                ring.leave(Leave::Free);
-                return;
-            }
-            RxFences::Events(mut events) => {
-                events.ready.clear();
-                events
-            }
-        };
         tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer mappings closed");
-        let left = ring.leave(Leave::Retire);
-        tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer retiring");
-        let Some(retiring) = left.and_then(|l| l.retiring) else {
-            // The entry was not ours any more: nobody acknowledges it. Keep the events alive
-            // in case the producer still has them open.
-            std::mem::forget(events);
-            return;
-        };
-        if self.wait_retired(ring, retiring) {
-            drop(events);
+        match &mut *self.fences {
+            RxFences::Words(_) => Quiesced::Free,
+            RxFences::Events(events) => {
+                events.ready.clear();
+                Quiesced::Retire
+            }
+        }
+    }
+
+    /// Our release events go once the producer let go of them (`let_go`); if it did not in
+    /// time, or the entry was no longer ours, they stay until exit, in case it still has them
+    /// open.
+    fn retired(&mut self, _: &MappedRing, Member { entry, generation }: Member, let_go: bool) {
+        if let_go {
+            if let RxFences::Events(events) = &mut *self.fences {
+                events.release.clear();
+            }
             tracing::debug!(target: "gpuring::lifecycle", entry, generation, "consumer release events destroyed");
         } else {
-            crate::ring::consumer::give_up_retiring(&ring.map().ring(), entry, retiring);
-            tracing::info!(
-                ring = %ring.name(), entry,
-                "the producer did not let go of our release events in time: they stay until exit"
-            );
-            std::mem::forget(events);
+            self.fences.leak();
         }
     }
 }
@@ -698,7 +684,7 @@ impl CudaRx {
         m: &Pinned,
         stream: &Stream,
     ) -> Result<(), Fault> {
-        let signal = match &self.fences {
+        let signal = match &*self.fences {
             RxFences::Events(events) => Signal::Event(&events.ready[m.buffer]),
             RxFences::Words(w) => {
                 let cpu = &map.gpu().buffers[m.buffer].ready_done;
@@ -714,7 +700,7 @@ impl CudaRx {
         // SAFETY: a ready word lies in the segment we page-locked, which stays so while we
         // live, and the producer writes seq + 1 there after message `seq`.
         unsafe { order_after(signal, self.poll, &self.ctx, stream) }?;
-        if let RxFences::Words(_) = &self.fences {
+        if let RxFences::Words(_) = &*self.fences {
             // A leaver may have set the word between our look and the poll, which then took
             // PRODUCER_DIED for done: not a frame either.
             // Relaxed: only compared.
@@ -730,24 +716,29 @@ impl CudaRx {
     /// checking the producer's liveness once per liveness interval; false if the producer died
     /// and our work still waits (on a fence of its that will never complete), or if it is not
     /// done after [`IDLE_PATIENCE`] (a producer whose context failed never writes its fences).
-    fn wait_idle(&self, ring: &ConsumerRing) -> bool {
-        let tables = ring.map().gpu();
-        let lines = tables.releases_of(ring.entry());
-        let generation = ring.generation();
+    fn wait_idle(
+        &self,
+        map: &MappedRing,
+        Member { entry, generation }: Member,
+        config: WaitConfig,
+        producer_alive: &dyn Fn() -> bool,
+    ) -> bool {
+        let tables = map.gpu();
+        let lines = tables.releases_of(entry);
         let bank = release_bank(generation);
         let idle = || {
             let stream_idle = match self.stream.is_idle() {
                 Ok(idle) => idle,
                 // Any other failure with event fences: as before, taken for idle (their
                 // records complete or fail with the context). With words: look again.
-                Err(e) if !e.context_lost() => matches!(self.fences, RxFences::Events(_)),
+                Err(e) if !e.context_lost() => matches!(*self.fences, RxFences::Events(_)),
                 Err(_) => {
                     // Our context failed (errors are sticky): none of its work runs any more,
                     // including release writes it had queued. Write them from the CPU, as
                     // `release` does when it cannot queue one, or the producer would wait for
                     // them until we exit. (Event fences: their records complete or fail with
                     // the context; nothing to write.)
-                    if let RxFences::Words(_) = &self.fences {
+                    if let RxFences::Words(_) = &*self.fences {
                         for l in lines {
                             // Relaxed: our own store. Release: after our reads, which ended.
                             let released = l.released.load(Ordering::Relaxed);
@@ -761,7 +752,7 @@ impl CudaRx {
                 }
             };
             stream_idle
-                && match &self.fences {
+                && match &*self.fences {
                     RxFences::Events(events) => {
                         events.release.iter().all(|ev| ev.is_complete().unwrap_or(true))
                     }
@@ -776,18 +767,17 @@ impl CudaRx {
         };
         let mut producer_dead_since = None;
         let mut unblocked = false;
-        let config = ring.wait_config();
         let deadline = Deadline::after(IDLE_PATIENCE);
         wait::wait_until(None, config, deadline, |tick| {
             if idle() {
                 return Some(true);
             }
-            if tick && producer_dead_since.is_none() && !ring.producer_alive() {
+            if tick && producer_dead_since.is_none() && !producer_alive() {
                 producer_dead_since = Some(Instant::now());
             }
             // Grace for work that was about to complete when the producer died.
             let gone = producer_dead_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
-            if let (RxFences::Words(w), true) = (&self.fences, gone || unblocked) {
+            if let (RxFences::Words(w), true) = (&*self.fences, gone || unblocked) {
                 // Memory fences: our streams may wait on ready words the dead producer's GPU
                 // will never write. They are host memory we map: raise the ones below what we
                 // waited for to PRODUCER_DIED, so that the waits end (what they then read is
@@ -799,7 +789,8 @@ impl CudaRx {
                 // is the dead instance's: a successor makes a new file.
                 w.unblock(tables.buffers);
                 if !unblocked {
-                    tracing::info!(ring = %ring.name(), "producer dead: its ready words set, to end our waits");
+                    let ring = map.segment().name().ring();
+                    tracing::info!(ring = %ring, "producer dead: its ready words set, to end our waits");
                     (unblocked, producer_dead_since) = (true, Some(Instant::now()));
                     return None;
                 }
@@ -807,191 +798,5 @@ impl CudaRx {
             gone.then_some(false)
         })
         .unwrap_or(false)
-    }
-
-    /// After retiring our entry as `retiring`: waits until the producer has let go of it (it
-    /// dropped its imports of our release events), or is closed and gone, or is dead; false
-    /// after [`LEAVE_PATIENCE`] without that.
-    fn wait_retired(&self, ring: &ConsumerRing, retiring: u64) -> bool {
-        let (lines, entry, config) = (ring.map().ring(), ring.entry(), ring.wait_config());
-        let deadline = Deadline::after(LEAVE_PATIENCE);
-        let mut first = true;
-        wait::wait_until(None, config, deadline, |tick| {
-            if crate::ring::consumer::retire_done(&lines, entry, retiring) {
-                return Some(());
-            }
-            let look = std::mem::replace(&mut first, false) || tick;
-            (look && !ring.producer_alive()).then_some(())
-        })
-        .is_some()
-    }
-}
-
-impl Consumer<Cuda> {
-    /// Opens CUDA ring `name` with default settings (`Consumer::builder(name).open_gpu()`).
-    ///
-    /// ```no_run
-    /// let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// println!("{} slots of {} bytes", rx.capacity(), rx.slot_size());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn open_gpu(name: &str) -> Result<Consumer<Cuda>, OpenError> {
-        Consumer::builder(name).open_gpu()
-    }
-
-    /// The device the ring's memory is on, as this process numbers devices. It differs from
-    /// [`context`](Self::context)'s when this consumer reads on another GPU
-    /// ([`ConsumerBuilder::device`](crate::ConsumerBuilder::device)): its kernels then read
-    /// across the link between the two.
-    ///
-    /// ```no_run
-    /// let rx = gpuring::Consumer::builder("cam0").device(1).open_gpu()?;
-    /// if rx.memory_device() != rx.context().ordinal() {
-    ///     println!("reading GPU {}'s memory from GPU 1", rx.memory_device());
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn memory_device(&self) -> i32 {
-        self.mem().placed.ring
-    }
-
-    /// The device context this consumer reads in.
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::Stream;
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// // A stream of your own on the device this consumer reads on, for `recv_on`.
-    /// let infer_stream = Stream::new(rx.context())?;
-    /// let frame = rx.recv_on(&infer_stream)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn context(&self) -> &Arc<Context> {
-        &self.mem().ctx
-    }
-
-    /// The consumer's own stream, the one [`recv`](Self::recv) makes wait.
-    ///
-    /// ```no_run
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// # fn my_model<S>(_stream: S) {}
-    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
-    /// my_model(rx.stream().raw());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stream(&self) -> &Stream {
-        &self.mem().stream
-    }
-
-    /// How the ring shares its memory, as the segment says: `"legacy"` (IPC handles, event or
-    /// memory fences) or `"vmm"` (fds from the producer's server, fences as memory words).
-    ///
-    /// ```no_run
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// println!("reading {} memory", rx.sharing_name());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn sharing_name(&self) -> &'static str {
-        match self.mem().vmm {
-            false => "legacy",
-            true => "vmm",
-        }
-    }
-
-    /// Receives the next message and makes `stream` (yours, of this consumer's device) wait
-    /// for it; its release is recorded on `stream` too.
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::Stream;
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let infer_stream = Stream::new(rx.context())?;
-    /// let frame = rx.recv_on(&infer_stream)?; // `infer_stream` waits for the producer's writes
-    /// infer(frame.ptr(), frame.len(), &infer_stream);
-    /// drop(frame); // the release is recorded on `infer_stream`, after infer's kernels
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn recv_on<'a>(&'a self, stream: &'a Stream) -> Result<ReadSlot<'a, Cuda>, RecvError> {
-        same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(Deadline::Never, Some(stream))?)
-    }
-
-    /// [`recv_on`](Self::recv_on), waiting at most `timeout`.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use gpuring::{cuda::Stream, RecvTimeoutError};
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// let infer_stream = Stream::new(rx.context())?;
-    /// match rx.recv_on_timeout(&infer_stream, Duration::from_millis(100)) {
-    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
-    ///     Err(RecvTimeoutError::Timeout) => eprintln!("no frame for 100 ms"),
-    ///     Err(e) => return Err(e.into()),
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn recv_on_timeout<'a>(
-        &'a self,
-        stream: &'a Stream,
-        timeout: Duration,
-    ) -> Result<ReadSlot<'a, Cuda>, RecvTimeoutError> {
-        same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(Deadline::after(timeout), Some(stream))?)
-    }
-
-    /// [`recv_on`](Self::recv_on) if a message is waiting, else `Empty`.
-    ///
-    /// ```no_run
-    /// use gpuring::{cuda::Stream, TryRecvError};
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// let infer_stream = Stream::new(rx.context())?;
-    /// match rx.try_recv_on(&infer_stream) {
-    ///     Ok(frame) => println!("message {} on my stream", frame.seq()),
-    ///     Err(TryRecvError::Empty) => {} // nothing new
-    ///     Err(e) => return Err(e.into()),
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_recv_on<'a>(
-        &'a self,
-        stream: &'a Stream,
-    ) -> Result<ReadSlot<'a, Cuda>, TryRecvError> {
-        same_device(stream, &self.mem().ctx)?;
-        Ok(self.receive(Deadline::Now, Some(stream))?)
-    }
-}
-
-impl ReadSlot<'_, Cuda> {
-    /// The stream that waits for the message: launch kernels that read it here.
-    ///
-    /// ```no_run
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// # fn my_model<S>(_src: u64, _len: usize, _stream: S) {}
-    /// let frame = rx.recv()?;
-    /// // Hand the raw stream to other CUDA code (cudarc, an inference runtime...).
-    /// my_model(frame.ptr(), frame.len(), frame.stream().raw());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stream(&self) -> &Stream {
-        let (consumer, stream) = self.parts();
-        stream.unwrap_or(&consumer.mem().stream)
-    }
-
-    /// Releases the message after the work queued on its stream so far, reporting a failure
-    /// to record the release event (dropping does the same and ignores it).
-    ///
-    /// ```no_run
-    /// # let rx = gpuring::Consumer::open_gpu("cam0")?;
-    /// # fn infer(_src: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let frame = rx.recv()?;
-    /// infer(frame.ptr(), frame.len(), frame.stream());
-    /// frame.release()?; // like drop(frame), but reports a failed event record
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn release(self) -> Result<(), CudaError> {
-        match self.finish() {
-            Ok(()) => Ok(()),
-            Err(Fault::Cuda(e)) => Err(e),
-            Err(other) => unreachable!("a CUDA release fails only in CUDA: {other:?}"),
-        }
     }
 }

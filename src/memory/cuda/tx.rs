@@ -1,34 +1,29 @@
-//! The producer's side of a CUDA ring ([`CudaTx`]), and what only CUDA producers and their
-//! slots have: the context and stream, registered pools, device pointers, `acquire_on`.
+//! The producer's side of a CUDA ring ([`CudaTx`]): its device memory and pools, the ready
+//! fences it records, and its answers to the producer (written, readers done, close).
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use std::os::fd::OwnedFd;
 
 use super::words::SegmentWords;
-use super::{lacks, same_device, Cuda};
+use super::{lacks, Leakable};
 use crate::cuda::driver::{self, CUdeviceptr};
 use crate::cuda::{
     export_raw_fd, Context, CudaError, DevicePool, DriverError, IpcEvent, Stream, VmmPool,
 };
-use crate::error::{
-    AcquireError, AcquireTimeoutError, CreateErrorKind, PublishError, RegisterError,
-};
+use crate::error::{CreateErrorKind, Fault, PublishError, RegisterError};
 use crate::format::gpu::{
     fence_kind, pool_state, release_bank, released_by, sharing_kind, store_uuid, MAX_POOLS,
 };
 use crate::format::offer::{encode, OfferedPool};
-use crate::format::view::MappedRing;
-use crate::memory::{Fault, ProducerSide, TxSettings};
-use crate::producer::{Producer, ProducerRing, WriteSlot};
+use crate::memory::{Closed, ProducerSide, Readers, TxSettings};
 use crate::ring::lease::{self, evict_reason};
-use crate::ring::Ring;
 use crate::shm::fdpass::{FdServer, PeerPolicy};
 use crate::shm::unixsock::fd_file;
-use crate::shm::Segment;
-use crate::wait::{self, Deadline, WaitConfig};
+use crate::shm::view::MappedRing;
+use crate::shm::wait::{self, Deadline, WaitConfig};
 
 /// Slots start at multiples of this in the producer's pool, so kernels can use wide loads.
 ///
@@ -209,10 +204,11 @@ pub struct CudaTx {
     name: String,
     ctx: Arc<Context>,
     uuid: [u8; 16],
-    pools: Vec<PoolMemory>,
+    /// Leaked, with `fences`, when a close gives up on freeing them.
+    pools: Leakable<Vec<PoolMemory>>,
     /// Distance between slots in pool 0.
     stride: usize,
-    fences: TxFences,
+    fences: Leakable<TxFences>,
     /// VMM sharing: the fd server and what it offers; `None`: legacy IPC handles.
     vmm: Option<VmmTx>,
     /// Buffers: the ring's capacity plus its spares.
@@ -264,9 +260,9 @@ impl CudaTx {
             name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
             uuid,
-            pools: Vec::new(),
+            pools: Leakable::new(Vec::new()),
             stride,
-            fences,
+            fences: Leakable::new(fences),
             vmm,
             buffers,
             stream: Stream::new(ctx)?,
@@ -287,7 +283,7 @@ impl CudaTx {
             // Relaxed (both): published by the Release store of `magic`.
             line.pool.store(0, Ordering::Relaxed);
             line.ready_done.store(0, Ordering::Relaxed);
-            if let TxFences::Events(events) = &mut side.fences {
+            if let TxFences::Events(events) = &mut *side.fences {
                 let ev = IpcEvent::new(ctx)?;
                 line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
                 events.ready.push(ev);
@@ -372,11 +368,78 @@ impl CudaTx {
         Ok(PoolId(index as u32))
     }
 
+    /// The device's context.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The producer's own stream.
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// How long a closing producer waits for its consumers to leave.
+    pub(crate) fn set_linger(&mut self, linger: Duration) {
+        self.linger = linger;
+    }
+
+    /// "legacy" or "vmm".
+    pub(crate) fn sharing_name(&self) -> &'static str {
+        match self.vmm {
+            None => "legacy",
+            Some(_) => "vmm",
+        }
+    }
+
+    /// Registers `pool`, allocated by the user, as the next pool.
+    pub(crate) fn register(
+        &mut self,
+        map: &MappedRing,
+        pool: DevicePool,
+    ) -> Result<PoolId, RegisterError> {
+        self.add_pool(map, PoolMemory::Owned(pool))
+    }
+
+    /// Allocates a pool of `bytes` the ring's way (VMM sharing: `cuMemCreate` memory) and
+    /// registers it.
+    pub(crate) fn alloc_pool(
+        &mut self,
+        map: &MappedRing,
+        bytes: usize,
+    ) -> Result<PoolId, RegisterError> {
+        let pool = match self.vmm {
+            None => PoolMemory::Owned(DevicePool::new(&self.ctx, bytes)?),
+            Some(_) => PoolMemory::OwnedVmm(VmmPool::new(&self.ctx, bytes)?),
+        };
+        self.add_pool(map, pool)
+    }
+
+    /// Registers `size` bytes at `ptr`, memory the caller owns, as the next pool.
+    ///
+    /// # Safety
+    /// As `Producer::register_raw`: `ptr` is the base of a dedicated allocation of at least
+    /// `size` bytes on the ring's device, made the ring's sharing way, which stays allocated
+    /// (and mapped) until the producer has dropped.
+    pub(crate) unsafe fn register_raw(
+        &mut self,
+        map: &MappedRing,
+        ptr: CUdeviceptr,
+        size: usize,
+    ) -> Result<PoolId, RegisterError> {
+        self.add_pool(map, PoolMemory::Borrowed { ptr, size })
+    }
+
+    /// Device address and size of pool `id`, if it is one of ours.
+    pub(crate) fn pool(&self, id: PoolId) -> Option<(CUdeviceptr, usize)> {
+        let p = self.pools.get(id.0 as usize)?;
+        Some((p.ptr(), p.size()))
+    }
+
     /// Drops our imports of entry `entry`'s release events (event fences): the producer is
     /// about to free the entry (its consumer retired, died or was evicted), after which its
     /// owner may destroy them.
     fn forget_reader(&mut self, entry: usize, generation: u32) {
-        let TxFences::Events(events) = &mut self.fences else { return };
+        let TxFences::Events(events) = &mut *self.fences else { return };
         let n = self.buffers;
         let mine = &mut events.readers[entry * n..(entry + 1) * n];
         if mine.iter().any(Option::is_some) {
@@ -388,7 +451,7 @@ impl CudaTx {
 
     /// Whether every buffer's last write is done.
     fn all_written(&self, map: &MappedRing) -> bool {
-        match &self.fences {
+        match &*self.fences {
             TxFences::Events(e) => e.ready.iter().all(|ev| ev.is_complete().unwrap_or(true)),
             TxFences::Words(w) => (0..self.buffers).all(|b| w.written(map, b)),
         }
@@ -446,18 +509,6 @@ impl EventFault {
     }
 }
 
-/// Whether every owned entry of `ring` is gone for a closing producer: free, or owned by a
-/// dead process (its entry's liveness lock is free: `shm::presence`). (A retiring entry is
-/// freed by the closing producer's reaps.)
-fn consumers_gone(seg: &Segment, ring: &Ring<'_>) -> bool {
-    ring.consumers.iter().enumerate().all(|(index, e)| {
-        // Acquire: pairs with a leaving consumer's Release CAS, made after it closed its
-        // mappings of our memory.
-        let l = e.lease.load(Ordering::Acquire);
-        lease::state(l) == lease::FREE || !seg.held(crate::shm::presence::consumer(index))
-    })
-}
-
 /// Refuses settings this build cannot honour, before the segment exists: VMM sharing needs a
 /// device that shares `cuMemCreate` memory by fd; memory fences (`Fence::Memory`, and always
 /// with VMM) need 64-bit stream memory operations.
@@ -503,10 +554,10 @@ impl ProducerSide for CudaTx {
     /// the GPU. Waiting for it bounds how far the CPU runs ahead of the GPU to one lap of the
     /// ring; without it, a producer faster than the GPU fills the driver's launch queue and
     /// latency grows to tens of milliseconds.
-    fn written(&mut self, ring: &ProducerRing, slot: usize) -> Result<bool, Fault> {
-        match &self.fences {
+    fn written(&mut self, map: &MappedRing, slot: usize) -> Result<bool, Fault> {
+        match &*self.fences {
             TxFences::Events(events) => Ok(events.ready[slot].is_complete()?),
-            TxFences::Words(words) if words.written(ring.map(), slot) => Ok(true),
+            TxFences::Words(words) if words.written(map, slot) => Ok(true),
             TxFences::Words(_) => {
                 // Not yet: unless our context failed (a kernel fault is sticky), after which
                 // its GPU writes no word again. A word is no driver call, so ask the driver
@@ -523,20 +574,14 @@ impl ProducerSide for CudaTx {
     /// Whether every active consumer that read message `prev` in slot `slot` (its release line
     /// says so) has finished reading it on its GPU: its release fence for the slot is done
     /// (events: its release event completed; memory words: its release word reached
-    /// `prev + 1`). A consumer whose event cannot be opened or queried is evicted (the failure
-    /// is its entry's alone) and no longer waited for.
-    fn readers_done(
-        &mut self,
-        ring: &mut ProducerRing,
-        slot: usize,
-        prev: u64,
-    ) -> Result<bool, Fault> {
+    /// `prev + 1`). A consumer whose event cannot be opened or queried is named for eviction
+    /// (the failure is its entry's alone), its imports dropped.
+    fn readers_done(&mut self, map: &MappedRing, slot: usize, prev: u64) -> Result<Readers, Fault> {
         if self.unfenced {
-            return Ok(true);
+            return Ok(Readers::Done);
         }
         let mut busy = false;
-        for e in 0..ring.map().ring().consumers.len() {
-            let map = ring.map();
+        for e in 0..map.ring().consumers.len() {
             // Acquire: pairs with the consumer's Release CAS to ACTIVE, after it wrote its
             // release lines.
             let seen = map.ring().consumers[e].lease.load(Ordering::Acquire);
@@ -549,7 +594,7 @@ impl ProducerSide for CudaTx {
             if line.released.load(Ordering::Acquire) != prev + 1 {
                 continue;
             }
-            let events = match &mut self.fences {
+            let events = match &mut *self.fences {
                 TxFences::Events(events) => events,
                 TxFences::Words(_) => {
                     // Acquire: the consumer's GPU wrote the word after its reads of `prev`;
@@ -579,11 +624,12 @@ impl ProducerSide for CudaTx {
                     let generation = lease::generation(seen);
                     tracing::warn!(entry = e, generation, %why, "a consumer's release event failed");
                     self.forget_reader(e, generation);
-                    ring.evict(e, seen, evict_reason::RELEASE_EVENT);
+                    let reason = evict_reason::RELEASE_EVENT;
+                    return Ok(Readers::Evict { entry: e, seen, reason });
                 }
             }
         }
-        Ok(!busy)
+        Ok(if busy { Readers::Busy } else { Readers::Done })
     }
 
     fn forget(&mut self, entry: usize, generation: u32) {
@@ -592,15 +638,16 @@ impl ProducerSide for CudaTx {
 
     fn publish(
         &mut self,
-        ring: &ProducerRing,
+        map: &MappedRing,
         slot: usize,
-        (pool, offset): (u32, u64),
+        seq: u64,
+        at: Option<(u32, u64)>,
         stream: Option<&Stream>,
     ) -> Result<(), PublishError> {
+        let (pool, offset) = at.unwrap_or((0, (slot * self.stride) as u64));
         let stream = stream.unwrap_or(&self.stream);
-        let tables = ring.map().gpu();
-        let seq = ring.published();
-        match &mut self.fences {
+        let tables = map.gpu();
+        match &mut *self.fences {
             TxFences::Events(events) => events.ready[slot].record(stream)?,
             TxFences::Words(words) => {
                 let word = words.words.device(&tables.buffers[slot].ready_done);
@@ -621,49 +668,32 @@ impl ProducerSide for CudaTx {
         Ok(())
     }
 
-    fn slot_region(&self, slot: usize) -> (u32, u64) {
-        (0, (slot * self.stride) as u64)
-    }
-
-    fn slot_addr(&self, _: &ProducerRing, slot: usize) -> u64 {
+    fn buffer_addr(&self, _: &MappedRing, slot: usize) -> u64 {
         self.pools[0].ptr() + (slot * self.stride) as u64
     }
 
-    /// Closes the ring, waits up to the linger time for consumers to leave, and frees the
-    /// device memory, unless someone may still use it: then it is left to process exit. (VMM:
-    /// a consumer's import keeps the memory alive by itself, so only our own unfinished writes
-    /// keep it.)
-    fn close(&mut self, ring: &mut ProducerRing) {
-        ring.close();
-        // SeqCst, against the fence a joining consumer makes between claiming its entry and
-        // loading `closed`: either it sees `closed` (and gives up) or `consumers_gone` below
-        // sees its entry taken (and waits for it).
-        fence(Ordering::SeqCst);
-        // Consumers still map our memory while they drain: give them the linger time to leave.
-        // Meanwhile reap every tick: retiring consumers are let go (our imports of their
-        // events dropped first), dead ones reclaimed.
-        let config = WaitConfig { tick: Duration::from_millis(10), ..ring.wait_config() };
-        let deadline = Deadline::after(self.linger);
-        let all_left = wait::wait_until(None, config, deadline, |tick| {
-            if tick {
-                let _ = ring.reap_with(&mut |e, g| self.forget_reader(e, g));
-            }
-            consumers_gone(ring.map().segment(), &ring.map().ring()).then_some(())
-        })
-        .is_some();
+    /// Consumers map our memory while they drain: a closing producer gives them this long.
+    fn linger(&self) -> Option<Duration> {
+        Some(self.linger)
+    }
+
+    /// Waits for our own writes, drops our imports of consumers' events, stops serving fds, and
+    /// frees the device memory, unless someone may still use it: then it is left to process
+    /// exit. (VMM: a consumer's import keeps the memory alive by itself, so only our own
+    /// unfinished writes keep it.)
+    fn close(&mut self, map: &MappedRing, all_left: bool) -> Closed {
         // Our own writes must end before the memory is freed. Poll rather than synchronize: a
         // wedged GPU must not hang the process here.
+        let config = WaitConfig { spin: Duration::ZERO, tick: Duration::from_millis(10) };
         let written = wait::wait_until(None, config, Deadline::after(WRITES_PATIENCE), |_| {
-            self.all_written(ring.map()).then_some(())
+            self.all_written(map).then_some(())
         })
         .is_some();
         // Whoever is still there may destroy its events once we are gone: close our imports
-        // of them first, always; then let go of every retiring entry.
-        let entries = ring.map().params().max_consumers as usize;
-        for e in 0..entries {
+        // of them first, always.
+        for e in 0..map.params().max_consumers as usize {
             self.forget_reader(e, 0);
         }
-        let _ = ring.reap_with(&mut |_, _| {});
         // VMM: stop serving fds; an import already made keeps its memory alive without us.
         let vmm = self.vmm.is_some();
         if let Some(v) = &mut self.vmm {
@@ -671,344 +701,19 @@ impl ProducerSide for CudaTx {
         }
         if !written || (!all_left && !vmm) {
             tracing::warn!(
-                ring = %ring.name(), all_left, written,
+                ring = %self.name, all_left, written,
                 "consumers may still use the ring's device memory: leaving it to process exit"
             );
             // Someone may still map the memory or wait on our events, or our GPU work may still
             // write it (or the segment's words): freeing it now could corrupt a reader. Leave
-            // it to process exit, and stay alive to consumers until then.
-            ring.keep_presence_until_exit();
-            std::mem::forget(std::mem::take(&mut self.pools));
-            let fences = std::mem::replace(&mut self.fences, TxFences::Events(EventsTx::empty()));
-            std::mem::forget(fences);
-            return;
+            // it to process exit (the producer stays alive to consumers until then).
+            self.pools.leak();
+            self.fences.leak();
+            return Closed::Kept;
         }
-        drop(std::mem::take(&mut self.pools));
-        // Memory fences: unregister the segment now, while it is still mapped.
-        drop(std::mem::replace(&mut self.fences, TxFences::Events(EventsTx::empty())));
-        tracing::debug!(target: "gpuring::lifecycle", ring = %ring.name(), "producer pools freed");
-    }
-}
-
-impl EventsTx {
-    /// Nothing: what a closed producer's side is left with.
-    fn empty() -> EventsTx {
-        EventsTx { ready: Vec::new(), readers: Vec::new() }
-    }
-}
-
-impl Producer<Cuda> {
-    /// The device's context.
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::Stream;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// // A stream of your own on the ring's device, for `acquire_on`.
-    /// let decoder_stream = Stream::new(tx.context())?;
-    /// let slot = tx.acquire_on(&decoder_stream)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn context(&self) -> &Arc<Context> {
-        &self.mem().ctx
-    }
-
-    /// The producer's own stream (the one [`acquire`](Self::acquire) uses).
-    ///
-    /// ```no_run
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// tx.acquire()?.publish(0, b"")?;
-    /// // Block until the GPU has run everything queued on the producer's stream.
-    /// tx.stream().synchronize()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stream(&self) -> &Stream {
-        &self.mem().stream
-    }
-
-    /// How long dropping the producer waits for consumers to leave before freeing the memory
-    /// they may still map.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// // Consumers are batch jobs that may take a minute to finish their last frames.
-    /// tx.set_linger(Duration::from_secs(60));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn set_linger(&mut self, linger: Duration) {
-        self.parts().1.linger = linger;
-    }
-
-    /// Adds `pool` to the ring's pool table, so that messages can be published from it with
-    /// [`WriteSlot::publish_region`]. The producer keeps it until it drops. Legacy sharing
-    /// only: a VMM ring refuses a `cuMemAlloc` pool with [`RegisterError::WrongSharing`] (use
-    /// [`alloc_pool`](Self::alloc_pool), which works for both).
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::DevicePool;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// // 64 MiB of decoder output surfaces, shared with every consumer once, here.
-    /// let surfaces = DevicePool::new(tx.context(), 64 << 20)?;
-    /// let id = tx.register(surfaces)?;
-    /// // Later: slot.publish_region(id, offset, len, header) sends one surface.
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn register(&mut self, pool: DevicePool) -> Result<PoolId, RegisterError> {
-        let (ring, mem) = self.parts();
-        mem.add_pool(ring.map(), PoolMemory::Owned(pool))
-    }
-
-    /// Allocates a pool of at least `bytes` on the ring's device, in the ring's sharing mode
-    /// (legacy: a dedicated `cuMemAlloc` rounded up to 2 MiB; VMM: a `cuMemCreate` allocation
-    /// rounded up to the device's granularity), and adds it to the pool table like
-    /// [`register`](Self::register). Its address is [`pool`](Self::pool)`(id)`.
-    ///
-    /// ```no_run
-    /// use gpuring::{PeerPolicy, Producer, Sharing};
-    ///
-    /// let mut tx = Producer::builder("cam0").sharing(Sharing::Vmm(PeerPolicy::SameUid)).create_gpu(0)?;
-    /// let id = tx.alloc_pool(64 << 20)?; // decoder surfaces, shared by fd with each consumer
-    /// let (base, size) = tx.pool(id).expect("allocated above");
-    /// assert!(size >= 64 << 20);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn alloc_pool(&mut self, bytes: usize) -> Result<PoolId, RegisterError> {
-        let (ring, mem) = self.parts();
-        let pool = match mem.vmm {
-            None => PoolMemory::Owned(DevicePool::new(&mem.ctx, bytes)?),
-            Some(_) => PoolMemory::OwnedVmm(VmmPool::new(&mem.ctx, bytes)?),
-        };
-        mem.add_pool(ring.map(), pool)
-    }
-
-    /// How the ring shares its memory: what [`ProducerBuilder::sharing`] chose.
-    ///
-    /// [`ProducerBuilder::sharing`]: crate::ProducerBuilder::sharing
-    ///
-    /// ```no_run
-    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// println!("{} sharing", tx.sharing_name()); // "legacy" or "vmm"
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn sharing_name(&self) -> &'static str {
-        match self.mem().vmm {
-            None => "legacy",
-            Some(_) => "vmm",
-        }
-    }
-
-    /// Adds an allocation the caller owns (a decoder's output surfaces, say) to the pool table.
-    ///
-    /// # Safety
-    /// 1. Legacy sharing: `ptr` must be the base of a dedicated `cuMemAlloc` allocation of at
-    ///    least `size` bytes on this producer's device, never one from a stream-ordered or
-    ///    caching pool (legacy IPC shares the whole underlying block; see `docs/gpu.md`).
-    ///    VMM sharing: `ptr` must be where a `cuMemCreate` allocation of at least `size` bytes,
-    ///    made with the POSIX file descriptor handle type, is mapped (at its offset 0) in this
-    ///    producer's context; anything else is refused with [`RegisterError::WrongSharing`].
-    /// 2. It must stay allocated (and mapped) until this producer has dropped.
-    ///
-    /// ```no_run
-    /// # struct Decoder;
-    /// # impl Decoder {
-    /// #     fn new() -> Decoder { Decoder }
-    /// #     fn surfaces(&self) -> (u64, usize) { (0, 0) }
-    /// # }
-    /// let decoder = Decoder::new(); // declared before `tx`, so it is dropped after it
-    /// let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// let (ptr, size) = decoder.surfaces(); // one dedicated `cuMemAlloc` on GPU 0
-    /// // SAFETY: `ptr` is the base of a plain `cuMemAlloc` of `size` bytes on the ring's
-    /// // device (not from a stream-ordered pool), and `decoder` frees it only when dropped,
-    /// // which is after `tx`.
-    /// let id = unsafe { tx.register_raw(ptr, size) }?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub unsafe fn register_raw(
-        &mut self,
-        ptr: CUdeviceptr,
-        size: usize,
-    ) -> Result<PoolId, RegisterError> {
-        let (ring, mem) = self.parts();
-        mem.add_pool(ring.map(), PoolMemory::Borrowed { ptr, size })
-    }
-
-    /// Device address and size of a registered pool (`None` for an id of another producer).
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::DevicePool;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// let id = tx.register(DevicePool::new(tx.context(), 8 << 20)?)?;
-    /// let (base, size) = tx.pool(id).expect("registered by this producer");
-    /// assert!(size >= 8 << 20); // rounded up to `POOL_ALIGN`
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn pool(&self, id: PoolId) -> Option<(CUdeviceptr, usize)> {
-        let p = self.mem().pools.get(id.0 as usize)?;
-        Some((p.ptr(), p.size()))
-    }
-
-    /// Like [`acquire`](Self::acquire), but the slot is written on `stream` (your decoder's or
-    /// kernel's stream, of this producer's device): `publish` queues the ready fence there.
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::Stream;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let decoder_stream = Stream::new(tx.context())?;
-    /// let slot = tx.acquire_on(&decoder_stream)?; // the old readers are done with the slot
-    /// render(slot.ptr(), 4096, &decoder_stream);
-    /// slot.publish(4096, b"")?; // the ready event is recorded on `decoder_stream`
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn acquire_on<'a>(
-        &'a mut self,
-        stream: &'a Stream,
-    ) -> Result<WriteSlot<'a, Cuda>, AcquireError> {
-        same_device(stream, &self.mem().ctx)?;
-        Ok(self.acquire_until(Deadline::Never, Some(stream))?)
-    }
-
-    /// [`acquire_on`](Self::acquire_on), waiting at most `timeout` (see
-    /// [`acquire_timeout`](Self::acquire_timeout)).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use gpuring::cuda::Stream;
-    /// use gpuring::AcquireTimeoutError;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let decoder_stream = Stream::new(tx.context())?;
-    /// match tx.acquire_on_timeout(&decoder_stream, Duration::from_millis(100)) {
-    ///     Ok(slot) => { render(slot.ptr(), 4096, &decoder_stream); slot.publish(4096, b"")?; }
-    ///     Err(AcquireTimeoutError::Timeout) => eprintln!("consumers are stalled: frame dropped"),
-    ///     Err(e) => return Err(e.into()),
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn acquire_on_timeout<'a>(
-        &'a mut self,
-        stream: &'a Stream,
-        timeout: Duration,
-    ) -> Result<WriteSlot<'a, Cuda>, AcquireTimeoutError> {
-        same_device(stream, &self.mem().ctx)?;
-        Ok(self.acquire_until(Deadline::after(timeout), Some(stream))?)
-    }
-}
-
-impl WriteSlot<'_, Cuda> {
-    /// Queues, on the slot's [`stream`](Self::stream), a copy of `len` bytes from device (or
-    /// device-mapped) memory at `src` into the slot. For sources written by other code, such
-    /// as a decoder's output buffer or a PyTorch tensor; the CPU does not wait.
-    ///
-    /// ```no_run
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # let (decoded, len): (u64, usize) = (0, 4096);
-    /// let slot = tx.acquire()?;
-    /// // SAFETY: `decoded` holds `len` bytes, written by work that `slot.stream()` is ordered
-    /// // after, and stays allocated until the copy has run.
-    /// unsafe { slot.copy_from(decoded, len) }?;
-    /// slot.publish(len, b"")?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// A copy longer than the slot is refused:
-    ///
-    /// ```no_run
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// let slot = tx.acquire()?;
-    /// let too_long = slot.capacity() + 1;
-    /// // SAFETY: refused before any copy is queued.
-    /// assert!(unsafe { slot.copy_from(0, too_long) }.is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Safety
-    /// 1. `src..src + len` must be device memory readable in this producer's context (its own
-    ///    GPU's, or a peer's with access enabled), not overlapping the slot.
-    /// 2. It must stay allocated, and unchanged, until the copy has run: until work queued on
-    ///    the slot's stream after this call completes.
-    /// 3. Whatever wrote it must be ordered before the copy (done, or on the slot's stream or
-    ///    one it waits for, see [`Stream::wait_for`]).
-    pub unsafe fn copy_from(&self, src: CUdeviceptr, len: usize) -> Result<(), CudaError> {
-        if len > self.capacity() {
-            return Err(CudaError::TooLong { len, capacity: self.capacity() });
-        }
-        let stream = self.stream();
-        let _bound = stream.context().bind()?;
-        // SAFETY: the slot holds `capacity() >= len` bytes and is ours until publish; `src`
-        // by (1)-(3); the stream is live and its context current.
-        unsafe { driver::memcpy_dtod_async(self.ptr(), src, len, stream.raw()) }?;
-        Ok(())
-    }
-
-    /// Bytes the slot holds (the ring's slot size).
-    ///
-    /// ```no_run
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let slot = tx.acquire()?;
-    /// let len = 1000.min(slot.capacity());
-    /// render(slot.ptr(), len, slot.stream());
-    /// slot.publish(len, b"")?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn capacity(&self) -> usize {
-        self.parts().0.slot_size()
-    }
-
-    /// The stream to write on: it already waits for the slot's previous readers.
-    ///
-    /// ```no_run
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # fn my_kernel<S>(_dst: u64, _stream: S) {}
-    /// let slot = tx.acquire()?;
-    /// // Hand the raw stream to other CUDA code (cudarc, a decoder library...).
-    /// my_kernel(slot.ptr(), slot.stream().raw());
-    /// slot.publish(4096, b"")?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stream(&self) -> &Stream {
-        let (producer, _, stream) = self.parts();
-        stream.unwrap_or(&producer.mem().stream)
-    }
-
-    /// Publishes `len` bytes at `offset` of registered pool `pool` instead of the slot's own
-    /// memory. Write them on [`stream`](Self::stream) (or make it wait for your writes) first;
-    /// the consumers' reads are fenced by the same ready fence. Do not rewrite the region
-    /// until this slot comes round again: its next acquire is where the producer's stream
-    /// waits for the region's readers.
-    ///
-    /// ```no_run
-    /// use gpuring::cuda::DevicePool;
-    /// # let mut tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
-    /// # fn render(_dst: u64, _len: usize, _stream: &gpuring::cuda::Stream) {}
-    /// let id = tx.register(DevicePool::new(tx.context(), 64 << 20)?)?;
-    /// let (base, _) = tx.pool(id).expect("registered above");
-    /// let slot = tx.acquire()?;
-    /// render(base + 8192, 4096, slot.stream()); // write the region on the slot's stream
-    /// slot.publish_region(id, 8192, 4096, b"")?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn publish_region(
-        self,
-        pool: PoolId,
-        offset: u64,
-        len: u64,
-        header: &[u8],
-    ) -> Result<u64, PublishError> {
-        let producer = self.parts().0;
-        let Some(pool_mem) = producer.mem().pools.get(pool.0 as usize) else {
-            return Err(PublishError::UnknownPool);
-        };
-        let size = pool_mem.size() as u64;
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(PublishError::OutsidePool { offset, len, size });
-        }
-        let slot_size = producer.slot_size();
-        if len > slot_size as u64 {
-            let len = usize::try_from(len).unwrap_or(usize::MAX);
-            return Err(PublishError::TooLong { len, slot_size });
-        }
-        self.publish_at((pool.0, offset), len, header)
+        self.pools.clear();
+        tracing::debug!(target: "gpuring::lifecycle", ring = %self.name, "producer pools freed");
+        // The fences go when the producer drops, while the segment is still mapped.
+        Closed::Freed
     }
 }

@@ -10,7 +10,7 @@ use memmap2::MmapRaw;
 
 use crate::cuda::driver::CUdeviceptr;
 use crate::cuda::{Context, CudaError, HostRegistration};
-use crate::format::view::MappedRing;
+use crate::shm::view::MappedRing;
 
 /// The segment, page-locked for one device through a mapping of its own.
 ///

@@ -5,6 +5,11 @@ use std::io;
 
 use crate::ring::RingCorrupt;
 
+#[cfg(not(loom))]
+mod fault;
+#[cfg(not(loom))]
+pub(crate) use fault::Fault;
+
 /// A value in a segment that a correct peer cannot have written.
 ///
 /// The `Corrupt` variant of each operation's error carries one:

@@ -53,9 +53,8 @@ impl MappedRing {
         &self.seg
     }
 
-    /// The segment, to change what this process keeps of it (its liveness locks: only CUDA
-    /// rings keep them past a close).
-    #[cfg(feature = "cuda")]
+    /// The segment, to change what this process keeps of it (its liveness locks: only memory
+    /// whose work may outlive a close, CUDA's, makes them be kept).
     pub fn segment_mut(&mut self) -> &mut Segment {
         &mut self.seg
     }
