@@ -30,12 +30,15 @@
 //! * The guide, the protocol and the GPU notes are in the repository's `docs/`.
 //!
 //! Layers, each depending only on those before it (docs/protocol.md, "Code layout"):
-//! * `ring` (the protocol: pure atomics, no OS or CUDA calls, loom-checked) and `format` (the
-//!   segment: header, ring lines, CUDA tables, typed views);
-//! * `shm` (the OS: segments, processes, doorbells), `cuda` (the driver), `wait` (the one
-//!   blocking wait; `asynch` holds its async twin);
-//! * [`memory`]: what each memory kind adds, behind one sealed trait;
-//! * the API: [`Producer<M>`] and [`Consumer<M>`], generic over the memory kind.
+//! * `ring` (the protocol: pure atomics, no OS or CUDA calls, loom-checked) and `cuda` (the
+//!   driver), which use nothing else of the crate;
+//! * [`error`] (one error type per operation), then `format` (the segment: header, CUDA tables);
+//! * `shm` (the OS: segments, processes, doorbells, typed views of a mapped segment, the
+//!   blocking and async waits);
+//! * [`memory`]: what each memory kind adds, behind one sealed trait; a kind answers the
+//!   producer's and the consumer's questions and never sees their rings;
+//! * the API: [`Producer<M>`] and [`Consumer<M>`], generic over the memory kind, written once
+//!   for blocking and async waits.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -53,8 +56,6 @@ pub mod ring;
 #[doc(hidden)]
 pub mod shm;
 
-#[cfg(all(feature = "tokio", not(loom)))]
-mod asynch;
 #[cfg(all(feature = "zenoh", not(loom)))]
 pub mod bridge;
 #[cfg(not(loom))]
@@ -71,15 +72,13 @@ pub mod metrics;
 mod producer;
 #[cfg(not(loom))]
 mod stats;
-#[cfg(not(loom))]
-mod waiter;
 pub mod tensor;
 #[cfg(all(feature = "test-support", not(loom)))]
 #[doc(hidden)]
 pub mod testing;
 
 #[cfg(all(feature = "tokio", not(loom)))]
-pub use asynch::Messages;
+pub use consumer::Messages;
 #[cfg(not(loom))]
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 #[cfg(all(feature = "cuda", not(loom)))]

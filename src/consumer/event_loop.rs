@@ -1,6 +1,6 @@
 //! Waiting for messages in an event loop other than tokio's (asyncio, glib, epoll, mio): the
 //! consumer's doorbell as a descriptor the loop watches, armed and disarmed around each wait.
-//! The tokio side (`crate::asynch`) does the same with its own reactor.
+//! The tokio side (`consumer/asynch.rs`, over `shm::wait_async`) does the same with its own reactor.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;

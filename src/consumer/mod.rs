@@ -2,6 +2,8 @@
 //! memory kind: [`Consumer<M>`] is the ring's consumer state ([`ring`]) plus what memory kind
 //! `M` adds ([`crate::memory`]).
 
+#[cfg(feature = "tokio")]
+mod asynch;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod event_loop;
@@ -10,6 +12,8 @@ mod ring;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "tokio")]
+pub use asynch::Messages;
 #[cfg(feature = "cuda")]
 pub use cuda::{GpuConsumer, GpuReadSlot};
 pub(crate) use ring::ConsumerRing;

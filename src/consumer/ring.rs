@@ -242,7 +242,7 @@ impl ConsumerRing {
     /// publish.
     #[cfg(feature = "tokio")]
     pub(crate) async fn pin_async(&self) -> Result<Pinned, Fault> {
-        use crate::asynch::{wait_async, Wake};
+        use crate::shm::wait_async::{wait_async, Wake};
         let ring = self.map.ring();
         let wake = Wake {
             line: ring.consumer_wake,

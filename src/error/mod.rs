@@ -250,18 +250,6 @@ pub struct CreateError {
 }
 
 impl CreateError {
-    /// Ring `ring` could not be created, for reason `kind` (for wrappers that report their own
-    /// failures the library's way).
-    ///
-    /// ```
-    /// use gpuring::{CreateError, CreateErrorKind};
-    /// let e = CreateError::new("cam0", CreateErrorKind::PermissionDenied);
-    /// assert_eq!(e.to_string(), "ring \"cam0\": permission denied creating the segment");
-    /// ```
-    pub fn new(ring: &str, kind: CreateErrorKind) -> CreateError {
-        CreateError::in_dir(ring, &crate::shm::default_dir(), kind)
-    }
-
     /// Ring `ring` could not be created in ring directory `dir`, for reason `kind`.
     ///
     /// ```
@@ -526,18 +514,6 @@ pub struct OpenError {
 }
 
 impl OpenError {
-    /// Ring `ring` could not be opened, for reason `kind` (for wrappers that report their own
-    /// failures the library's way).
-    ///
-    /// ```
-    /// use gpuring::{OpenError, OpenErrorKind};
-    /// let e = OpenError::new("cam0", OpenErrorKind::TimedOut);
-    /// assert_eq!(e.to_string(), "ring \"cam0\": the ring was not ready within the timeout");
-    /// ```
-    pub fn new(ring: &str, kind: OpenErrorKind) -> OpenError {
-        OpenError::in_dir(ring, &crate::shm::default_dir(), kind)
-    }
-
     /// Ring `ring` could not be opened in ring directory `dir`, for reason `kind`.
     ///
     /// ```

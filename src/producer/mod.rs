@@ -2,6 +2,8 @@
 //! [`Producer<M>`] is the ring's producer state ([`ring`]) plus what memory kind `M` adds
 //! ([`crate::memory`]).
 
+#[cfg(feature = "tokio")]
+mod asynch;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod ring;
@@ -23,8 +25,8 @@ use crate::memory::{Closed, Host, Memory, ProducerSide, Readers, TxSettings};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
 use crate::shm::wait::{self, Deadline, WaitConfig};
+use crate::shm::waiter::{block_on, Waiter};
 use crate::stats::ConsumerInfo;
-use crate::waiter::{block_on, Waiter};
 
 /// Spare buffers of a ring whose builder does not set them (see
 /// [`ProducerBuilder::spare_buffers`]), where the ring's limits leave room for them.

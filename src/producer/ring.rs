@@ -14,8 +14,8 @@ use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
 use crate::ring::{audit, lease, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
 use crate::shm::view::MappedRing;
 use crate::shm::wait::{self, Deadline, WaitConfig};
+use crate::shm::waiter::{Waiter, WakeOn};
 use crate::shm::{presence, RingDir, Segment, ShmName};
-use crate::waiter::{Waiter, WakeOn};
 
 /// The ring's side of a producer. `Producer<M>` (`super`) is this plus memory kind `M`'s side.
 pub(crate) struct ProducerRing {

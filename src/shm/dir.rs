@@ -21,6 +21,8 @@ use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
 
+use crate::error::{CreateError, CreateErrorKind, OpenError, OpenErrorKind};
+
 /// The environment variable that sets the default ring directory for every ring of the
 /// process (the library, the `gpuring` command, the Python and C bindings, the GStreamer
 /// elements and the bridge): `GPURING_DIR=/rings`.
@@ -38,6 +40,36 @@ pub fn default_dir() -> PathBuf {
     match std::env::var_os(DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => PathBuf::from(DEFAULT_DIR),
+    }
+}
+
+// The errors' constructors for the default directory: here, beside it, so that the error
+// module needs nothing of the OS layer.
+impl CreateError {
+    /// Ring `ring` could not be created, for reason `kind` (for wrappers that report their own
+    /// failures the library's way).
+    ///
+    /// ```
+    /// use gpuring::{CreateError, CreateErrorKind};
+    /// let e = CreateError::new("cam0", CreateErrorKind::PermissionDenied);
+    /// assert_eq!(e.to_string(), "ring \"cam0\": permission denied creating the segment");
+    /// ```
+    pub fn new(ring: &str, kind: CreateErrorKind) -> CreateError {
+        CreateError::in_dir(ring, &default_dir(), kind)
+    }
+}
+
+impl OpenError {
+    /// Ring `ring` could not be opened, for reason `kind` (for wrappers that report their own
+    /// failures the library's way).
+    ///
+    /// ```
+    /// use gpuring::{OpenError, OpenErrorKind};
+    /// let e = OpenError::new("cam0", OpenErrorKind::TimedOut);
+    /// assert_eq!(e.to_string(), "ring \"cam0\": the ring was not ready within the timeout");
+    /// ```
+    pub fn new(ring: &str, kind: OpenErrorKind) -> OpenError {
+        OpenError::in_dir(ring, &default_dir(), kind)
     }
 }
 

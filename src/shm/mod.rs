@@ -22,6 +22,10 @@ pub mod unixsock;
 pub(crate) mod view;
 #[cfg(not(loom))]
 pub(crate) mod wait;
+#[cfg(all(feature = "tokio", not(loom)))]
+pub(crate) mod wait_async;
+#[cfg(not(loom))]
+pub(crate) mod waiter;
 
 pub use dir::{default_dir, RingDir, DIR_ENV};
 pub use name::{ShmName, MAX_NAME_LEN, SHM_PREFIX};

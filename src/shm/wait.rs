@@ -1,5 +1,5 @@
 //! Waiting: the crate's one blocking wait, [`wait_until`] (its async twin is
-//! `asynch::wait_async`). Every blocking wait of a producer or consumer goes through it: for a
+//! `shm::wait_async`). Every blocking wait of a producer or consumer goes through it: for a
 //! free slot, for a message, for a GPU event, for peers to leave.
 //!
 //! A waiter polls, spins, then yields, then sleeps: on a futex word in shared memory when it

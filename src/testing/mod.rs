@@ -34,7 +34,7 @@ pub fn async_wakes() -> AsyncWakes {
     use std::sync::atomic::Ordering;
     // Relaxed: counters read for a test's assertions, after the waits they count.
     AsyncWakes {
-        doorbell: crate::asynch::DOORBELL_WAKES.load(Ordering::Relaxed),
-        timer: crate::asynch::TIMER_WAKES.load(Ordering::Relaxed),
+        doorbell: crate::shm::wait_async::DOORBELL_WAKES.load(Ordering::Relaxed),
+        timer: crate::shm::wait_async::TIMER_WAKES.load(Ordering::Relaxed),
     }
 }

@@ -1,6 +1,6 @@
 //! How an operation waits, chosen by its caller: blocking the thread (`shm::wait::wait_until`:
 //! spin, yield, futex) or, with feature `tokio`, parked on a doorbell as a task
-//! (`asynch::wait_async`). An operation that can wait both ways is written once, as an `async`
+//! (`shm::wait_async`). An operation that can wait both ways is written once, as an `async`
 //! fn over a [`Waiter`]; its blocking form runs that future to completion with [`block_on`],
 //! which never suspends it (a blocking wait returns only when it is done), the way tokio writes
 //! `blocking_send` over `send`.
@@ -53,13 +53,13 @@ impl Waiter {
             }
             #[cfg(feature = "tokio")]
             Waiter::Parked => {
-                let wake = wake.map(|w| crate::asynch::Wake {
+                let wake = wake.map(|w| crate::shm::wait_async::Wake {
                     line: w.line,
                     flag: None,
                     bell: w.bell,
                     emptied: None,
                 });
-                Some(crate::asynch::wait_async(wake, config, step).await)
+                Some(crate::shm::wait_async::wait_async(wake, config, step).await)
             }
         }
     }

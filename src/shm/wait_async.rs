@@ -1,6 +1,7 @@
-//! Async waiting (feature `tokio`): [`Consumer::recv_async`](crate::Consumer::recv_async),
+//! The async wait (feature `tokio`), under [`Consumer::recv_async`](crate::Consumer::recv_async),
 //! [`Consumer::messages`](crate::Consumer::messages) and
-//! [`Producer::acquire_async`](crate::Producer::acquire_async).
+//! [`Producer::acquire_async`](crate::Producer::acquire_async) (their code is beside the
+//! blocking forms', in `consumer/asynch.rs` and `producer/asynch.rs`).
 //!
 //! An async waiter never spins and never blocks its thread. It parks ([`crate::ring::park`])
 //! and awaits its doorbell ([`crate::shm::doorbell`]) through the reactor of the runtime it is
@@ -18,9 +19,6 @@
 //! (a pin or a release takes a lock held for that step only), so `tokio::spawn(async move {
 //! rx.recv_async().await })` works on any runtime, and several tasks may await one consumer.
 
-mod consumer;
-mod producer;
-
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,8 +28,6 @@ use tokio::io::Interest;
 use crate::ring::{park, WakeLine};
 use crate::shm::doorbell::Doorbell;
 use crate::shm::wait::{WaitConfig, YIELD_PHASE};
-
-pub use consumer::Messages;
 
 /// Waits that a doorbell's knock ended with something to return (statistics, for tests: see
 /// `testing::async_wakes`). Relaxed (both counters): counts nothing else depends on.

@@ -3,7 +3,7 @@
 use crate::error::{AcquireError, Fault, SendError};
 use crate::memory::{Host, Memory};
 use crate::producer::{Producer, WriteSlot};
-use crate::waiter::Waiter;
+use crate::shm::waiter::Waiter;
 
 impl<M: Memory> Producer<M> {
     /// A slot for the next message, awaiting one without blocking the thread: under
