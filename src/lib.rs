@@ -26,6 +26,7 @@
 //!   added ([`memory`]).
 //! * Feature `tokio`: `Consumer::recv_async`, `Consumer::messages`, `Producer::acquire_async`
 //!   wait without holding a thread.
+//! * [`any`]: one producer and one consumer type for either memory kind, for bindings.
 //! * [`inspect`]: what the `gpuring` command shows (`list`, `stat`, `rm`), as a library.
 //! * The guide, the protocol and the GPU notes are in the repository's `docs/`.
 //!
@@ -38,7 +39,8 @@
 //! * [`memory`]: what each memory kind adds, behind one sealed trait; a kind answers the
 //!   producer's and the consumer's questions and never sees their rings;
 //! * the API: [`Producer<M>`] and [`Consumer<M>`], generic over the memory kind, written once
-//!   for blocking and async waits.
+//!   for blocking and async waits;
+//! * `any`: the bindings' facade over the API.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -56,6 +58,8 @@ pub mod ring;
 #[doc(hidden)]
 pub mod shm;
 
+#[cfg(not(loom))]
+pub mod any;
 #[cfg(all(feature = "zenoh", not(loom)))]
 pub mod bridge;
 #[cfg(not(loom))]

@@ -4,15 +4,14 @@ use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 
+use gpuring::any::{AnyConsumer, AnyReadSlot};
 use gpuring::cuda::Stream;
-use gpuring::{
-    Consumer, ConsumerBuilder, Cuda, Host, Memory, MemoryKind, Mode, OpenError, OpenErrorKind,
-    ReadSlot, RecvTimeoutError, StartAt,
-};
+use gpuring::{Consumer, MemoryKind, Mode, RecvTimeoutError, StartAt};
 
 use crate::gpuring_status::*;
 use crate::{
-    fail, gpuring_memory, gpuring_status, guard, open_args, open_status, ring_dir, timeout,
+    fail, gpuring_memory, gpuring_status, guard, memory_of, open_args, open_status, ring_dir,
+    timeout,
 };
 
 /// How a consumer receives.
@@ -78,20 +77,13 @@ pub extern "C" fn gpuring_consumer_options_default() -> gpuring_consumer_options
     }
 }
 
-/// Either memory kind's consumer (boxed in the handle).
-#[allow(clippy::large_enum_variant)]
-enum Rx {
-    Host(Consumer<Host>),
-    Cuda(Consumer<Cuda>),
-}
-
 /// A consumer of a ring. Not thread-safe: use it (and its messages) from one thread at a time.
 ///
 /// Invariants: `rx` owns a leaked `Box` (a raw pointer, because messages borrow `*rx`); `held`
 /// counts the messages not yet released; once `freed`, the handle is dropped by the release of
 /// the last one (a free with messages out is deferred, not a use-after-free).
 pub struct gpuring_consumer {
-    rx: NonNull<Rx>,
+    rx: NonNull<AnyConsumer>,
     held: Cell<usize>,
     freed: Cell<bool>,
     memory: gpuring_memory,
@@ -110,14 +102,9 @@ impl Drop for gpuring_consumer {
 /// Invariant: `slot` borrows `*consumer.rx` and `*stream`, both kept alive until it is gone
 /// (the consumer's `held` count, the stream's leaked box freed by the release).
 pub struct gpuring_message {
-    slot: Received,
+    slot: AnyReadSlot<'static>,
     stream: Option<NonNull<Stream>>,
     consumer: NonNull<gpuring_consumer>,
-}
-
-enum Received {
-    Host(ReadSlot<'static, Host>),
-    Cuda(ReadSlot<'static, Cuda>),
 }
 
 /// What a message is.
@@ -182,27 +169,14 @@ pub unsafe extern "C" fn gpuring_consumer_open(
             b = b.dir(dir);
         }
         let opened = match o.memory {
-            1 => open::<Host>(b).map(Rx::Host),
-            2 => open::<Cuda>(b).map(Rx::Cuda),
-            0 => match open::<Host>(b.clone()) {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }
-                    ) =>
-                {
-                    open::<Cuda>(b).map(Rx::Cuda)
-                }
-                other => other.map(Rx::Host),
-            },
+            1 => AnyConsumer::open_in(b, MemoryKind::Host),
+            2 => AnyConsumer::open_in(b, MemoryKind::Cuda),
+            0 => AnyConsumer::open(b),
             other => return fail(GPURING_INVALID_ARGUMENT, format!("memory {other}")),
         };
         match opened {
             Ok(rx) => {
-                let memory = match rx {
-                    Rx::Host(_) => gpuring_memory::GPURING_MEMORY_HOST,
-                    Rx::Cuda(_) => gpuring_memory::GPURING_MEMORY_CUDA,
-                };
+                let memory = memory_of(rx.memory());
                 let rx = NonNull::from(Box::leak(Box::new(rx)));
                 let c =
                     gpuring_consumer { rx, held: Cell::new(0), freed: Cell::new(false), memory };
@@ -213,10 +187,6 @@ pub unsafe extern "C" fn gpuring_consumer_open(
             Err(e) => fail(open_status(&e), e.to_string()),
         }
     })
-}
-
-fn open<M: Memory>(b: ConsumerBuilder) -> Result<Consumer<M>, OpenError> {
-    b.open_in::<M>()
 }
 
 /// Leaves the ring and frees the consumer. With messages not yet released it only marks the
@@ -268,23 +238,18 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
         // SAFETY: `rx` is a leaked box (stable address), freed only when the handle drops,
         // which waits for every message (`held`); receives take it shared, so several messages
         // may borrow it at once.
-        let rx: &'static Rx = unsafe { handle.rx.as_ref() };
+        let rx: &'static AnyConsumer = unsafe { handle.rx.as_ref() };
         let mut kept = None;
-        let got = match rx {
-            Rx::Host(_) if !stream.is_null() => {
-                Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream"))
-            }
-            Rx::Host(rx) => recv(rx.recv_timeout_or_block(timeout_ms)).map(Received::Host),
-            Rx::Cuda(rx) if stream.is_null() => {
-                recv(rx.recv_timeout_or_block(timeout_ms)).map(Received::Cuda)
-            }
-            Rx::Cuda(rx) => {
+        let got = match rx.context() {
+            _ if stream.is_null() => recv(recv_timeout_or_block(rx, timeout_ms)),
+            None => Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream")),
+            Some(ctx) => {
                 // SAFETY: the caller passes a live stream of the primary context of the GPU
                 // this consumer reads on, which outlives the message and is not the per-thread
                 // default stream if the message is released on another thread (the contract
                 // in the header).
                 let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
-                    Stream::from_raw(rx.context(), stream.cast())
+                    Stream::from_raw(ctx, stream.cast())
                 })));
                 // SAFETY: leaked (stable address), freed by the release after the slot.
                 let s: &'static Stream = unsafe { wrapped.as_ref() };
@@ -293,7 +258,7 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
                     None => rx.recv_on(s).map_err(RecvTimeoutError::from_blocking),
                     Some(t) => rx.recv_on_timeout(s, t),
                 };
-                recv(r).map(Received::Cuda)
+                recv(r)
             }
         };
         let slot = match got {
@@ -320,22 +285,13 @@ pub unsafe extern "C" fn gpuring_consumer_recv(
 }
 
 /// A receive with the C API's timeout convention.
-trait RecvMs<'a, M: Memory> {
-    fn recv_timeout_or_block(
-        &'a self,
-        timeout_ms: i64,
-    ) -> Result<ReadSlot<'a, M>, RecvTimeoutError>;
-}
-
-impl<'a, M: Memory> RecvMs<'a, M> for Consumer<M> {
-    fn recv_timeout_or_block(
-        &'a self,
-        timeout_ms: i64,
-    ) -> Result<ReadSlot<'a, M>, RecvTimeoutError> {
-        match timeout(timeout_ms) {
-            None => self.recv().map_err(RecvTimeoutError::from_blocking),
-            Some(t) => self.recv_timeout(t),
-        }
+fn recv_timeout_or_block(
+    rx: &AnyConsumer,
+    timeout_ms: i64,
+) -> Result<AnyReadSlot<'_>, RecvTimeoutError> {
+    match timeout(timeout_ms) {
+        None => rx.recv().map_err(RecvTimeoutError::from_blocking),
+        Some(t) => rx.recv_timeout(t),
     }
 }
 
@@ -371,24 +327,16 @@ fn recv<T>(r: Result<T, RecvTimeoutError>) -> Result<T, gpuring_status> {
 }
 
 fn describe(m: &gpuring_message) -> gpuring_message_info {
-    let (ptr, len, seq, ts, lag, header, stream) = match &m.slot {
-        Received::Host(s) => {
-            (s.ptr(), s.len(), s.seq(), s.timestamp_ns(), s.lag(), s.header(), std::ptr::null_mut())
-        }
-        Received::Cuda(s) => {
-            let stream: *mut c_void = s.stream().raw().cast();
-            (s.ptr(), s.len(), s.seq(), s.timestamp_ns(), s.lag(), s.header(), stream)
-        }
-    };
+    let s = &m.slot;
     gpuring_message_info {
-        ptr,
-        len,
-        seq,
-        timestamp_ns: ts,
-        lag,
-        header: header.as_ptr(),
-        header_len: header.len(),
-        stream,
+        ptr: s.ptr(),
+        len: s.len(),
+        seq: s.seq(),
+        timestamp_ns: s.timestamp_ns(),
+        lag: s.lag(),
+        header: s.header().as_ptr(),
+        header_len: s.header().len(),
+        stream: s.stream().map_or(std::ptr::null_mut(), |s| s.raw().cast()),
     }
 }
 
@@ -425,13 +373,7 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
         // SAFETY: made by `gpuring_consumer_recv` and not released before (the contract).
         let m = unsafe { Box::from_raw(m) };
         let gpuring_message { slot, stream, consumer } = *m;
-        let released = match slot {
-            Received::Host(s) => {
-                drop(s);
-                Ok(())
-            }
-            Received::Cuda(s) => s.release(),
-        };
+        let released = slot.release();
         if let Some(stream) = stream {
             // SAFETY: leaked by the receive; its slot is gone.
             drop(unsafe { Box::from_raw(stream.as_ptr()) });

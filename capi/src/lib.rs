@@ -1,5 +1,5 @@
 //! The C API of gpuring: opaque handles over the Rust producer and consumer, both memory kinds
-//! behind one handle type each, and a status code from every call with the message of the last
+//! behind one handle type each (`gpuring::any`), and a status code from every call with the message of the last
 //! failure on this thread ([`gpuring_last_error`]). `include/gpuring.h` is generated from this
 //! crate by cbindgen; docs/c.md is the guide.
 //!
@@ -145,6 +145,14 @@ unsafe fn open_args<'a, T: Copy>(
 /// A timeout in milliseconds: negative waits for ever, 0 does not wait.
 fn timeout(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// A ring's memory kind as the C enum says it.
+fn memory_of(kind: gpuring::MemoryKind) -> gpuring_memory {
+    match kind {
+        gpuring::MemoryKind::Host => gpuring_memory::GPURING_MEMORY_HOST,
+        gpuring::MemoryKind::Cuda => gpuring_memory::GPURING_MEMORY_CUDA,
+    }
 }
 
 /// Status of a failed create.

@@ -4,15 +4,17 @@
 use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 
+use gpuring::any::{AnyProducer, AnyWriteSlot};
 use gpuring::cuda::Stream;
 use gpuring::{
-    AcquireError, AcquireTimeoutError, Cuda, Fence, Host, Memory, PeerPolicy, Policy, Producer,
-    ProducerBuilder, PublishError, Sharing, WriteSlot,
+    AcquireError, AcquireTimeoutError, Fence, MemoryKind, PeerPolicy, Policy, Producer,
+    PublishError, Sharing,
 };
 
 use crate::gpuring_status::*;
 use crate::{
-    create_status, fail, gpuring_memory, gpuring_status, guard, open_args, ring_dir, timeout,
+    create_status, fail, gpuring_memory, gpuring_status, guard, memory_of, open_args, ring_dir,
+    timeout,
 };
 
 /// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
@@ -85,19 +87,6 @@ pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options
     }
 }
 
-/// Either memory kind's producer (boxed in the handle, so the variants' sizes do not matter).
-#[allow(clippy::large_enum_variant)]
-enum Tx {
-    Host(Producer<Host>),
-    Cuda(Producer<Cuda>),
-}
-
-/// Either kind's claimed slot, borrowing the handle's producer.
-enum Claimed {
-    Host(WriteSlot<'static, Host>),
-    Cuda(WriteSlot<'static, Cuda>),
-}
-
 /// A ring's producer. Not thread-safe: use it from one thread at a time.
 ///
 /// Invariants: `tx` (and `stream`, when `Some`) own a leaked `Box`, freed in `Drop`; they are
@@ -105,9 +94,10 @@ enum Claimed {
 /// mutably and nothing else may touch them, not even by reborrowing a `Box`. `memory` is the
 /// kind of `*tx`, kept apart so that it can be read while a slot is out.
 pub struct gpuring_producer {
-    slot: Option<Claimed>,
+    /// The claimed slot, borrowing `*tx`.
+    slot: Option<AnyWriteSlot<'static>>,
     stream: Option<NonNull<Stream>>,
-    tx: NonNull<Tx>,
+    tx: NonNull<AnyProducer>,
     memory: gpuring_memory,
 }
 
@@ -115,8 +105,8 @@ impl gpuring_producer {
     /// Ends the slot, if any: CUDA, after the work queued on its stream (a cancelled slot is
     /// handed out again and may be written on another stream), then drops the stream wrapper.
     fn end_slot(&mut self) {
-        if let Some(Claimed::Cuda(s)) = &self.slot {
-            let _ = s.stream().synchronize();
+        if let Some(s) = self.slot.as_ref().and_then(|s| s.stream()) {
+            let _ = s.synchronize();
         }
         self.slot = None;
         if let Some(stream) = self.stream.take() {
@@ -191,15 +181,10 @@ pub unsafe extern "C" fn gpuring_producer_create(
                 "fence_memory orders CUDA work; a host ring has no GPU fences",
             );
         }
-        let made =
-            if cuda { create::<Cuda>(b).map(Tx::Cuda) } else { create::<Host>(b).map(Tx::Host) };
-        match made {
+        let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };
+        match AnyProducer::create(b, kind) {
             Ok(tx) => {
-                let memory = if cuda {
-                    gpuring_memory::GPURING_MEMORY_CUDA
-                } else {
-                    gpuring_memory::GPURING_MEMORY_HOST
-                };
+                let memory = memory_of(tx.memory());
                 let tx = NonNull::from(Box::leak(Box::new(tx)));
                 let p = gpuring_producer { slot: None, stream: None, tx, memory };
                 // SAFETY: `out` is non-null and writable by the caller's contract.
@@ -209,10 +194,6 @@ pub unsafe extern "C" fn gpuring_producer_create(
             Err(e) => fail(create_status(&e), e.to_string()),
         }
     })
-}
-
-fn create<M: Memory>(b: ProducerBuilder) -> Result<Producer<M>, gpuring::CreateError> {
-    b.create_in::<M>()
 }
 
 /// Closes the ring and frees the producer (a CUDA producer first waits, up to its linger, for
@@ -272,11 +253,13 @@ pub unsafe extern "C" fn gpuring_producer_acquire(
         // SAFETY: `tx` is a leaked box owned by `p` (its address is stable); the slot that
         // borrows it is kept in `p.slot`, which `Drop` ends first, and no other call uses `tx`
         // while it is there (`idle`).
-        let tx: &'static mut Tx = unsafe { &mut *p.tx.as_ptr() };
-        let claimed = match tx {
-            Tx::Host(tx) if stream.is_null() => acquire(tx, timeout_ms).map(Claimed::Host),
-            Tx::Host(_) => Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream")),
-            Tx::Cuda(tx) => acquire_cuda(tx, &mut p.stream, timeout_ms, stream),
+        let tx: &'static mut AnyProducer = unsafe { &mut *p.tx.as_ptr() };
+        let claimed = if stream.is_null() {
+            acquire(tx, timeout_ms)
+        } else if tx.is_cuda() {
+            acquire_on(tx, &mut p.stream, timeout_ms, stream)
+        } else {
+            Err(fail(GPURING_INVALID_ARGUMENT, "a host ring takes no stream"))
         };
         let slot = match claimed {
             Ok(slot) => slot,
@@ -285,10 +268,7 @@ pub unsafe extern "C" fn gpuring_producer_acquire(
                 return s;
             }
         };
-        let (addr, size) = match &slot {
-            Claimed::Host(s) => (s.ptr(), s.len()),
-            Claimed::Cuda(s) => (s.ptr(), s.capacity()),
-        };
+        let (addr, size) = (slot.ptr(), slot.capacity());
         p.slot = Some(slot);
         // SAFETY: out-pointers are null (skipped) or writable (the contract).
         unsafe {
@@ -303,10 +283,10 @@ pub unsafe extern "C" fn gpuring_producer_acquire(
     })
 }
 
-fn acquire<M: Memory>(
-    tx: &'static mut Producer<M>,
+fn acquire(
+    tx: &'static mut AnyProducer,
     timeout_ms: i64,
-) -> Result<WriteSlot<'static, M>, gpuring_status> {
+) -> Result<AnyWriteSlot<'static>, gpuring_status> {
     match timeout(timeout_ms) {
         None => tx.acquire().map_err(|e| fail(blocking_status(&e), e)),
         Some(t) => tx.acquire_timeout(t).map_err(|e| fail(acquire_status(&e), e)),
@@ -321,29 +301,26 @@ fn blocking_status(e: &AcquireError) -> gpuring_status {
     }
 }
 
-fn acquire_cuda(
-    tx: &'static mut Producer<Cuda>,
+/// A CUDA ring's slot, to be written on the caller's `stream` (not null).
+fn acquire_on(
+    tx: &'static mut AnyProducer,
     kept: &mut Option<NonNull<Stream>>,
     timeout_ms: i64,
     stream: *mut c_void,
-) -> Result<Claimed, gpuring_status> {
-    if stream.is_null() {
-        return acquire(tx, timeout_ms).map(Claimed::Cuda);
-    }
+) -> Result<AnyWriteSlot<'static>, gpuring_status> {
+    let ctx = tx.context().expect("the caller checked: a CUDA ring");
     // SAFETY: the caller passes a live stream of the ring's GPU's primary context that
     // outlives the slot and is not the per-thread default stream if the slot is published on
     // another thread (the contract in the header).
-    let wrapped = NonNull::from(Box::leak(Box::new(unsafe {
-        Stream::from_raw(tx.context(), stream.cast())
-    })));
+    let wrapped =
+        NonNull::from(Box::leak(Box::new(unsafe { Stream::from_raw(ctx, stream.cast()) })));
     // SAFETY: leaked, so its address is stable; freed by `end_slot` after the slot.
     let s: &'static Stream = unsafe { wrapped.as_ref() };
     *kept = Some(wrapped);
-    let slot = match timeout(timeout_ms) {
+    match timeout(timeout_ms) {
         None => tx.acquire_on(s).map_err(|e| fail(blocking_status(&e), e)),
         Some(t) => tx.acquire_on_timeout(s, t).map_err(|e| fail(acquire_status(&e), e)),
-    };
-    slot.map(Claimed::Cuda)
+    }
 }
 
 fn acquire_status(e: &AcquireTimeoutError) -> gpuring_status {
@@ -360,10 +337,8 @@ fn acquire_status(e: &AcquireTimeoutError) -> gpuring_status {
 #[no_mangle]
 pub unsafe extern "C" fn gpuring_producer_slot_stream(p: *const gpuring_producer) -> *mut c_void {
     // SAFETY: by the caller's contract (null or live).
-    match unsafe { p.as_ref() }.and_then(|p| p.slot.as_ref()) {
-        Some(Claimed::Cuda(s)) => s.stream().raw().cast(),
-        _ => std::ptr::null_mut(),
-    }
+    let slot = unsafe { p.as_ref() }.and_then(|p| p.slot.as_ref());
+    slot.and_then(|s| s.stream()).map_or(std::ptr::null_mut(), |s| s.raw().cast())
 }
 
 /// Publishes the acquired slot: its first `len` bytes and the `header_len` bytes of user
@@ -393,11 +368,7 @@ pub unsafe extern "C" fn gpuring_producer_publish(
                 return s;
             }
         };
-        let published = match p.slot.take() {
-            Some(Claimed::Host(s)) => s.publish(len, header),
-            Some(Claimed::Cuda(s)) => s.publish(len, header),
-            None => unreachable!("checked above"),
-        };
+        let published = p.slot.take().expect("checked above").publish(len, header);
         p.end_slot();
         match published {
             Ok(n) => {
@@ -492,12 +463,12 @@ pub unsafe extern "C" fn gpuring_producer_send(
         // SAFETY: acquire succeeded, so `p` is live and holds the slot; no other reference to
         // the handle is alive here.
         let slot = unsafe { &mut *p }.slot.as_mut().expect("acquired above");
-        let copied = match slot {
-            Claimed::Host(s) => {
-                s[..len].copy_from_slice(data);
+        let copied = match slot.bytes_mut() {
+            Some(bytes) => {
+                bytes[..len].copy_from_slice(data);
                 Ok(())
             }
-            Claimed::Cuda(s) => copy_to_device(s, data),
+            None => copy_to_device(slot, data),
         };
         if let Err(e) = copied {
             // SAFETY: as above.
@@ -511,11 +482,8 @@ pub unsafe extern "C" fn gpuring_producer_send(
 
 /// Copies `data` into a CUDA slot on its stream, waiting for the copy (the host buffer is the
 /// caller's, free again when `send` returns).
-fn copy_to_device(
-    s: &WriteSlot<'static, Cuda>,
-    data: &[u8],
-) -> Result<(), gpuring::cuda::CudaError> {
-    let stream = s.stream();
+fn copy_to_device(s: &AnyWriteSlot<'static>, data: &[u8]) -> Result<(), gpuring::cuda::CudaError> {
+    let stream = s.stream().expect("a slot without host bytes is a CUDA slot");
     let _bound = stream.context().bind()?;
     // SAFETY: the slot holds at least `data.len()` bytes (checked by the caller) and is ours
     // until publish; the stream is live; the copy is waited for below, before `data` can go.
@@ -530,10 +498,7 @@ pub unsafe extern "C" fn gpuring_producer_consumer_count(p: *mut gpuring_produce
     // SAFETY: by the caller's contract.
     match unsafe { idle(p) } {
         // SAFETY: no slot borrows `tx` (`idle`); it lives as long as the handle.
-        Ok(p) => match unsafe { p.tx.as_ref() } {
-            Tx::Host(t) => t.consumer_count() as i64,
-            Tx::Cuda(t) => t.consumer_count() as i64,
-        },
+        Ok(p) => unsafe { p.tx.as_ref() }.consumer_count() as i64,
         Err(_) => -1,
     }
 }

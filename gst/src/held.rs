@@ -1,28 +1,28 @@
-//! Host-memory messages lent to GStreamer without a copy: a received slot stays held while a
-//! `GstMemory` wraps its bytes, and is released when GStreamer frees that memory, on whatever
-//! thread that happens. A `Consumer` is `Sync` and its messages are `Send`, so a lent message
-//! simply owns a share of the consumer and is dropped where GStreamer drops it.
+//! The source's consumer ([`Shared`], either memory kind), and host-memory messages lent to
+//! GStreamer without a copy: a received slot stays held while a `GstMemory` wraps its bytes,
+//! and is released when GStreamer frees that memory, on whatever thread that happens. A
+//! consumer is `Sync` and its messages are `Send`, so a lent message simply owns a share of
+//! the consumer and is dropped where GStreamer drops it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuring::{Consumer, Host, ReadSlot, RecvTimeoutError};
-
-type Slot<'a> = ReadSlot<'a, Host>;
+use gpuring::any::{AnyConsumer, AnyReadSlot};
+use gpuring::RecvTimeoutError;
 
 self_cell::self_cell!(
     /// A received slot and the consumer it borrows. Dropping it releases the slot.
     struct Held {
-        owner: Arc<Consumer<Host>>,
+        owner: Arc<AnyConsumer>,
         #[covariant]
-        dependent: Slot,
+        dependent: AnyReadSlot,
     }
 );
 
 /// A ring's consumer, shared by the source and the slots it has lent.
 pub struct Shared {
-    rx: Arc<Consumer<Host>>,
+    rx: Arc<AnyConsumer>,
     /// Slots lent now. Relaxed (every access): a count for the lending limit, nothing is
     /// published with it.
     lent: AtomicUsize,
@@ -33,9 +33,14 @@ pub struct Shared {
 
 impl Shared {
     /// Shares `rx`.
-    pub fn new(rx: Consumer<Host>) -> Arc<Shared> {
+    pub fn new(rx: AnyConsumer) -> Arc<Shared> {
         let (epoch, spares) = (rx.epoch(), rx.spare_buffers());
         Arc::new(Shared { rx: Arc::new(rx), lent: AtomicUsize::new(0), spares, epoch })
+    }
+
+    /// The consumer.
+    pub fn consumer(&self) -> &AnyConsumer {
+        &self.rx
     }
 
     /// The ring's spare buffers.
@@ -53,7 +58,8 @@ impl Shared {
         self.lent.load(Ordering::Relaxed)
     }
 
-    /// Receives the next message, waiting at most `wait`, and lends it.
+    /// Receives the next message of a host ring, waiting at most `wait`, and lends it. (CUDA
+    /// messages are copied out, never lent.)
     pub fn recv(self: &Arc<Self>, wait: Duration) -> Result<SlotBytes, RecvTimeoutError> {
         let held = Held::try_new(self.rx.clone(), |rx| rx.recv_timeout(wait))?;
         self.lent.fetch_add(1, Ordering::Relaxed);
@@ -92,7 +98,8 @@ impl SlotBytes {
 
 impl AsRef<[u8]> for SlotBytes {
     fn as_ref(&self) -> &[u8] {
-        self.held.borrow_dependent()
+        let bytes = self.held.borrow_dependent().bytes();
+        bytes.expect("only host rings lend their slots (`Shared::recv`)")
     }
 }
 

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
+use gpuring::any::{AnyProducer, AnyWriteSlot};
 use gpuring::cuda::driver::{self, Rows};
 use gpuring::tensor::{DType, TensorHeader};
-use gpuring::{AcquireTimeoutError, Cuda, Host, Policy, Producer};
+use gpuring::{AcquireTimeoutError, MemoryKind, Policy, Producer};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
@@ -71,15 +72,10 @@ impl Default for Settings {
     }
 }
 
-/// The ring, in the memory kind it was created in.
-enum Tx {
-    Host(Box<Producer<Host>>),
-    Cuda(Box<Producer<Cuda>>),
-}
-
 /// What a running sink holds.
 struct State {
-    tx: Tx,
+    /// The ring, in the memory kind it was created in.
+    tx: AnyProducer,
     /// The negotiated format (system-memory input's default layout comes from it).
     info: VideoInfo,
     /// Upstream CUDA buffers whose GPU copy into a slot may not have run yet: kept alive (so
@@ -255,8 +251,8 @@ mod imp {
         fn stop(&self) -> Result<(), gst::ErrorMessage> {
             // Dropping the producer closes the ring: consumers drain it, then see it closed.
             if let Some(mut state) = self.state.lock().unwrap().take() {
-                if let Tx::Cuda(tx) = &state.tx {
-                    let _ = tx.stream().synchronize();
+                if let Some(stream) = state.tx.stream() {
+                    let _ = stream.synchronize();
                 }
                 state.in_flight.clear();
             }
@@ -311,9 +307,9 @@ mod imp {
             self.let_go_of_copied(state)?;
             // A CUDA-memory buffer into a CUDA ring is copied on the GPU; everything else is
             // read on the CPU (GStreamer downloads CUDA memory for a host ring).
-            let device_map = match (cuda_lib, &state.tx) {
-                (Some(lib), Tx::Cuda(_)) => Some(lib.map_read(mem).ok_or(gst::FlowError::Error)?),
-                _ => None,
+            let device_map = match cuda_lib.filter(|_| state.tx.is_cuda()) {
+                Some(lib) => Some(lib.map_read(mem).ok_or(gst::FlowError::Error)?),
+                None => None,
             };
             let cpu_map;
             let frame = match &device_map {
@@ -364,12 +360,8 @@ mod imp {
                 Memory::Host => false,
                 Memory::Auto => cuda_input,
             };
-            let tx = if cuda {
-                builder.create_gpu(s.device).map(|tx| Tx::Cuda(Box::new(tx)))
-            } else {
-                builder.create().map(|tx| Tx::Host(Box::new(tx)))
-            };
-            let tx = tx.map_err(|e| {
+            let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };
+            let tx = AnyProducer::create(builder.device(s.device), kind).map_err(|e| {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::OpenWrite,
@@ -470,62 +462,64 @@ mod imp {
                     ["a frame of {len} bytes does not fit the ring's {slot}-byte slots (set slot-size)"]);
                 gst::FlowError::Error
             };
-            match (&mut state.tx, frame) {
-                (Tx::Host(tx), Frame::Cpu(bytes)) => {
-                    if len > tx.slot_size() {
-                        return Err(too_long(tx.slot_size()));
-                    }
-                    self.with_slot(tx, |mut slot| {
-                        slot[..len].copy_from_slice(bytes);
-                        slot.publish(len, header).map(drop).map_err(|e| self.refuse(&e))
-                    })?;
-                }
-                (Tx::Cuda(tx), frame) => {
-                    if len > tx.slot_size() {
-                        return Err(too_long(tx.slot_size()));
-                    }
-                    let ctx = tx.context().clone();
-                    self.with_slot(tx, |slot| {
-                        let _bound = ctx.bind().map_err(|e| self.refuse(&e))?;
-                        let stream = slot.stream().raw();
-                        let copied = match frame {
-                            // SAFETY: the slot holds `len` bytes and is ours until publish;
-                            // `bytes` stays mapped until the call returns, and a copy from
-                            // pageable memory has staged it by then; our context is current.
-                            Frame::Cpu(bytes) => unsafe {
-                                driver::memcpy_htod_async(slot.ptr(), bytes, stream)
-                            },
-                            // SAFETY: the map covers `len` bytes of device memory in its own
-                            // context, kept alive after this call by `keep_until_copied`;
-                            // upstream wrote it before pushing (1.22) or `map_read` waited for
-                            // its stream. One row of `len` bytes: the whole buffer.
-                            Frame::Device(map) => unsafe {
-                                driver::memcpy_2d_peer_async(
-                                    Rows::Device { ptr: slot.ptr(), pitch: len, ctx: ctx.raw() },
-                                    Rows::Device { ptr: map.ptr, pitch: len, ctx: map.ctx.cast() },
-                                    len,
-                                    1,
-                                    stream,
-                                )
-                            },
-                        };
-                        copied.map_err(|e| self.refuse(&e))?;
-                        slot.publish(len, header).map(drop).map_err(|e| self.refuse(&e))
-                    })?;
-                }
-                (Tx::Host(_), Frame::Device(_)) => {
-                    unreachable!("a host ring reads frames on the CPU")
-                }
+            let tx = &mut state.tx;
+            if len > tx.slot_size() {
+                return Err(too_long(tx.slot_size()));
             }
+            self.with_slot(tx, |mut slot| {
+                if let Some(bytes) = slot.bytes_mut() {
+                    let Frame::Cpu(src) = frame else {
+                        unreachable!("a host ring reads frames on the CPU")
+                    };
+                    bytes[..len].copy_from_slice(src);
+                } else {
+                    self.copy_to_device(&slot, frame, len)?;
+                }
+                slot.publish(len, header).map(drop).map_err(|e| self.refuse(&e))
+            })?;
             Ok(())
+        }
+
+        /// Copies `frame` (`len` bytes) into CUDA slot `slot`, on its stream.
+        fn copy_to_device(
+            &self,
+            slot: &AnyWriteSlot<'_>,
+            frame: Frame,
+            len: usize,
+        ) -> Result<(), gst::FlowError> {
+            let stream = slot.stream().expect("a slot without host bytes is a CUDA slot");
+            let ctx = stream.context();
+            let _bound = ctx.bind().map_err(|e| self.refuse(&e))?;
+            let copied = match frame {
+                // SAFETY: the slot holds `len` bytes and is ours until publish; `bytes` stays
+                // mapped until the call returns, and a copy from pageable memory has staged it
+                // by then; our context is current.
+                Frame::Cpu(bytes) => unsafe {
+                    driver::memcpy_htod_async(slot.ptr(), bytes, stream.raw())
+                },
+                // SAFETY: the map covers `len` bytes of device memory in its own context, kept
+                // alive after this call by `keep_until_copied`; upstream wrote it before
+                // pushing (1.22) or `map_read` waited for its stream. One row of `len` bytes:
+                // the whole buffer.
+                Frame::Device(map) => unsafe {
+                    driver::memcpy_2d_peer_async(
+                        Rows::Device { ptr: slot.ptr(), pitch: len, ctx: ctx.raw() },
+                        Rows::Device { ptr: map.ptr, pitch: len, ctx: map.ctx.cast() },
+                        len,
+                        1,
+                        stream.raw(),
+                    )
+                },
+            };
+            copied.map_err(|e| self.refuse(&e))
         }
 
         /// Waits for a free slot, a tick at a time so that a pause or a flush can end the
         /// wait, and hands it to `fill` (which writes and publishes it).
-        fn with_slot<M: gpuring::Memory>(
+        fn with_slot(
             &self,
-            tx: &mut Producer<M>,
-            fill: impl FnOnce(gpuring::WriteSlot<'_, M>) -> Result<(), gst::FlowError>,
+            tx: &mut AnyProducer,
+            fill: impl FnOnce(AnyWriteSlot<'_>) -> Result<(), gst::FlowError>,
         ) -> Result<(), gst::FlowError> {
             let slot = loop {
                 match tx.acquire_timeout(TICK) {
@@ -559,9 +553,9 @@ mod imp {
         /// Lets go of the upstream buffers kept for copies that have run: all of them once the
         /// producer's stream is idle (checked before the next frame's copy is queued).
         fn let_go_of_copied(&self, state: &mut State) -> Result<(), gst::FlowError> {
-            if let Tx::Cuda(tx) = &state.tx {
+            if let Some(stream) = state.tx.stream() {
                 if !state.in_flight.is_empty()
-                    && tx.stream().is_idle().map_err(|_| gst::FlowError::Error)?
+                    && stream.is_idle().map_err(|_| gst::FlowError::Error)?
                 {
                     state.in_flight.clear();
                 }
@@ -576,10 +570,10 @@ mod imp {
             state: &mut State,
             buffer: gst::Buffer,
         ) -> Result<(), gst::FlowError> {
-            let Tx::Cuda(tx) = &state.tx else { return Ok(()) };
+            let Some(stream) = state.tx.stream() else { return Ok(()) };
             state.in_flight.push_back(buffer);
             if state.in_flight.len() > MAX_IN_FLIGHT {
-                tx.stream().synchronize().map_err(|_| gst::FlowError::Error)?;
+                stream.synchronize().map_err(|_| gst::FlowError::Error)?;
                 state.in_flight.clear();
             }
             Ok(())
@@ -589,9 +583,6 @@ mod imp {
 
 impl State {
     fn consumer_count(&self) -> usize {
-        match &self.tx {
-            Tx::Host(tx) => tx.consumer_count(),
-            Tx::Cuda(tx) => tx.consumer_count(),
-        }
+        self.tx.consumer_count()
     }
 }

@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuring::{
-    Consumer, ConsumerBuilder, Cuda, Host, MemoryKind, Mode, OpenErrorKind, RecvTimeoutError,
-};
+use gpuring::any::AnyConsumer;
+use gpuring::{Consumer, ConsumerBuilder, Mode, OpenErrorKind, RecvTimeoutError};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
@@ -172,23 +171,6 @@ impl Default for Settings {
     }
 }
 
-/// The ring's consumer, in the memory kind the ring has.
-enum Reader {
-    /// Slots stay held while GStreamer buffers wrap them.
-    Host(Arc<Shared>),
-    /// Each message is copied out and released at once.
-    Cuda(Box<Consumer<Cuda>>),
-}
-
-impl Reader {
-    fn epoch(&self) -> u64 {
-        match self {
-            Reader::Host(shared) => shared.epoch(),
-            Reader::Cuda(rx) => rx.epoch(),
-        }
-    }
-}
-
 /// What the source pushes, for the current caps.
 struct Output {
     header: FrameHeader,
@@ -200,7 +182,10 @@ struct Output {
 }
 
 struct State {
-    reader: Reader,
+    /// The ring's consumer, in the memory kind the ring has. Host memory: slots stay held
+    /// while GStreamer buffers wrap them. CUDA: each message is copied out and released at
+    /// once.
+    reader: Arc<Shared>,
     out: Option<Output>,
     /// Messages lost so far (sum of each message's lag).
     lost: u64,
@@ -449,28 +434,17 @@ mod imp {
 
         /// Opens the ring (one of epoch other than `not_epoch`), in whichever memory it has,
         /// waiting for it while `wait` is set.
-        fn open(&self, not_epoch: Option<u64>) -> Result<Reader, gst::FlowError> {
+        fn open(&self, not_epoch: Option<u64>) -> Result<Arc<Shared>, gst::FlowError> {
             let s = self.settings.lock().unwrap().clone();
             let name = s.ring.clone().unwrap_or_default();
             loop {
                 if self.flushing.load(Ordering::Relaxed) {
                     return Err(gst::FlowError::Flushing);
                 }
-                let host = self.builder(&s).open_in_when_ready::<Host>(not_epoch, TICK);
-                let opened = match host {
-                    Ok(rx) => Ok(Reader::Host(Shared::new(rx))),
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }
-                        ) =>
-                    {
-                        let b = self.builder(&s);
-                        let b = if s.device >= 0 { b.device(s.device) } else { b };
-                        b.open_gpu_when_ready(not_epoch, TICK).map(|rx| Reader::Cuda(Box::new(rx)))
-                    }
-                    Err(e) => Err(e),
-                };
+                let b = self.builder(&s);
+                // The device is read by CUDA rings only.
+                let b = if s.device >= 0 { b.device(s.device) } else { b };
+                let opened = AnyConsumer::open_when_ready(b, not_epoch, TICK).map(Shared::new);
                 match opened {
                     Ok(reader) => {
                         gst::info!(
@@ -500,9 +474,10 @@ mod imp {
         /// Receives the next message and turns it into a buffer.
         fn receive(&self, state: &mut State) -> Result<gst::Buffer, Ended> {
             let State { reader, out, lost } = state;
-            match reader {
-                Reader::Host(shared) => {
-                    let shared = shared.clone();
+            let rx = reader.consumer();
+            match rx.context() {
+                None => {
+                    let shared = reader.clone();
                     let got = self.next(|| shared.recv(TICK))?;
                     let header = self.frame_header(got.header())?;
                     self.lost(lost, got.seq(), got.lag());
@@ -529,16 +504,16 @@ mod imp {
                     stamp(buffer.get_mut().expect("ours"), &header);
                     Ok(buffer)
                 }
-                Reader::Cuda(rx) => {
+                Some(ctx) => {
                     let slot = self.next(|| rx.recv_timeout(TICK))?;
                     let header = self.frame_header(slot.header())?;
                     let (seq, lag) = (slot.seq(), slot.lag());
-                    let ctx = rx.context().clone();
+                    let ctx = ctx.clone();
                     let info = self.peek_info(&header)?;
                     let src = Layout::of_header(&info, &header, slot.len())
                         .map_err(|e| self.fail(&format!("message {seq}: {e}")))?;
                     let out = self.output(out, &header, Some(ctx.ordinal()))?;
-                    let stream = slot.stream();
+                    let stream = slot.stream().expect("a CUDA message has a stream");
                     let _bound = ctx.bind().map_err(|e| self.fail(&e))?;
                     let mut buffer = match &out.cuda {
                         Some(pool) => {
@@ -624,11 +599,7 @@ mod imp {
         /// nor a producer killed before its GPU signalled the frame ready can hang the element:
         /// the latter ends the ring as `Disconnected` (a new producer is waited for, or the
         /// stream ends), [`DEAD_GRACE`] after `rx` finds its producer gone.
-        fn wait_idle(
-            &self,
-            rx: &Consumer<Cuda>,
-            stream: &gpuring::cuda::Stream,
-        ) -> Result<(), Ended> {
+        fn wait_idle(&self, rx: &AnyConsumer, stream: &gpuring::cuda::Stream) -> Result<(), Ended> {
             // Relaxed: a hint polled each time round.
             let flushing = || self.flushing.load(Ordering::Relaxed);
             match wait_done(|| stream.is_idle(), || rx.producer_alive(), flushing, DEAD_GRACE) {

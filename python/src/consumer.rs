@@ -1,13 +1,13 @@
 //! `gpuring.Consumer`: opens a ring of either memory kind and receives `Slot`s. Blocking waits
 //! release the GIL and wake every 100 ms to let Ctrl-C (and other signals) through.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use gpuring::{
-    Consumer as RingConsumer, Cuda, Host, MemoryKind, Mode, OpenError, OpenErrorKind,
-    RecvTimeoutError, StartAt,
+    Consumer as RingConsumer, Mode, OpenError, OpenErrorKind, RecvTimeoutError, StartAt,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use crate::aio;
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, open_error, timeout, Disconnected};
-use crate::held::{Held, Reader, Receiver};
+use crate::held::{Held, Reader};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
 
@@ -46,7 +46,7 @@ use crate::slot::{stream_number, Slot};
 #[pyclass(module = "gpuring")]
 pub struct Consumer {
     /// None once closed. Bound to the thread that opened it (see `bound`).
-    shared: ThreadBound<Option<Rc<dyn Receiver>>>,
+    shared: ThreadBound<Option<Rc<Reader>>>,
     name: String,
     /// The ring directory it was opened in.
     dir: PathBuf,
@@ -125,7 +125,7 @@ impl Consumer {
                 other => break other.map_err(open_error)?,
             }
         };
-        let device = rx.device();
+        let device = rx.consumer().device();
         let shared = ThreadBound::new(Some(rx));
         Ok(Consumer { shared, name: name.to_owned(), dir, wanted, device })
     }
@@ -191,26 +191,26 @@ impl Consumer {
 
     /// The doorbell's descriptor (-1: none could be bound), for `aio.py`.
     fn _doorbell(&self) -> PyResult<i32> {
-        Ok(self.shared()?.doorbell_fd().unwrap_or(-1))
+        Ok(self.shared()?.consumer().doorbell_fd().map_or(-1, |fd| fd.as_raw_fd()))
     }
 
     /// Arms the doorbell, for `aio.py`.
     fn _arm(&self) -> PyResult<()> {
-        self.shared()?.arm();
+        self.shared()?.consumer().arm_doorbell();
         Ok(())
     }
 
     /// Disarms and empties the doorbell, for `aio.py`. A closed consumer has nothing to disarm.
     fn _disarm(&self) -> PyResult<()> {
         if let Ok(rx) = self.shared() {
-            rx.disarm();
+            rx.consumer().disarm_doorbell();
         }
         Ok(())
     }
 
     /// Seconds between the producer liveness checks of a wait, for `aio.py`.
     fn _liveness(&self) -> PyResult<f64> {
-        Ok(self.shared()?.liveness().as_secs_f64())
+        Ok(self.shared()?.consumer().liveness_interval().as_secs_f64())
     }
 
     /// The `TimeoutError` of a wait of `timeout` seconds, worded as `recv`'s, for `aio.py`.
@@ -224,7 +224,7 @@ impl Consumer {
     /// `reason` says the same).
     #[getter]
     fn ended(&self) -> PyResult<Option<&'static str>> {
-        Ok(self.shared()?.ended().map(gpuring::Ended::name))
+        Ok(self.shared()?.consumer().ended().map(gpuring::Ended::name))
     }
 
     /// Iterating yields messages until the producer closes the ring.
@@ -289,25 +289,25 @@ impl Consumer {
     /// Slots in the ring.
     #[getter]
     fn capacity(&self) -> PyResult<u32> {
-        Ok(self.shared()?.capacity())
+        Ok(self.shared()?.consumer().capacity())
     }
 
     /// This consumer's delivery mode: "lossless", "queue" or "latest".
     #[getter]
     fn mode(&self) -> PyResult<&'static str> {
-        Ok(self.shared()?.mode().name())
+        Ok(self.shared()?.consumer().mode().name())
     }
 
     /// Largest message in bytes.
     #[getter]
     fn slot_size(&self) -> PyResult<usize> {
-        Ok(self.shared()?.slot_size())
+        Ok(self.shared()?.consumer().slot_size())
     }
 
     /// Bytes of user header per message.
     #[getter]
     fn header_size(&self) -> PyResult<usize> {
-        Ok(self.shared()?.user_header_size())
+        Ok(self.shared()?.consumer().user_header_size())
     }
 
     /// The stream messages are ready on (DLPack numbering: 1 is the legacy default stream);
@@ -325,7 +325,7 @@ impl Consumer {
 }
 
 impl Consumer {
-    fn shared(&self) -> PyResult<&Rc<dyn Receiver>> {
+    fn shared(&self) -> PyResult<&Rc<Reader>> {
         let shared = self.shared.get()?.as_ref();
         shared.ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
     }
@@ -344,7 +344,7 @@ impl Consumer {
             Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => {
-                let ended = self.shared()?.ended();
+                let ended = self.shared()?.consumer().ended();
                 let (why, reason) = match ended {
                     Some(e) => (e.to_string(), e.name()),
                     None => ("the producer closed the ring or died".to_owned(), "gone"),
@@ -379,7 +379,7 @@ fn open(
     device: Option<i32>,
     stream: Option<u64>,
     allow_foreign_owner: bool,
-) -> Result<Rc<dyn Receiver>, OpenError> {
+) -> Result<Rc<Reader>, OpenError> {
     let builder = RingConsumer::builder(name)
         .dir(dir)
         .start_at(start)
@@ -392,10 +392,5 @@ fn open(
         Some(d) => builder.device(d),
         None => builder,
     };
-    match Reader::<Host>::open(builder.clone(), stream) {
-        Err(e) if matches!(e.kind(), OpenErrorKind::WrongMemory { found: MemoryKind::Cuda }) => {
-            Reader::<Cuda>::open(builder, stream)
-        }
-        other => other,
-    }
+    Reader::open(builder, stream)
 }

@@ -1,16 +1,13 @@
-//! What differs between the two memory kinds, and nothing else: [`Kind`], implemented once for
-//! host memory and once for CUDA memory. The consumer, its messages and the producer are
-//! written once over it (`held`, `producer`); the Python classes, which cannot be generic,
-//! hold them as trait objects, chosen when the ring is opened or created.
+//! What `Producer.send` copies a message from, as the ring's memory kind takes it
+//! ([`outgoing`]): any contiguous buffer for a host ring, a CUDA array on the ring's GPU for a
+//! CUDA ring. The producer itself is one type for both kinds (`gpuring::any`).
 
 use std::time::Duration;
 
-use gpuring::cuda::Stream;
+use gpuring::any::{AnyProducer, AnyWriteSlot};
+use gpuring::cuda::{Context, Stream};
 use gpuring::tensor::TensorHeader;
-use gpuring::{
-    AcquireTimeoutError, Consumer, Cuda, Host, Memory, Producer, ReadSlot, RecvTimeoutError,
-    WriteSlot,
-};
+use gpuring::AcquireTimeoutError;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -21,237 +18,140 @@ use crate::errors::error;
 use crate::layout::dtype_named;
 use crate::producer::checked_header;
 
-/// A memory kind as the bindings use it.
-pub trait Kind: Memory {
-    /// "cuda" or "host".
-    const NAME: &'static str;
-
-    /// What a consumer reads on: its stream `S` (CUDA), nothing (host).
-    type Stream: 'static;
-
-    /// What `send` copies a message from.
-    type Source;
-
-    /// The stream `rx` reads on: `raw` (a handle the caller passed), else the legacy default
-    /// stream (PyTorch's default). Ready waits and releases go on it.
-    fn reader_stream(rx: &Consumer<Self>, raw: Option<u64>) -> Self::Stream;
-
-    /// The CUDA stream in `on`, if any.
-    fn cuda_stream(on: &Self::Stream) -> Option<&Stream>;
-
-    /// The GPU `rx` reads on; None for host memory.
-    fn device(rx: &Consumer<Self>) -> Option<i32>;
-
-    /// The next message within `wait`, read on `on`.
-    fn recv_timeout<'a>(
-        rx: &'a Consumer<Self>,
-        on: &'a Self::Stream,
-        wait: Duration,
-    ) -> Result<ReadSlot<'a, Self>, RecvTimeoutError>;
-
-    /// What `send(data, header, stream=stream)` publishes through `tx`, checked (a payload
-    /// that fits a slot, a header that fits the ring's) and ready to copy.
-    fn source(
-        py: Python<'_>,
-        tx: &Producer<Self>,
-        data: &Bound<'_, PyAny>,
-        header: Option<Vec<u8>>,
-        stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Outgoing<Self::Source>>;
-
-    /// A free slot within `wait`, to be written as `src` needs.
-    fn acquire_timeout<'a>(
-        tx: &'a mut Producer<Self>,
-        src: &'a Self::Source,
-        wait: Duration,
-    ) -> Result<WriteSlot<'a, Self>, AcquireTimeoutError>;
-
-    /// Copies the first `len` bytes of `src` into `slot`.
-    fn write(
-        py: Python<'_>,
-        slot: &mut WriteSlot<'_, Self>,
-        src: &Self::Source,
-        len: usize,
-    ) -> PyResult<()>;
-}
-
-/// A message to send: its payload's source and length, and its user header.
-pub struct Outgoing<S> {
-    pub src: S,
+/// A message to send, checked (a payload that fits a slot, a header that fits the ring's) and
+/// ready to copy.
+pub struct Outgoing {
+    payload: Payload,
+    /// CUDA rings: the stream the copy goes on, the caller's, which waits for the array's own.
+    on: Option<Stream>,
+    /// The payload's length in bytes.
     pub len: usize,
+    /// The user header.
     pub header: Vec<u8>,
 }
 
-impl Kind for Host {
-    const NAME: &'static str = "host";
-    type Stream = ();
-    /// The caller's bytes (a read-only view of any contiguous buffer).
-    type Source = PyBuffer<u8>;
+/// Where a message's payload is.
+enum Payload {
+    /// Host rings: the caller's bytes (a read-only view of any contiguous buffer).
+    Bytes(PyBuffer<u8>),
+    /// CUDA rings. Invariant: `len` bytes (`Outgoing::len`) of device memory on the ring's GPU
+    /// (the caller's array says so), not one of our slots.
+    Device(u64),
+}
 
-    fn reader_stream(_: &Consumer<Host>, _: Option<u64>) {}
-
-    fn cuda_stream(_: &()) -> Option<&Stream> {
-        None
+/// What `send(data, header, stream=stream)` publishes through `tx`.
+pub fn outgoing(
+    py: Python<'_>,
+    tx: &AnyProducer,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Outgoing> {
+    match tx.context() {
+        None => from_buffer(py, tx, data, header),
+        Some(ctx) => from_cuda_array(py, tx, ctx, data, header, stream),
     }
+}
 
-    fn device(_: &Consumer<Host>) -> Option<i32> {
-        None
-    }
-
-    fn recv_timeout<'a>(
-        rx: &'a Consumer<Host>,
-        _: &(),
+impl Outgoing {
+    /// A free slot within `wait`, to be written as the payload needs (CUDA: on `on`).
+    pub fn acquire_timeout<'a>(
+        &'a self,
+        tx: &'a mut AnyProducer,
         wait: Duration,
-    ) -> Result<ReadSlot<'a, Host>, RecvTimeoutError> {
-        rx.recv_timeout(wait)
-    }
-
-    /// `data` is any contiguous buffer (bytes, numpy array, memoryview) or a torch CPU tensor;
-    /// `stream` is not used.
-    fn source(
-        py: Python<'_>,
-        tx: &Producer<Host>,
-        data: &Bound<'_, PyAny>,
-        header: Option<Vec<u8>>,
-        _: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Outgoing<PyBuffer<u8>>> {
-        let memoryview = py.import("builtins")?.getattr("memoryview")?;
-        let view = match memoryview.call1((data,)) {
-            Ok(view) => view,
-            // A torch CPU tensor has no buffer protocol; its numpy view does (same memory).
-            Err(_) if data.hasattr("numpy")? => memoryview.call1((data.call_method0("numpy")?,))?,
-            Err(e) => return Err(e),
-        };
-        if !view.getattr("c_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err("the buffer is not C-contiguous"));
+    ) -> Result<AnyWriteSlot<'a>, AcquireTimeoutError> {
+        match &self.on {
+            Some(on) => tx.acquire_on_timeout(on, wait),
+            None => tx.acquire_timeout(wait),
         }
-        let format: String = view.getattr("format")?.extract()?;
-        let shape: Vec<u64> = view.getattr("shape")?.extract()?;
-        let layout = dtype_named(&format).map(|t| TensorHeader::new(t, &shape));
-        let src = PyBuffer::<u8>::get(&view.call_method1("cast", ("B",))?)?;
-        let len = src.len_bytes();
-        let header = checked_header(tx, len, layout, header)?;
-        Ok(Outgoing { src, len, header })
     }
 
-    fn acquire_timeout<'a>(
-        tx: &'a mut Producer<Host>,
-        _: &PyBuffer<u8>,
-        wait: Duration,
-    ) -> Result<WriteSlot<'a, Host>, AcquireTimeoutError> {
-        tx.acquire_timeout(wait)
-    }
-
-    fn write(
-        py: Python<'_>,
-        slot: &mut WriteSlot<'_, Host>,
-        src: &PyBuffer<u8>,
-        len: usize,
-    ) -> PyResult<()> {
-        src.copy_to_slice(py, &mut slot[..len])
-    }
-}
-
-/// A CUDA message's source, as `Cuda::source` checked it.
-pub struct CudaSource {
-    /// Invariant: `len` bytes (`Outgoing::len`) of device memory on the ring's GPU (the
-    /// caller's array says so), not one of our slots.
-    ptr: u64,
-    /// The stream the copy goes on: the caller's, which waits for the array's own.
-    on: Stream,
-}
-
-impl Kind for Cuda {
-    const NAME: &'static str = "cuda";
-    type Stream = Stream;
-    type Source = CudaSource;
-
-    fn reader_stream(rx: &Consumer<Cuda>, raw: Option<u64>) -> Stream {
-        let raw = raw.unwrap_or(0) as usize as gpuring::cuda::driver::CUstream;
-        // SAFETY: the caller's stream (a live stream of the consumer's device, kept alive
-        // while the consumer is used, as documented), or the null stream.
-        unsafe { Stream::from_raw(rx.context(), raw) }
-    }
-
-    fn cuda_stream(on: &Stream) -> Option<&Stream> {
-        Some(on)
-    }
-
-    fn device(rx: &Consumer<Cuda>) -> Option<i32> {
-        Some(rx.context().ordinal())
-    }
-
-    fn recv_timeout<'a>(
-        rx: &'a Consumer<Cuda>,
-        on: &'a Stream,
-        wait: Duration,
-    ) -> Result<ReadSlot<'a, Cuda>, RecvTimeoutError> {
-        rx.recv_on_timeout(on, wait)
-    }
-
-    /// `data` is a contiguous CUDA tensor or array (`__cuda_array_interface__`) on the ring's
-    /// GPU. The copy goes on `stream` (default: for a torch tensor torch's current stream on
-    /// its device, else the legacy default stream), made to wait for the array's own stream.
-    fn source(
-        py: Python<'_>,
-        tx: &Producer<Cuda>,
-        data: &Bound<'_, PyAny>,
-        header: Option<Vec<u8>>,
-        stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Outgoing<CudaSource>> {
-        let array = cuda_array(data)?;
-        // A tensor on another GPU would be read through peer access, or fail in the driver:
-        // say so first where the object tells its device (torch tensors do).
-        if let Ok(index) = data.getattr("device").and_then(|d| d.getattr("index")) {
-            let ring = tx.context().ordinal();
-            if let Ok(Some(d)) = index.extract::<Option<i32>>() {
-                if d != ring {
-                    return Err(PyValueError::new_err(format!(
-                        "the tensor is on cuda:{d}, the ring's memory on cuda:{ring}"
-                    )));
-                }
+    /// Copies the payload into `slot`, a slot of the ring it was checked against.
+    pub fn write(&self, py: Python<'_>, slot: &mut AnyWriteSlot<'_>) -> PyResult<()> {
+        match &self.payload {
+            Payload::Bytes(src) => {
+                let bytes = slot.bytes_mut().ok_or_else(|| error("not a host-memory slot"))?;
+                src.copy_to_slice(py, &mut bytes[..self.len])
+            }
+            Payload::Device(ptr) => {
+                let slot = slot.cuda().ok_or_else(|| error("not a CUDA slot"))?;
+                // SAFETY: `ptr` is `len` bytes of device memory on the ring's GPU, not one of
+                // our slots (`Payload::Device`'s invariant); work that wrote it is ordered
+                // before the slot's stream (`on`, the caller's, which also waits for the
+                // array's); it stays allocated until the copy runs if it was made on that
+                // stream, or the caller keeps it (send's contract, docs/python.md).
+                unsafe { slot.copy_from(*ptr, self.len) }.map_err(error)
             }
         }
-        let header = checked_header(tx, array.len, array.layout, header)?;
-        let raw = match stream.filter(|s| !s.is_none()) {
-            None => torch_current_stream(py, data)?.unwrap_or(0),
-            Some(s) => stream_handle(s)?,
-        };
-        // SAFETY: the caller's stream (a live stream of the ring's GPU, by send's contract)
-        // or the null stream; the wrapper does not outlive the send.
-        let on = unsafe {
-            Stream::from_raw(tx.context(), raw as usize as gpuring::cuda::driver::CUstream)
-        };
-        if let Some(theirs) = array.stream.filter(|s| *s != raw.max(1)) {
-            // SAFETY: the array says its data is ready on this stream, of the same device.
-            let theirs = unsafe { Stream::from_raw(tx.context(), theirs as usize as _) };
-            on.wait_for(&theirs).map_err(error)?;
+    }
+}
+
+/// A host ring's message: `data` is any contiguous buffer (bytes, numpy array, memoryview) or
+/// a torch CPU tensor; `stream` is not used.
+fn from_buffer(
+    py: Python<'_>,
+    tx: &AnyProducer,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+) -> PyResult<Outgoing> {
+    let memoryview = py.import("builtins")?.getattr("memoryview")?;
+    let view = match memoryview.call1((data,)) {
+        Ok(view) => view,
+        // A torch CPU tensor has no buffer protocol; its numpy view does (same memory).
+        Err(_) if data.hasattr("numpy")? => memoryview.call1((data.call_method0("numpy")?,))?,
+        Err(e) => return Err(e),
+    };
+    if !view.getattr("c_contiguous")?.extract::<bool>()? {
+        return Err(PyValueError::new_err("the buffer is not C-contiguous"));
+    }
+    let format: String = view.getattr("format")?.extract()?;
+    let shape: Vec<u64> = view.getattr("shape")?.extract()?;
+    let layout = dtype_named(&format).map(|t| TensorHeader::new(t, &shape));
+    let src = PyBuffer::<u8>::get(&view.call_method1("cast", ("B",))?)?;
+    let len = src.len_bytes();
+    let header = checked_header(tx, len, layout, header)?;
+    Ok(Outgoing { payload: Payload::Bytes(src), on: None, len, header })
+}
+
+/// A CUDA ring's message: `data` is a contiguous CUDA tensor or array
+/// (`__cuda_array_interface__`) on the ring's GPU. The copy goes on `stream` (default: for a
+/// torch tensor torch's current stream on its device, else the legacy default stream), made to
+/// wait for the array's own stream.
+fn from_cuda_array(
+    py: Python<'_>,
+    tx: &AnyProducer,
+    ctx: &std::sync::Arc<Context>,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Outgoing> {
+    let array = cuda_array(data)?;
+    // A tensor on another GPU would be read through peer access, or fail in the driver:
+    // say so first where the object tells its device (torch tensors do).
+    if let Ok(index) = data.getattr("device").and_then(|d| d.getattr("index")) {
+        let ring = ctx.ordinal();
+        if let Ok(Some(d)) = index.extract::<Option<i32>>() {
+            if d != ring {
+                return Err(PyValueError::new_err(format!(
+                    "the tensor is on cuda:{d}, the ring's memory on cuda:{ring}"
+                )));
+            }
         }
-        let src = CudaSource { ptr: array.ptr, on };
-        Ok(Outgoing { src, len: array.len, header })
     }
-
-    fn acquire_timeout<'a>(
-        tx: &'a mut Producer<Cuda>,
-        src: &'a CudaSource,
-        wait: Duration,
-    ) -> Result<WriteSlot<'a, Cuda>, AcquireTimeoutError> {
-        tx.acquire_on_timeout(&src.on, wait)
+    let header = checked_header(tx, array.len, array.layout, header)?;
+    let raw = match stream.filter(|s| !s.is_none()) {
+        None => torch_current_stream(py, data)?.unwrap_or(0),
+        Some(s) => stream_handle(s)?,
+    };
+    // SAFETY: the caller's stream (a live stream of the ring's GPU, by send's contract) or
+    // the null stream; the wrapper does not outlive the send.
+    let on = unsafe { Stream::from_raw(ctx, raw as usize as gpuring::cuda::driver::CUstream) };
+    if let Some(theirs) = array.stream.filter(|s| *s != raw.max(1)) {
+        // SAFETY: the array says its data is ready on this stream, of the same device.
+        let theirs = unsafe { Stream::from_raw(ctx, theirs as usize as _) };
+        on.wait_for(&theirs).map_err(error)?;
     }
-
-    fn write(
-        _: Python<'_>,
-        slot: &mut WriteSlot<'_, Cuda>,
-        src: &CudaSource,
-        len: usize,
-    ) -> PyResult<()> {
-        // SAFETY: `src.ptr` is `len` bytes of device memory on the ring's GPU, not one of our
-        // slots (`CudaSource`'s invariant); work that wrote it is ordered before the slot's
-        // stream (`src.on`, the caller's, which also waits for the array's); it stays
-        // allocated until the copy runs if it was made on that stream, or the caller keeps it
-        // (send's contract, docs/python.md).
-        unsafe { slot.copy_from(src.ptr, len) }.map_err(error)
-    }
+    Ok(Outgoing { payload: Payload::Device(array.ptr), on: Some(on), len: array.len, header })
 }
 
 /// A CUDA array's address, byte length and layout, from `__cuda_array_interface__`, and the

@@ -2,12 +2,12 @@
 //! `__cuda_array_interface__`, the buffer protocol), and a producer that publishes tensors.
 //! User documentation: docs/python.md. Layout of this crate:
 //!
-//! - `kind`: what differs between host and CUDA memory, and nothing else; the rest is written
-//!   once over it;
+//! - `kind`: what `Producer.send` reads a message from, which differs between host and CUDA
+//!   memory; the producer and consumer themselves are `gpuring::any`'s, one type for both;
 //! - `consumer`: `gpuring.Consumer`, which opens a ring of either memory kind and receives;
 //! - `aio`: its asyncio coroutines (`aio.py`), on the event loop's reader for its doorbell;
-//! - `held`: the consumer and its messages over either kind, and a received message together
-//!   with the consumer it borrows;
+//! - `held`: the consumer (either kind) and the stream it reads on, and a received message
+//!   together with the consumer it borrows;
 //! - `bound`: objects bound to their thread and process, and how they are dropped when
 //!   Python frees them elsewhere;
 //! - `slot`: `gpuring.Slot`, its attributes, `release` and the three export protocols;

@@ -4,45 +4,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use gpuring::any::AnyProducer;
 use gpuring::tensor::TensorHeader;
 use gpuring::{
-    AcquireTimeoutError, Cuda, Fence, Host, Memory, PeerPolicy, Policy, Producer as RingProducer,
-    ProducerBuilder, Sharing,
+    AcquireTimeoutError, Fence, MemoryKind, PeerPolicy, Policy, Producer as RingProducer, Sharing,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
 use crate::errors::{error, timeout};
-use crate::kind::Kind;
-
-/// A producer of either memory kind, as `gpuring.Producer` uses it: written once, for every
-/// `RingProducer<K>`.
-trait Sender {
-    /// `Producer.send`, with `deadline` for the wait for a free slot.
-    fn send(
-        &mut self,
-        py: Python<'_>,
-        data: &Bound<'_, PyAny>,
-        header: Option<Vec<u8>>,
-        stream: Option<&Bound<'_, PyAny>>,
-        deadline: Option<Instant>,
-    ) -> PyResult<u64>;
-    /// "cuda" or "host".
-    fn memory(&self) -> &'static str;
-    fn published(&self) -> u64;
-    fn consumer_count(&self) -> usize;
-    fn slot_size(&self) -> usize;
-    /// Closes the ring as cut (`Producer::abort`).
-    fn abort(self: Box<Self>);
-    /// Waits for `n` consumers to join, until `deadline` (None: no limit).
-    fn wait_for_consumers(
-        &mut self,
-        py: Python<'_>,
-        n: usize,
-        deadline: Option<Instant>,
-    ) -> PyResult<usize>;
-}
+use crate::kind::outgoing;
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
 ///          policy="block", max_consumers=None, spares=None, sharing="legacy",
@@ -68,7 +40,7 @@ trait Sender {
 #[pyclass(module = "gpuring")]
 pub struct Producer {
     /// None once closed. Bound to the thread that made it (see `bound`).
-    tx: ThreadBound<Option<Box<dyn Sender>>>,
+    tx: ThreadBound<Option<AnyProducer>>,
     name: String,
     /// The ring directory the ring was created in.
     dir: PathBuf,
@@ -168,8 +140,8 @@ impl Producer {
             ));
         }
         let builder = builder.device(device).sharing(sharing).fence(fence);
-        let tx = if cuda { create::<Cuda>(builder) } else { create::<Host>(builder) };
-        let tx = tx.map_err(error)?;
+        let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };
+        let tx = AnyProducer::create(builder, kind).map_err(error)?;
         let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned(), dir };
         crate::sigterm::created(py, &producer.dir, name)?;
         Ok(producer)
@@ -205,7 +177,7 @@ impl Producer {
         let name = self.name.clone();
         let tx = self.tx.get_mut()?.as_mut();
         let tx = tx.ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
-        tx.send(py, data, header, stream, deadline)
+        send(tx, py, data, header, stream, deadline)
     }
 
     /// Closes the ring: consumers receive what was published, then `gpuring.Disconnected`.
@@ -269,7 +241,7 @@ impl Producer {
     /// "cuda" or "host".
     #[getter]
     fn memory(&self) -> PyResult<&'static str> {
-        Ok(self.tx()?.memory())
+        Ok(self.tx()?.memory().name())
     }
 
     /// Messages published so far.
@@ -295,7 +267,7 @@ impl Producer {
         let name = self.name.clone();
         let tx = self.tx.get_mut()?.as_mut();
         let tx = tx.ok_or_else(|| error(format!("producer of {name:?} is closed")))?;
-        tx.wait_for_consumers(py, n, deadline)
+        wait_for_consumers(tx, py, n, deadline)
     }
 
     /// Consumers currently joined.
@@ -317,104 +289,80 @@ impl Producer {
 }
 
 impl Producer {
-    fn tx(&self) -> PyResult<&dyn Sender> {
-        let tx = self.tx.get()?.as_deref();
+    fn tx(&self) -> PyResult<&AnyProducer> {
+        let tx = self.tx.get()?.as_ref();
         tx.ok_or_else(|| error(format!("producer of {:?} is closed", self.name)))
     }
 }
 
-/// Creates the ring in memory kind `K`.
-fn create<K: Kind>(builder: ProducerBuilder) -> Result<Box<dyn Sender>, gpuring::CreateError> {
-    Ok(Box::new(builder.create_in::<K>()?))
+/// `Producer.wait_for_consumers`: waits for `n` consumers to join, until `deadline` (None: no
+/// limit).
+fn wait_for_consumers(
+    tx: &mut AnyProducer,
+    py: Python<'_>,
+    n: usize,
+    deadline: Option<Instant>,
+) -> PyResult<usize> {
+    loop {
+        let tick = tick();
+        let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let job = unsafe { SameThread::new(&mut *tx) };
+        let got = py.detach(move || {
+            let tx = job.into_inner();
+            tx.wait_for_consumers(n, left.min(tick))
+        });
+        match got {
+            Ok(joined) => return Ok(joined),
+            Err(e) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                return Err(timeout(&e.to_string()));
+            }
+            Err(_) => py.check_signals()?,
+        }
+    }
 }
 
-impl<K: Kind> Sender for RingProducer<K> {
-    fn abort(self: Box<Self>) {
-        RingProducer::abort(*self);
-    }
-
-    fn wait_for_consumers(
-        &mut self,
-        py: Python<'_>,
-        n: usize,
-        deadline: Option<Instant>,
-    ) -> PyResult<usize> {
-        loop {
-            let tick = tick();
-            let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
-            // SAFETY: the closure runs on this thread, and the producer is bound to it.
-            let job = unsafe { SameThread::new(&mut *self) };
-            let got = py.detach(move || {
-                let tx = job.into_inner();
-                RingProducer::wait_for_consumers(tx, n, left.min(tick))
-            });
-            match got {
-                Ok(joined) => return Ok(joined),
-                Err(e) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return Err(timeout(&e.to_string()));
-                }
-                Err(_) => py.check_signals()?,
+/// `Producer.send`, with `deadline` for the wait for a free slot.
+fn send(
+    tx: &mut AnyProducer,
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    header: Option<Vec<u8>>,
+    stream: Option<&Bound<'_, PyAny>>,
+    deadline: Option<Instant>,
+) -> PyResult<u64> {
+    let out = outgoing(py, tx, data, header, stream)?;
+    loop {
+        let tick = tick();
+        let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
+        // SAFETY: the closure runs on this thread, and the producer is bound to it.
+        let job = unsafe { SameThread::new((&mut *tx, &out)) };
+        let got = py.detach(move || {
+            let (tx, out) = job.into_inner();
+            // SAFETY: as above: handed straight back to this thread.
+            unsafe { SameThread::new(out.acquire_timeout(tx, left.min(tick))) }
+        });
+        match got.into_inner() {
+            Ok(mut slot) => {
+                out.write(py, &mut slot)?;
+                return slot.publish(out.len, &out.header).map_err(error);
             }
-        }
-    }
-
-    fn send(
-        &mut self,
-        py: Python<'_>,
-        data: &Bound<'_, PyAny>,
-        header: Option<Vec<u8>>,
-        stream: Option<&Bound<'_, PyAny>>,
-        deadline: Option<Instant>,
-    ) -> PyResult<u64> {
-        let out = K::source(py, self, data, header, stream)?;
-        loop {
-            let tick = tick();
-            let left = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()));
-            // SAFETY: the closure runs on this thread, and the producer is bound to it.
-            let job = unsafe { SameThread::new((&mut *self, &out.src)) };
-            let got = py.detach(move || {
-                let (tx, src) = job.into_inner();
-                // SAFETY: as above: handed straight back to this thread.
-                unsafe { SameThread::new(K::acquire_timeout(tx, src, left.min(tick))) }
-            });
-            match got.into_inner() {
-                Ok(mut slot) => {
-                    K::write(py, &mut slot, &out.src, out.len)?;
-                    return slot.publish(out.len, &out.header).map_err(error);
+            Err(AcquireTimeoutError::Timeout) => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(timeout("no free slot: consumers are behind"));
                 }
-                Err(AcquireTimeoutError::Timeout) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(timeout("no free slot: consumers are behind"));
-                    }
-                    py.check_signals()?;
-                }
-                Err(e) => return Err(error(e)),
+                py.check_signals()?;
             }
+            Err(e) => return Err(error(e)),
         }
-    }
-
-    fn memory(&self) -> &'static str {
-        K::NAME
-    }
-
-    fn published(&self) -> u64 {
-        RingProducer::published(self)
-    }
-
-    fn consumer_count(&self) -> usize {
-        RingProducer::consumer_count(self)
-    }
-
-    fn slot_size(&self) -> usize {
-        RingProducer::slot_size(self)
     }
 }
 
 /// The user header to publish with a payload of `len` bytes and layout `layout`, once both
 /// are known to fit `tx`'s ring: the caller's header (`given`), else the tensor header of
 /// `layout` if it fits.
-pub fn checked_header<M: Memory>(
-    tx: &RingProducer<M>,
+pub fn checked_header(
+    tx: &AnyProducer,
     len: usize,
     layout: Option<TensorHeader>,
     given: Option<Vec<u8>>,

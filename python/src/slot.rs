@@ -125,7 +125,7 @@ impl Slot {
             seq: held.message().seq(),
             timestamp_ns: held.message().timestamp_ns(),
             lag: held.message().lag(),
-            len: held.message().data().1,
+            len: held.message().len(),
             memory: if device.is_some() { "cuda" } else { "host" },
             device: device.unwrap_or(0),
             claim: ThreadBound::new(Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) }))),
@@ -209,7 +209,7 @@ impl Slot {
     /// Address of the message's first byte (device address for CUDA rings).
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
-        Ok(self.live()?.held.message().data().0)
+        Ok(self.live()?.held.message().ptr())
     }
 
     /// The CUDA stream the message is ready on (and its release is recorded on), as DLPack
@@ -302,7 +302,7 @@ impl Slot {
             return Err(PyBufferError::new_err("a host message has no stream: pass stream=None"));
         }
         let keep = Keep::new(Box::new(claim.clone()) as Box<dyn std::any::Any>);
-        dlpack::capsule(py, claim.held.message().data().0, device, &layout, keep)
+        dlpack::capsule(py, claim.held.message().ptr(), device, &layout, keep)
     }
 
     /// __dlpack_device__() -> (device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host.
@@ -364,7 +364,7 @@ impl Slot {
         let layout = self.layout()?;
         let claim = self.live()?;
         let stream = claim.held.stream().map(|s| stream_number(s.raw() as u64));
-        let d = cuda_array_interface(py, claim.held.message().data().0, &layout, stream)?;
+        let d = cuda_array_interface(py, claim.held.message().ptr(), &layout, stream)?;
         self.cai_read = true;
         Ok(d)
     }
@@ -389,7 +389,8 @@ impl Slot {
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("messages are read-only"));
         }
-        let (data, len) = this.live()?.held.message().data();
+        let message = this.live()?.held.message();
+        let (data, len) = (message.ptr(), message.len());
         // Typed (format, shape, strides) when the requester takes a format and a shape;
         // else plain bytes, one dimension.
         let has = |f: c_int| flags & f == f;
