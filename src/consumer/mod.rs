@@ -328,9 +328,11 @@ impl ConsumerBuilder {
     /// [`open_in`](Self::open_in), failing with what went wrong only.
     fn open_kind<M: Memory>(&self) -> Result<Consumer<M>, OpenErrorKind> {
         let settings = self.kind;
-        let (ring, mem) = ConsumerRing::open(self, M::KIND, |map, entry, generation| {
-            M::Rx::join(&settings, map, Member { entry, generation })
-        })?;
+        let closing_frees = M::Rx::MAPS_PRODUCER_MEMORY;
+        let (ring, mem) =
+            ConsumerRing::open(self, M::KIND, closing_frees, |map, entry, generation| {
+                M::Rx::join(&settings, map, Member { entry, generation })
+            })?;
         Ok(Consumer { ring, mem })
     }
 

@@ -73,10 +73,12 @@ pub(crate) struct ConsumerRing {
 impl ConsumerRing {
     /// Opens ring `b.name` of memory kind `kind`, claims a consumer table entry, lets `setup`
     /// fill in the memory kind's state for it, then joins. If `setup` fails, the entry is freed
-    /// again.
+    /// again. `closing_frees`: the kind's consumers map memory that a closing producer frees, so
+    /// a ring that closed while we claimed the entry is refused (`Disconnected`).
     pub(crate) fn open<T>(
         b: &ConsumerBuilder,
         kind: MemoryKind,
+        closing_frees: bool,
         setup: impl FnOnce(&MappedRing, usize, u32) -> Result<T, OpenErrorKind>,
     ) -> Result<(ConsumerRing, T), OpenErrorKind> {
         let name = ShmName::new(&b.name).map_err(OpenErrorKind::InvalidName)?;
@@ -134,14 +136,16 @@ impl ConsumerRing {
             // Relaxed: for display; published by the Release CAS to ACTIVE.
             word.store(value, Ordering::Relaxed);
         }
-        // Our entry is JOINING. SeqCst, against the fence of a closing producer's linger
-        // (`ProducerRing::linger`): either it sees our entry taken (and waits for us before its
-        // memory goes), or we see `closed` here (and give up).
-        fence(Ordering::SeqCst);
-        // Acquire: pairs with the producer's Release store of `closed`.
-        if map.header().closed.load(Ordering::Acquire) != 0 {
-            joining.abandon(&ring);
-            return Err(OpenErrorKind::Disconnected);
+        if closing_frees {
+            // Our entry is JOINING. SeqCst, against the fence of a closing producer's linger
+            // (`ProducerRing::linger`): either it sees our entry taken (and waits for us before
+            // its memory goes), or we see `closed` here (and give up).
+            fence(Ordering::SeqCst);
+            // Acquire: pairs with the producer's Release store of `closed`.
+            if map.header().closed.load(Ordering::Acquire) != 0 {
+                joining.abandon(&ring);
+                return Err(OpenErrorKind::Disconnected);
+            }
         }
         let extra = match setup(&map, joining.index(), joining.generation()) {
             Ok(extra) => extra,

@@ -271,6 +271,11 @@ pub(crate) trait ConsumerSide: Sized + Send + Sync + 'static {
     /// The stream a message is read on (`()` for host memory).
     type Stream: Send + Sync + 'static;
 
+    /// Whether a consumer maps memory of the producer's that the producer frees when it closes
+    /// (CUDA), so that one must not join a ring that closed while it claimed its entry. A host
+    /// consumer that does joins, drains what was published and is then disconnected.
+    const MAPS_PRODUCER_MEMORY: bool = false;
+
     /// Opens what the consumer of claimed entry `member` needs, before it becomes active.
     fn join(settings: &RxSettings, map: &MappedRing, member: Member)
         -> Result<Self, OpenErrorKind>;

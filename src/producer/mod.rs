@@ -770,8 +770,10 @@ impl<M: Memory> Producer<M> {
 
     /// Whether the readers of message `prev` in `buffer` are done with it, as the memory kind
     /// tells; a consumer it names as failed is evicted, and the others are asked about again.
+    /// Each eviction takes an entry out or finds it changed hands, so a table's worth of them
+    /// ends the asking; past that (a damaged table), the caller's wait asks again later.
     fn readers_done(&mut self, buffer: usize, prev: u64) -> Result<bool, Fault> {
-        loop {
+        for _ in 0..=self.ring.map().params().max_consumers {
             match self.mem.readers_done(self.ring.map(), buffer, prev)? {
                 Readers::Done => return Ok(true),
                 Readers::Busy => return Ok(false),
@@ -780,6 +782,7 @@ impl<M: Memory> Producer<M> {
                 }
             }
         }
+        Ok(false)
     }
 
     /// Polls `done` until it says yes (or a blocking wait's deadline passes: `Blocked`),
@@ -872,9 +875,9 @@ impl<M: Memory> Drop for Producer<M> {
         let Some(linger) = mem.linger() else { return };
         let all_left = ring.linger(linger, &mut |e, g| mem.forget(e, g));
         let closed = mem.close(ring.map(), all_left);
-        // The memory kind dropped what it opened of consumers: whoever still retires may now
-        // destroy what it exported. Let every retiring entry go.
-        let _ = ring.reap_with(&mut |_, _| {});
+        // Whoever still retires may destroy what it exported once the memory kind dropped what
+        // it opened of it (its close did; telling it again costs nothing): let them all go.
+        let _ = ring.reap_with(&mut |e, g| mem.forget(e, g));
         if closed == Closed::Kept {
             ring.keep_presence_until_exit();
         }

@@ -1,27 +1,34 @@
 //! The producer's side of a CUDA ring ([`CudaTx`]): its device memory and pools, the ready
 //! fences it records, and its answers to the producer (written, readers done, close).
+//!
+//! Two choices of the segment shape it, each made of two halves with the same methods:
+//! how pools reach consumers (`gpu.sharing`, [`TxShare`]: `legacy` IPC handles in the pool
+//! table, or `vmm` fds from the producer's server), and how buffers are fenced (`gpu.fence`,
+//! [`TxFences`]: interprocess `events`, or memory `words` in the segment; VMM always uses
+//! words).
+//! `share` and `fences` hold the two enums, whose methods call the same method of the half
+//! they hold (`legacy` or `vmm`; `events` or `words`): `CudaTx` reads as one path.
+
+mod events;
+mod fences;
+mod legacy;
+mod share;
+mod vmm;
+mod words;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::os::fd::OwnedFd;
-
-use super::words::SegmentWords;
+use self::fences::TxFences;
+use self::share::{PoolMemory, TxShare};
 use super::{lacks, Leakable};
 use crate::cuda::driver::{self, CUdeviceptr};
-use crate::cuda::{
-    export_raw_fd, Context, CudaError, DevicePool, DriverError, IpcEvent, Stream, VmmPool,
-};
+use crate::cuda::{Context, CudaError, DevicePool, DriverError, Stream};
 use crate::error::{CreateErrorKind, Fault, PublishError, RegisterError};
-use crate::format::gpu::{
-    fence_kind, pool_state, release_bank, released_by, sharing_kind, store_uuid, MAX_POOLS,
-};
-use crate::format::offer::{encode, OfferedPool};
+use crate::format::gpu::{pool_state, store_uuid, MAX_POOLS};
 use crate::memory::{Closed, ProducerSide, Readers, TxSettings};
-use crate::ring::lease::{self, evict_reason};
-use crate::shm::fdpass::{FdServer, PeerPolicy};
-use crate::shm::unixsock::fd_file;
+use crate::ring::lease;
 use crate::shm::view::MappedRing;
 use crate::shm::wait::{self, Deadline, WaitConfig};
 
@@ -70,132 +77,6 @@ fn unavailable(e: CudaError) -> CreateErrorKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolId(pub(crate) u32);
 
-/// Memory named in the pool table, kept alive as long as the producer.
-enum PoolMemory {
-    /// A legacy pool (`cuMemAlloc`), shared by IPC handle.
-    Owned(DevicePool),
-    /// A VMM pool (`cuMemCreate`), shared by fd.
-    OwnedVmm(VmmPool),
-    /// Registered by `register_raw`; its owner keeps it alive (the caller's promise).
-    Borrowed { ptr: CUdeviceptr, size: usize },
-}
-
-impl PoolMemory {
-    fn ptr(&self) -> CUdeviceptr {
-        match self {
-            PoolMemory::Owned(p) => p.ptr(),
-            PoolMemory::OwnedVmm(p) => p.ptr(),
-            PoolMemory::Borrowed { ptr, .. } => *ptr,
-        }
-    }
-
-    fn size(&self) -> usize {
-        match self {
-            PoolMemory::Owned(p) => p.size(),
-            PoolMemory::OwnedVmm(p) => p.size(),
-            PoolMemory::Borrowed { size, .. } => *size,
-        }
-    }
-}
-
-/// A consumer's release event for one slot, opened in our context.
-struct ReaderEvent {
-    /// The consumer table entry's generation when it was opened: which occupant exported it.
-    generation: u32,
-    event: IpcEvent,
-}
-
-/// How the producer's buffers are fenced: the segment's `fence`.
-enum TxFences {
-    Events(EventsTx),
-    Words(WordsTx),
-}
-
-/// Interprocess events (legacy sharing with `Fence::Events`).
-///
-/// Invariants: `ready[i]` is buffer `i`'s ready event, whose handle is in the buffer's line.
-struct EventsTx {
-    ready: Vec<IpcEvent>,
-    /// Per consumer table entry and buffer, the release event we opened (`buffers` per entry).
-    /// Dropped before the entry is freed (`forget_reader`): a consumer destroys the events it
-    /// exported only once its entry is freed, or never (see docs/gpu.md, "Leaving").
-    readers: Vec<Option<ReaderEvent>>,
-}
-
-/// Sequence words in the segment (VMM sharing, or legacy with `Fence::Memory`): no IPC event,
-/// so nothing of another process is opened, and they work wherever the segment's file is
-/// shared (containers with a private /dev/shm included).
-///
-/// Invariants: `published[b]` is `seq + 1` of the last message published in buffer `b` (0:
-/// none), what its `ready_done` word reaches once the message's writes are done.
-struct WordsTx {
-    /// The segment, page-locked for our device: where the GPU writes the ready words.
-    words: SegmentWords,
-    published: Vec<u64>,
-}
-
-impl WordsTx {
-    /// Page-locks the segment for `ctx`'s device.
-    fn new(ctx: &Arc<Context>, map: &MappedRing) -> Result<WordsTx, CudaError> {
-        let words = SegmentWords::register(ctx, map)?;
-        Ok(WordsTx { words, published: vec![0; map.buffer_count()] })
-    }
-
-    /// Whether buffer `b`'s last published message is written (its ready word reached).
-    fn written(&self, map: &MappedRing, b: usize) -> bool {
-        // Acquire: the GPU wrote the word after the message's writes; reusing the buffer
-        // comes after.
-        map.gpu().buffers[b].ready_done.load(Ordering::Acquire) >= self.published[b]
-    }
-}
-
-/// VMM sharing: pools handed out by fd.
-///
-/// Invariants: `offered[i]` describes `fds[i]`, one per pool table entry we filled, and the
-/// server offers exactly these.
-struct VmmTx {
-    /// The fd server; `None` once the producer closed (a closed ring takes no new consumer).
-    server: Option<FdServer>,
-    fds: Vec<OwnedFd>,
-    offered: Vec<OfferedPool>,
-    epoch: u64,
-}
-
-impl VmmTx {
-    /// Starts serving ring instance `map`'s pools (none yet) to the peers `policy` admits.
-    /// Runs before the segment is published, so every consumer that sees it finds the server
-    /// listening.
-    fn start(map: &MappedRing, policy: PeerPolicy) -> Result<VmmTx, CudaError> {
-        let epoch = map.params().epoch;
-        let name = map.segment().name().ring();
-        let (dir, mode) = (map.segment().dir(), map.segment().mode());
-        let payload = encode(epoch, &[]);
-        let served = FdServer::start(dir, &fd_file(name, epoch), mode, Vec::new(), payload, policy);
-        let server = served.map_err(|e| {
-            CudaError::Unavailable(format!("cannot serve the ring's memory by fd: {e}"))
-        })?;
-        Ok(VmmTx { server: Some(server), fds: Vec::new(), offered: Vec::new(), epoch })
-    }
-
-    /// Adds pool `pool` (its fd, entry, generation and size) to what the server offers.
-    fn offer(&mut self, fd: OwnedFd, pool: OfferedPool) -> Result<(), CudaError> {
-        let failed = |e: std::io::Error| CudaError::Unavailable(format!("offering a pool: {e}"));
-        let mut fds = Vec::with_capacity(self.fds.len() + 1);
-        for f in self.fds.iter().chain(std::iter::once(&fd)) {
-            fds.push(f.try_clone().map_err(failed)?);
-        }
-        let mut offered = self.offered.clone();
-        offered.push(pool);
-        let Some(server) = &self.server else {
-            return Err(CudaError::Unavailable("the producer is closed".into()));
-        };
-        server.set_offer(fds, encode(self.epoch, &offered)).map_err(failed)?;
-        self.fds.push(fd);
-        self.offered = offered;
-        Ok(())
-    }
-}
-
 /// The producer's CUDA side.
 ///
 /// Invariants: `pools[i]` is what pool table entry `i` names (LIVE, generation 1).
@@ -209,8 +90,8 @@ pub struct CudaTx {
     /// Distance between slots in pool 0.
     stride: usize,
     fences: Leakable<TxFences>,
-    /// VMM sharing: the fd server and what it offers; `None`: legacy IPC handles.
-    vmm: Option<VmmTx>,
+    /// How pools are shared: legacy IPC handles, or VMM (the fd server and what it offers).
+    share: TxShare,
     /// Buffers: the ring's capacity plus its spares.
     buffers: usize,
     /// The producer's own stream, for `acquire`.
@@ -237,25 +118,9 @@ impl CudaTx {
         let uuid = ctx.uuid()?;
         let tables = map.gpu();
         store_uuid(&tables.header.device_uuid, uuid);
-        let (vmm, pool, sharing) = match &settings.vmm {
-            None => {
-                let pool = PoolMemory::Owned(DevicePool::new(ctx, stride * buffers)?);
-                (None, pool, sharing_kind::LEGACY)
-            }
-            Some(policy) => {
-                let vmm = VmmTx::start(map, policy.clone())?;
-                let pool = PoolMemory::OwnedVmm(VmmPool::new(ctx, stride * buffers)?);
-                (Some(vmm), pool, sharing_kind::VMM)
-            }
-        };
-        let (fences, fence) = if settings.words() {
-            (TxFences::Words(WordsTx::new(ctx, map)?), fence_kind::MEMORY)
-        } else {
-            let readers = map.params().max_consumers as usize * buffers;
-            let ready = Vec::with_capacity(buffers);
-            let events = EventsTx { ready, readers: (0..readers).map(|_| None).collect() };
-            (TxFences::Events(events), fence_kind::EVENTS)
-        };
+        let share = TxShare::start(map, settings)?;
+        let pool = share.alloc(ctx, stride * buffers)?;
+        let fences = TxFences::new(ctx, map, settings.words(), buffers)?;
         let mut side = CudaTx {
             name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
@@ -263,7 +128,7 @@ impl CudaTx {
             pools: Leakable::new(Vec::new()),
             stride,
             fences: Leakable::new(fences),
-            vmm,
+            share,
             buffers,
             stream: Stream::new(ctx)?,
             unfenced: settings.unfenced,
@@ -277,17 +142,13 @@ impl CudaTx {
         side.add_pool(map, pool).map_err(registered)?;
         let header = &tables.header;
         // Relaxed (both): published by the Release store of `magic`.
-        header.sharing.store(sharing, Ordering::Relaxed);
-        header.fence.store(fence, Ordering::Relaxed);
+        header.sharing.store(side.share.kind(), Ordering::Relaxed);
+        header.fence.store(side.fences.kind(), Ordering::Relaxed);
         for line in tables.buffers {
             // Relaxed (both): published by the Release store of `magic`.
             line.pool.store(0, Ordering::Relaxed);
             line.ready_done.store(0, Ordering::Relaxed);
-            if let TxFences::Events(events) = &mut *side.fences {
-                let ev = IpcEvent::new(ctx)?;
-                line.ready_event.store(&driver::event_handle_bytes(&ev.ipc_handle()?));
-                events.ready.push(ev);
-            }
+            side.fences.add_buffer(ctx, line)?;
         }
         Ok(side)
     }
@@ -301,27 +162,9 @@ impl CudaTx {
             return Err(RegisterError::TableFull);
         }
         let cuda = |e: DriverError| RegisterError::Cuda(e.into());
-        match (&self.vmm, &mem) {
-            (None, PoolMemory::OwnedVmm(_)) => {
-                return Err(RegisterError::WrongSharing { ring: "legacy" });
-            }
-            (Some(_), PoolMemory::Owned(_)) => {
-                return Err(RegisterError::WrongSharing { ring: "vmm" });
-            }
-            _ => {}
-        }
+        self.share.accepts(&mem)?;
         let _bound = self.ctx.bind().map_err(cuda)?;
-        if let (Some(_), PoolMemory::Borrowed { size, .. }) = (&self.vmm, &mem) {
-            // Consumers map the pool's size from offset 0, which the driver allows only in
-            // whole granules (ours: the recommended one, a multiple of the minimum).
-            let granule = driver::mem_granularity(self.ctx.ordinal()).map_err(cuda)?;
-            if size % granule != 0 {
-                return Err(RegisterError::Cuda(CudaError::Unavailable(format!(
-                    "a VMM pool's size must be a multiple of the device's allocation \
-                     granularity ({granule} bytes), not {size}"
-                ))));
-            }
-        }
+        self.share.fits(&self.ctx, &mem)?;
         if !matches!(mem, PoolMemory::OwnedVmm(_)) {
             // SAFETY: a context is current.
             let (base, size) = unsafe { driver::mem_address_range(mem.ptr()) }
@@ -341,26 +184,9 @@ impl CudaTx {
         entry.size.store(mem.size() as u64, Ordering::Relaxed);
         store_uuid(&entry.device_uuid, self.uuid);
         let generation = entry.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        match &mut self.vmm {
-            None => {
-                // SAFETY: `mem.ptr()` is the base of a live allocation in the current context
-                // (checked just above by the driver).
-                let handle = unsafe { driver::ipc_get_mem_handle(mem.ptr()) }.map_err(cuda)?;
-                entry.handle.store(&driver::mem_handle_bytes(&handle));
-            }
-            Some(vmm) => {
-                let fd = match &mem {
-                    PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
-                    // SAFETY: `mem.ptr()` is a live mapping of this context (checked above);
-                    // the export fails for memory that is not a POSIX-fd `cuMemCreate`
-                    // allocation.
-                    _ => unsafe { export_raw_fd(&self.ctx, mem.ptr()) }
-                        .map_err(|_| RegisterError::WrongSharing { ring: "vmm" })?,
-                };
-                let size = mem.size() as u64;
-                vmm.offer(fd, OfferedPool { pool: index as u32, generation, size })?;
-            }
-        }
+        // SAFETY: our context is current (`_bound`); `mem` is our own VMM pool, or the driver
+        // said just above that it is the base of a live allocation of it.
+        unsafe { self.share.share(&mem, entry, (index, generation), &self.ctx) }?;
         // Release: a consumer that Acquire-loads LIVE sees the fields above (and, VMM, finds
         // the pool in the server's offer, which was replaced before this store).
         entry.state.store(pool_state::LIVE, Ordering::Release);
@@ -385,10 +211,7 @@ impl CudaTx {
 
     /// "legacy" or "vmm".
     pub(crate) fn sharing_name(&self) -> &'static str {
-        match self.vmm {
-            None => "legacy",
-            Some(_) => "vmm",
-        }
+        self.share.name()
     }
 
     /// Registers `pool`, allocated by the user, as the next pool.
@@ -407,10 +230,7 @@ impl CudaTx {
         map: &MappedRing,
         bytes: usize,
     ) -> Result<PoolId, RegisterError> {
-        let pool = match self.vmm {
-            None => PoolMemory::Owned(DevicePool::new(&self.ctx, bytes)?),
-            Some(_) => PoolMemory::OwnedVmm(VmmPool::new(&self.ctx, bytes)?),
-        };
+        let pool = self.share.alloc(&self.ctx, bytes)?;
         self.add_pool(map, pool)
     }
 
@@ -439,73 +259,12 @@ impl CudaTx {
     /// about to free the entry (its consumer retired, died or was evicted), after which its
     /// owner may destroy them.
     fn forget_reader(&mut self, entry: usize, generation: u32) {
-        let TxFences::Events(events) = &mut *self.fences else { return };
-        let n = self.buffers;
-        let mine = &mut events.readers[entry * n..(entry + 1) * n];
-        if mine.iter().any(Option::is_some) {
-            mine.iter_mut().for_each(|r| *r = None);
-            let ring = &self.name;
-            tracing::debug!(target: "gpuring::lifecycle", ring = %ring, entry, generation, "producer imports dropped");
-        }
+        self.fences.forget(&self.name, entry, generation, self.buffers);
     }
 
     /// Whether every buffer's last write is done.
     fn all_written(&self, map: &MappedRing) -> bool {
-        match &*self.fences {
-            TxFences::Events(e) => e.ready.iter().all(|ev| ev.is_complete().unwrap_or(true)),
-            TxFences::Words(w) => (0..self.buffers).all(|b| w.written(map, b)),
-        }
-    }
-}
-
-impl EventsTx {
-    /// The release event of consumer `entry` (whose lease we saw as `seen`, ACTIVE) for
-    /// `slot`, opened once per occupant.
-    fn reader_event(
-        &mut self,
-        ctx: &Arc<Context>,
-        map: &MappedRing,
-        (entry, seen): (usize, u64),
-        (slot, buffers): (usize, usize),
-    ) -> Result<&IpcEvent, EventFault> {
-        let generation = lease::generation(seen);
-        let cached = &mut self.readers[entry * buffers + slot];
-        if cached.as_ref().is_none_or(|r| r.generation != generation) {
-            *cached = None; // a former occupant's import, dropped before the new open
-            let line = &map.gpu().releases_of(entry)[slot];
-            // Acquire: pairs with the consumer's Release store after it wrote the handle,
-            // while it was JOINING. An ACTIVE entry's lines all carry its generation; another
-            // value is a damaged line.
-            if line.generation.load(Ordering::Acquire) != generation {
-                let why = "its release line carries another generation than its lease";
-                return Err(EventFault::Failed(CudaError::Unavailable(why.into())));
-            }
-            let handle = driver::event_handle_from_bytes(&line.release_event.load());
-            // Acquire: the handle was read while the entry still had the lease we saw (it
-            // cannot have been rewritten by a new occupant: that needs the entry freed, which
-            // only we do, or given up by a retiring owner long after).
-            if map.ring().consumers[entry].lease.load(Ordering::Acquire) != seen {
-                return Err(EventFault::Moved);
-            }
-            let event = IpcEvent::open(ctx, handle).map_err(EventFault::of)?;
-            *cached = Some(ReaderEvent { generation, event });
-        }
-        Ok(&cached.as_ref().expect("opened above").event)
-    }
-}
-
-/// Why a consumer's release event could not be looked at.
-enum EventFault {
-    /// The entry moved on while we read its line: skip it.
-    Moved,
-    /// Opening or querying it failed: the consumer's handle, or our own context (the caller
-    /// tells which by probing its own context).
-    Failed(CudaError),
-}
-
-impl EventFault {
-    fn of(e: DriverError) -> EventFault {
-        EventFault::Failed(e.into())
+        self.fences.all_written(map, self.buffers)
     }
 }
 
@@ -555,20 +314,7 @@ impl ProducerSide for CudaTx {
     /// ring; without it, a producer faster than the GPU fills the driver's launch queue and
     /// latency grows to tens of milliseconds.
     fn written(&mut self, map: &MappedRing, slot: usize) -> Result<bool, Fault> {
-        match &*self.fences {
-            TxFences::Events(events) => Ok(events.ready[slot].is_complete()?),
-            TxFences::Words(words) if words.written(map, slot) => Ok(true),
-            TxFences::Words(_) => {
-                // Not yet: unless our context failed (a kernel fault is sticky), after which
-                // its GPU writes no word again. A word is no driver call, so ask the driver
-                // here, or this wait would never end; the failure ends it as an event query's
-                // would.
-                match self.stream.is_idle() {
-                    Err(e) if e.context_lost() => Err(Fault::Cuda(e.into())),
-                    _ => Ok(false),
-                }
-            }
-        }
+        self.fences.written(map, slot, &self.stream)
     }
 
     /// Whether every active consumer that read message `prev` in slot `slot` (its release line
@@ -594,39 +340,11 @@ impl ProducerSide for CudaTx {
             if line.released.load(Ordering::Acquire) != prev + 1 {
                 continue;
             }
-            let events = match &mut *self.fences {
-                TxFences::Events(events) => events,
-                TxFences::Words(_) => {
-                    // Acquire: the consumer's GPU wrote the word after its reads of `prev`;
-                    // our rewrite of the buffer comes after.
-                    let generation = lease::generation(seen);
-                    let word = line.release_done[release_bank(generation)].load(Ordering::Acquire);
-                    busy |= !released_by(word, generation, prev);
-                    continue;
-                }
-            };
-            let looked = match events.reader_event(&self.ctx, map, (e, seen), (slot, self.buffers))
-            {
-                Ok(event) => event.is_complete().map_err(EventFault::of),
-                Err(why) => Err(why),
-            };
-            match looked {
-                Ok(true) | Err(EventFault::Moved) => {}
-                Ok(false) => busy = true,
-                // Whose failure? If our own context answers a query of our own event, the
-                // consumer's handle (or line) is to blame and that consumer goes; if it does
-                // not (a sticky error, out of memory), the failure is ours and ends this
-                // acquire rather than evict anyone.
-                Err(EventFault::Failed(why)) if events.ready[slot].is_complete().is_err() => {
-                    return Err(Fault::Cuda(why));
-                }
-                Err(EventFault::Failed(why)) => {
-                    let generation = lease::generation(seen);
-                    tracing::warn!(entry = e, generation, %why, "a consumer's release event failed");
-                    self.forget_reader(e, generation);
-                    let reason = evict_reason::RELEASE_EVENT;
-                    return Ok(Readers::Evict { entry: e, seen, reason });
-                }
+            let ring = (self.name.as_str(), self.buffers);
+            match self.fences.reader_done(&self.ctx, map, (e, seen), (slot, prev), ring)? {
+                Readers::Done => {}
+                Readers::Busy => busy = true,
+                evict @ Readers::Evict { .. } => return Ok(evict),
             }
         }
         Ok(if busy { Readers::Busy } else { Readers::Done })
@@ -647,17 +365,7 @@ impl ProducerSide for CudaTx {
         let (pool, offset) = at.unwrap_or((0, (slot * self.stride) as u64));
         let stream = stream.unwrap_or(&self.stream);
         let tables = map.gpu();
-        match &mut *self.fences {
-            TxFences::Events(events) => events.ready[slot].record(stream)?,
-            TxFences::Words(words) => {
-                let word = words.words.device(&tables.buffers[slot].ready_done);
-                let _bound = self.ctx.bind()?;
-                // SAFETY: the word lies in the segment, page-locked for our device until the
-                // producer closes (after its last write is done); the stream is live.
-                unsafe { driver::stream_write_value64(stream.raw(), word, seq + 1) }?;
-                words.published[slot] = seq + 1;
-            }
-        }
+        self.fences.record_ready(&self.ctx, &tables.buffers[slot], (slot, seq), stream)?;
         // Relaxed: only this producer writes pool entries.
         let generation = tables.pools[pool as usize].generation.load(Ordering::Relaxed);
         let line = &tables.buffers[slot];
@@ -695,10 +403,7 @@ impl ProducerSide for CudaTx {
             self.forget_reader(e, 0);
         }
         // VMM: stop serving fds; an import already made keeps its memory alive without us.
-        let vmm = self.vmm.is_some();
-        if let Some(v) = &mut self.vmm {
-            v.server = None;
-        }
+        let vmm = self.share.close();
         if !written || (!all_left && !vmm) {
             tracing::warn!(
                 ring = %self.name, all_left, written,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Old and new binaries of the host bench and the GPU bench, alternated in one command on the GPU
+# machine, so that a change's cost is a ratio measured under the same conditions:
+#   host - benches/host.rs (criterion --quick; the one-thread cost and the round trips), A B A B
+#   gpu  - gpu_bench --consumers 1,4 --sizes 64K,8M --policies block, MPS on, A B A B
+# OLD and NEW are folders holding `host` (the host bench binary) and `gpu_bench`, both built
+# with `cargo build --release --features cuda,test-support --example gpu_bench --bench host`.
+# Usage: scripts/compare-bench.sh OLD NEW [host] [gpu] [ROUNDS]   Results: $OUT/compare/.
+# Then: python3 scripts/compare-bench.py $OUT/compare   (the ratios new/old).
+set -uo pipefail
+old=$1 new=$2; shift 2
+rounds=2; what=""
+for a in "$@"; do case $a in [0-9]*) rounds=$a ;; *) what="$what $a" ;; esac; done
+what=${what:- host gpu}
+R=${OUT:-.}/compare; mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
+nproc > "$R/cpus.txt"
+if [[ $what == *host* ]]; then
+  for i in $(seq "$rounds"); do
+    for side in old new; do
+      dir=$old; [ $side = new ] && dir=$new
+      timeout 200 "$dir/host" --bench --quick 'same_thread|roundtrip' \
+        > "$R/host-$side-$i.log" 2>&1
+      echo "host $side $i exit $?"
+    done
+  done
+fi
+if [[ $what == *gpu* ]]; then
+  # shellcheck source=scripts/mps.sh
+  . "$(dirname "$0")/mps.sh"
+  mps_start
+  for i in $(seq "$rounds"); do
+    for side in old new; do
+      dir=$old; [ $side = new ] && dir=$new
+      timeout 150 "$dir/gpu_bench" --consumers 1,4 --sizes 64K,8M --policies block \
+        --label "$side-$i" --json "$R/gpu-$side-$i.json" --md "$R/gpu-$side-$i.md" \
+        > "$R/gpu-$side-$i.log" 2>&1
+      echo "gpu $side $i exit $?"
+    done
+  done
+  mps_stop
+fi
