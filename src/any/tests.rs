@@ -83,7 +83,10 @@ fn a_kind_asked_for_is_the_kind_opened() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_messages_go_through_both_facades() {
     let ring = name("cuda");
-    let b = Producer::builder(&ring).slot_size(4096).device(0);
+    // VMM: one process may consume its own ring (legacy IPC handles cannot be opened in the
+    // process that made them).
+    let vmm = crate::Sharing::Vmm(crate::PeerPolicy::SameUid);
+    let b = Producer::builder(&ring).slot_size(4096).device(0).sharing(vmm);
     let mut tx = AnyProducer::create(b, MemoryKind::Cuda).unwrap();
     let rx = AnyConsumer::open(Consumer::builder(&ring)).unwrap();
     assert_eq!((tx.memory(), rx.memory()), (MemoryKind::Cuda, MemoryKind::Cuda));
@@ -101,8 +104,9 @@ fn cuda_messages_go_through_both_facades() {
     let msg = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((msg.len(), msg.header()[0], msg.bytes()), (100, b'h', None));
     let mut back = [0u8; 100];
-    msg.stream().unwrap().synchronize().unwrap(); // the producer's writes are there
-                                                  // SAFETY: the message holds 100 bytes, readable until released below.
+    // The producer's writes are there once the message's stream is done.
+    msg.stream().unwrap().synchronize().unwrap();
+    // SAFETY: the message holds 100 bytes, readable until released below.
     unsafe { crate::cuda::driver::memcpy_dtoh(&mut back, msg.ptr()) }.unwrap();
     assert_eq!(back, data);
     msg.release().unwrap();

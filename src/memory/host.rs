@@ -75,6 +75,9 @@ pub struct HostRx;
 impl ConsumerSide for HostRx {
     type Stream = ();
 
+    /// The payload is in the segment, which a close leaves mapped.
+    const MAPS_PRODUCER_MEMORY: bool = false;
+
     fn join(_: &RxSettings, _: &MappedRing, _: Member) -> Result<Self, OpenErrorKind> {
         Ok(HostRx)
     }

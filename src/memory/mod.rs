@@ -272,9 +272,10 @@ pub(crate) trait ConsumerSide: Sized + Send + Sync + 'static {
     type Stream: Send + Sync + 'static;
 
     /// Whether a consumer maps memory of the producer's that the producer frees when it closes
-    /// (CUDA), so that one must not join a ring that closed while it claimed its entry. A host
-    /// consumer that does joins, drains what was published and is then disconnected.
-    const MAPS_PRODUCER_MEMORY: bool = false;
+    /// (CUDA), so that one must not join a ring that closed while it claimed its entry. True
+    /// unless a kind says otherwise, which fails safe: a host consumer that joins such a ring
+    /// drains what was published and is then disconnected.
+    const MAPS_PRODUCER_MEMORY: bool = true;
 
     /// Opens what the consumer of claimed entry `member` needs, before it becomes active.
     fn join(settings: &RxSettings, map: &MappedRing, member: Member)

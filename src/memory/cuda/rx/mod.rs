@@ -284,9 +284,6 @@ impl CudaRx {
 impl ConsumerSide for CudaRx {
     type Stream = Stream;
 
-    /// The producer's pools, which it frees after its close's linger.
-    const MAPS_PRODUCER_MEMORY: bool = true;
-
     fn join(
         settings: &RxSettings,
         map: &MappedRing,

@@ -84,7 +84,7 @@ impl EventsTx {
             }
             Err(EventFault::Failed(why)) => {
                 let generation = lease::generation(seen);
-                tracing::warn!(entry, generation, %why, "a consumer's release event failed");
+                tracing::warn!(target: "gpuring::memory::cuda::tx", entry, generation, %why, "a consumer's release event failed");
                 self.forget(ring, entry, generation, buffers);
                 let reason = evict_reason::RELEASE_EVENT;
                 Ok(Readers::Evict { entry, seen, reason })

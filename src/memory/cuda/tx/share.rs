@@ -116,7 +116,8 @@ impl TxShare {
         ctx: &Context,
     ) -> Result<(), RegisterError> {
         match self {
-            // SAFETY: as ours, (1).
+            // SAFETY: as ours, (1); `accepts` refused our own VMM pools for a legacy ring, so
+            // `mem.ptr()` is the base of a live allocation, as the legacy half asks.
             TxShare::Legacy(s) => unsafe { s.share(mem, entry, at, ctx) },
             // SAFETY: as ours, (1).
             TxShare::Vmm(s) => unsafe { s.share(mem, entry, at, ctx) },
