@@ -15,10 +15,10 @@ import pathlib, re, sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "src"
 # Hidden modules, and private ones (their `pub` items are crate-internal).
 HIDDEN = ("ring/", "shm/", "format/", "cuda/driver.rs", "cuda/ipc.rs", "cuda/vmm.rs", "testing/", "bin/",
-          "doorbells.rs", "wait.rs")
+          "doorbells.rs")
 # `pub` in private modules, for the sealed trait's associated types: not nameable outside.
 UNNAMEABLE = {("memory/host.rs", "HostTx"), ("memory/host.rs", "HostRx"),
-              ("memory/cuda/tx.rs", "CudaTx"), ("memory/cuda/rx.rs", "CudaRx"),
+              ("memory/cuda/tx/mod.rs", "CudaTx"), ("memory/cuda/rx/mod.rs", "CudaRx"),
               ("memory/mod.rs", "Sealed")}
 ITEM = re.compile(r"^\s*pub (?:async )?(?:unsafe )?(fn|struct|enum|const|trait|type|static) (\w+)")
 
