@@ -751,21 +751,37 @@ impl<M: Memory> Producer<M> {
     /// message one lap back to be done (the run-ahead bound), claims a buffer, waits for the
     /// buffer's previous write and its readers, and returns the buffer. See docs/gpu.md,
     /// "Run-ahead" and "Reusing a buffer".
+    ///
+    /// Each wait is entered only when its condition is not met at once: the steady state of a
+    /// ring whose consumers keep up makes no wait at all (no future of one is made or polled).
     pub(crate) async fn acquire_with(&mut self, how: Waiter) -> Result<usize, Fault> {
         let lapped = self.ring.lapped_buffer();
         if let Some(buffer) = lapped {
-            self.poll(how, |p| p.mem.written(p.ring.map(), buffer)).await?;
+            if !self.written(buffer)? {
+                self.poll(how, |p| p.written(buffer)).await?;
+            }
         }
         let Producer { ring, mem } = &mut *self;
-        let claimed = ring.claim(how, &mut |e, g| mem.forget(e, g)).await?;
+        let forget = &mut |e, g| mem.forget(e, g);
+        let claimed = match ring.claim_now(forget) {
+            Some(claimed) => claimed?,
+            None => ring.claim_wait(how, forget).await?,
+        };
         let buffer = claimed.buffer;
         if let Some(prev) = claimed.prev {
-            if lapped != Some(buffer) {
-                self.poll(how, |p| p.mem.written(p.ring.map(), buffer)).await?;
+            if lapped != Some(buffer) && !self.written(buffer)? {
+                self.poll(how, |p| p.written(buffer)).await?;
             }
-            self.poll(how, |p| p.readers_done(buffer, prev)).await?;
+            if !self.readers_done(buffer, prev)? {
+                self.poll(how, |p| p.readers_done(buffer, prev)).await?;
+            }
         }
         Ok(buffer)
+    }
+
+    /// Whether the payload's last write of `buffer` is done, as the memory kind tells.
+    fn written(&mut self, buffer: usize) -> Result<bool, Fault> {
+        self.mem.written(self.ring.map(), buffer)
     }
 
     /// Whether the readers of message `prev` in `buffer` are done with it, as the memory kind

@@ -268,34 +268,39 @@ impl ProducerRing {
         self.core.next_seq()
     }
 
-    /// Claims a buffer for the next message, waiting as `how` says on the producer's wake line
-    /// (blocking) or doorbell (async), which a consumer's release (or retire) knocks on. First
-    /// refuses a truncated segment; looks after the consumer table when it changed (a consumer
-    /// joined or retired: a retiring one waits for us) or a liveness interval has passed, and
-    /// while it waits at each liveness tick too: dead consumers are noticed while the producer
-    /// runs, not only when it is blocked. `on_free` is told of each entry a reap frees.
-    pub(crate) async fn claim(
-        &mut self,
-        how: Waiter,
-        on_free: OnFree<'_>,
-    ) -> Result<Claimed, Fault> {
+    /// A claim's first try, which never waits (most claims end here): refuses a truncated
+    /// segment; looks after the consumer table when it changed (a consumer joined or retired: a
+    /// retiring one waits for us) or a liveness interval has passed, so that dead consumers are
+    /// noticed while the producer runs, not only when it is blocked; then tries to claim a
+    /// buffer for the next message. `None`: none is free; [`claim_wait`](Self::claim_wait) goes
+    /// on. `on_free` is told of each entry a reap frees.
+    pub(crate) fn claim_now(&mut self, on_free: OnFree<'_>) -> Option<Result<Claimed, Fault>> {
         if self.map.segment().faulted() {
-            return Err(Fault::Corrupt(Corruption::Truncated));
+            return Some(Err(Fault::Corrupt(Corruption::Truncated)));
         }
         if table_moved(&self.map.ring(), &mut self.table_seen)
             || self.last_reap.elapsed() >= self.wait.tick
         {
-            self.reap_with(on_free)?;
+            if let Err(c) = self.reap_with(on_free) {
+                return Some(Err(c.into()));
+            }
         }
-        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
-        let (ring, bells) = (map.ring(), &*bells);
-        // The first try reads no clock: most claims end here.
-        if let Some(claimed) = claim(core, &ring) {
-            return claimed;
-        }
+        claim(&mut self.core, &self.map.ring())
+    }
+
+    /// After a [`claim_now`](Self::claim_now) that found no buffer free: waits for one as `how`
+    /// says, on the producer's wake line (blocking) or doorbell (async), which a consumer's
+    /// release (or retire) knocks on, looking after the consumer table at each liveness tick.
+    pub(crate) async fn claim_wait(
+        &mut self,
+        how: Waiter,
+        on_free: OnFree<'_>,
+    ) -> Result<Claimed, Fault> {
         if how.gives_up_now() {
             return Err(Fault::Blocked);
         }
+        let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
+        let (ring, bells) = (map.ring(), &*bells);
         // Dropped with the future if an async claim is cancelled: its time counts all the same.
         let mut stall = Stall::begin(&ring);
         let wake = WakeOn { line: ring.producer_wake, bell: bells.own() };
