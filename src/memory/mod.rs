@@ -250,8 +250,9 @@ pub(crate) trait ProducerSide: Send + Sized + 'static {
     /// Where buffer `buffer`'s bytes are: a host address in this process, or a device address.
     fn buffer_addr(&self, map: &MappedRing, buffer: usize) -> u64;
 
-    /// How long a closing producer waits for its consumers to leave before [`close`]
-    /// (`Self::close`); `None`: it does not wait (nothing of the kind outlives the segment).
+    /// How long a closing producer waits for its consumers to leave before
+    /// [`close`](Self::close); `None`: it does not wait (nothing of the kind outlives the
+    /// segment).
     fn linger(&self) -> Option<Duration> {
         None
     }
