@@ -63,7 +63,7 @@ fn unavailable(e: CudaError) -> CreateErrorKind {
 }
 
 /// A pool table entry of a CUDA producer: the slots' own allocation (0) or one registered
-/// with [`Producer::register`].
+/// with [`Producer::register`](crate::Producer::register).
 ///
 /// ```no_run
 /// use gpuring::cuda::DevicePool;
