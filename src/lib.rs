@@ -28,6 +28,8 @@
 //!   wait without holding a thread.
 //! * [`any`]: one producer and one consumer type for either memory kind, for bindings.
 //! * [`inspect`]: what the `gpuring` command shows (`list`, `stat`, `rm`), as a library.
+//! * [`service`]: stopping on SIGTERM without faulting the GPU's other processes, and the exit
+//!   status a supervisor restarts on when the GPU context is lost ([`ContextLost`]).
 //! * The guide, the protocol and the GPU notes are in the repository's `docs/`.
 //!
 //! Layers, each depending only on those before it (docs/protocol.md, "Code layout"):
@@ -75,6 +77,8 @@ pub mod metrics;
 #[cfg(not(loom))]
 mod producer;
 #[cfg(not(loom))]
+pub mod service;
+#[cfg(not(loom))]
 mod stats;
 pub mod tensor;
 #[cfg(all(feature = "test-support", not(loom)))]
@@ -85,12 +89,15 @@ pub mod testing;
 pub use consumer::Messages;
 #[cfg(not(loom))]
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
+#[cfg(all(feature = "test-support", not(loom)))]
+pub use error::lose_context_after;
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use error::RegisterError;
 pub use error::{
-    AcquireError, AcquireTimeoutError, ConsumersTimeout, Corruption, CreateError, CreateErrorKind,
-    Ended, NameError, OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError,
-    SendError, TryAcquireError, TryRecvError,
+    context_lost, exit_status, is_context_lost, AcquireError, AcquireTimeoutError,
+    ConsumersTimeout, ContextLost, Corruption, CreateError, CreateErrorKind, Ended, NameError,
+    OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError, SendError,
+    TryAcquireError, TryRecvError, EXIT_CONTEXT_LOST,
 };
 pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]

@@ -327,12 +327,14 @@ impl ConsumerBuilder {
 
     /// [`open_in`](Self::open_in), failing with what went wrong only.
     fn open_kind<M: Memory>(&self) -> Result<Consumer<M>, OpenErrorKind> {
+        crate::error::check_context().map_err(OpenErrorKind::ContextLost)?;
         let settings = self.kind;
         let closing_frees = M::Rx::MAPS_PRODUCER_MEMORY;
         let (ring, mem) =
             ConsumerRing::open(self, M::KIND, closing_frees, |map, entry, generation| {
                 M::Rx::join(&settings, map, Member { entry, generation })
-            })?;
+            })
+            .map_err(|e| crate::error::or_lost(e, OpenErrorKind::ContextLost))?;
         Ok(Consumer { ring, mem })
     }
 
@@ -687,6 +689,7 @@ impl<M: Memory> Consumer<M> {
         deadline: Deadline,
         stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
     ) -> Result<ReadSlot<'a, M>, Fault> {
+        crate::error::check_context()?;
         let m = self.ring.pin_until(deadline)?;
         self.placed(m, stream)
     }
@@ -699,7 +702,10 @@ impl<M: Memory> Consumer<M> {
         m: Pinned,
         stream: Option<&'a <M::Rx as ConsumerSide>::Stream>,
     ) -> Result<ReadSlot<'a, M>, Fault> {
-        match self.mem.place(self.ring.map(), &m, stream) {
+        let placed = crate::error::check_context()
+            .map_err(Fault::ContextLost)
+            .and_then(|()| self.mem.place(self.ring.map(), &m, stream));
+        match placed {
             Ok(addr) => Ok(ReadSlot { consumer: self, m, addr, stream }),
             Err(e) => {
                 self.ring.release(m.buffer);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::ConsumerBuilder;
 use crate::doorbells::{BellCell, ConsumerBells};
 use crate::error::{Corruption, Fault, OpenErrorKind};
-use crate::format::header::CLOSED_DONE;
+use crate::format::header::{CLOSED_DONE, CLOSED_LOST};
 use crate::format::{MemoryKind, Params};
 use crate::memory::Member;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
@@ -293,6 +293,7 @@ impl ConsumerRing {
         // Acquire: pairs with the producer's Release store of `closed`.
         match self.map.header().closed.load(Ordering::Acquire) {
             CLOSED_DONE => Some(crate::Ended::Closed),
+            CLOSED_LOST => Some(crate::Ended::ContextLost),
             0 if alive => None,
             // Cut (`abort`, a panic), dead, or a value only a damaged segment holds.
             _ => Some(crate::Ended::Died),

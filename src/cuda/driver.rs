@@ -29,7 +29,9 @@ pub struct DriverError {
 impl DriverError {
     /// Whether the error means the context is lost for good: a fault of its work (sticky:
     /// every later call fails the same way), its teardown, or its MPS server gone. Other
-    /// failures (a stream capture refusing a query, say) leave its work running.
+    /// failures (a stream capture refusing a query, say) leave its work running, and so does
+    /// `CUDA_ERROR_MPS_SERVER_NOT_READY` ([`mps_not_ready`](Self::mps_not_ready): no context
+    /// was made, try again) and `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
     ///
     /// ```
     /// use gpuring::cuda::driver::{CUresult, DriverError};
@@ -56,26 +58,54 @@ impl DriverError {
                 | CUDA_ERROR_CONTEXT_IS_DESTROYED
                 | CUDA_ERROR_DEINITIALIZED
                 | CUDA_ERROR_MPS_CONNECTION_FAILED
-                | CUDA_ERROR_MPS_SERVER_NOT_READY
+                | CUDA_ERROR_MPS_RPC_FAILURE
                 | CUDA_ERROR_MPS_CLIENT_TERMINATED
         )
+    }
+
+    /// Whether the MPS server refused a new client because a fault of another client is not
+    /// cleaned up yet: it takes new clients again once every faulted one has exited, so the
+    /// caller waits and tries again ([`super::Context::new`] does).
+    ///
+    /// ```
+    /// use gpuring::cuda::driver::{CUresult, DriverError};
+    ///
+    /// let e = DriverError { call: "cuDevicePrimaryCtxRetain", code: CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY };
+    /// assert!(e.mps_not_ready() && !e.context_lost());
+    /// ```
+    pub fn mps_not_ready(&self) -> bool {
+        self.code == sys::CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY
+    }
+
+    /// The driver's name of the error code (`CUDA_ERROR_ILLEGAL_ADDRESS`...), or its number
+    /// where the driver has no name for it.
+    ///
+    /// ```no_run
+    /// use gpuring::cuda::driver::{CUresult, DriverError};
+    ///
+    /// let e = DriverError { call: "cuStreamQuery", code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS };
+    /// assert_eq!(e.name(), "CUDA_ERROR_ILLEGAL_ADDRESS");
+    /// ```
+    pub fn name(&self) -> String {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string or fails; we pass a valid
+        // out-pointer. Without the library loaded (a DriverError made by hand) it is not
+        // called.
+        let ok = unsafe { sys::is_culib_present() }
+            // SAFETY: as above.
+            && unsafe { sys::cuGetErrorName(self.code, &mut name) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && !name.is_null() {
+            // SAFETY: on success `name` is a NUL-terminated static string.
+            unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        } else {
+            format!("{:?}", self.code)
+        }
     }
 }
 
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut name: *const std::ffi::c_char = std::ptr::null();
-        // SAFETY: cuGetErrorName writes a pointer to a static string or fails; we pass a valid
-        // out-pointer. It needs the library loaded, which a DriverError implies.
-        let ok =
-            unsafe { sys::cuGetErrorName(self.code, &mut name) } == sys::CUresult::CUDA_SUCCESS;
-        if ok && !name.is_null() {
-            // SAFETY: on success `name` is a NUL-terminated static string.
-            let s = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-            write!(f, "{} failed: {s}", self.call)
-        } else {
-            write!(f, "{} failed: {:?}", self.call, self.code)
-        }
+        write!(f, "{} failed: {}", self.call, self.name())
     }
 }
 
@@ -86,10 +116,28 @@ pub type DriverResult<T> = Result<T, DriverError>;
 
 fn check(call: &'static str, code: sys::CUresult) -> DriverResult<()> {
     if code == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(DriverError { call, code })
+        return Ok(());
     }
+    let e = DriverError { call, code };
+    if e.context_lost() {
+        let _ = LOST.set(e);
+    }
+    Err(e)
+}
+
+/// The first error of this process that lost its context ([`DriverError::context_lost`]): set
+/// once by whichever driver call saw it, for good (the errors are sticky).
+static LOST: OnceLock<DriverError> = OnceLock::new();
+
+/// The first driver error by which this process's CUDA context was lost, if one was: after it
+/// no CUDA work runs in the process (gpuring's calls then return `ContextLost`).
+///
+/// ```
+/// assert!(gpuring::cuda::driver::lost().is_none());
+/// ```
+#[inline]
+pub fn lost() -> Option<DriverError> {
+    LOST.get().copied()
 }
 
 /// IPC memory handles opened and closed by this process, for tests that prove steady state
@@ -125,7 +173,8 @@ pub fn available() -> Result<(), String> {
                 return Err("the CUDA driver library (libcuda.so) is not installed".into());
             }
             // SAFETY: the library is present; cuInit takes flags 0.
-            check("cuInit", unsafe { sys::cuInit(0) }).map_err(|e| e.to_string())?;
+            when_mps_ready(|| check("cuInit", unsafe { sys::cuInit(0) }))
+                .map_err(|e| e.to_string())?;
             let mut n = 0;
             // SAFETY: valid out-pointer; the driver is initialised.
             check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })
@@ -231,6 +280,32 @@ pub fn compute_capability(dev: CUdevice) -> DriverResult<(i32, i32)> {
         )?;
     }
     Ok((major, minor))
+}
+
+/// How long [`when_mps_ready`] tries.
+pub const MPS_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `f`, tried again with backoff (50 ms doubling to 2 s) for up to [`MPS_READY_WAIT`] while
+/// it fails with `CUDA_ERROR_MPS_SERVER_NOT_READY`: an MPS server takes no new client until
+/// every client a fault reached has exited, which a supervisor's restarts bring about soon.
+pub fn when_mps_ready<T>(mut f: impl FnMut() -> DriverResult<T>) -> DriverResult<T> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match f() {
+            Err(e) if e.mps_not_ready() && start.elapsed() < MPS_READY_WAIT => {
+                if pause == std::time::Duration::from_millis(50) {
+                    tracing::warn!(
+                        call = e.call,
+                        "the MPS server is not ready (a faulted client has not exited yet): waiting"
+                    );
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Retains the device's primary context.

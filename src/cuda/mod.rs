@@ -19,6 +19,7 @@ mod stream;
 mod vmm;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use driver::{
@@ -141,11 +142,32 @@ impl Context {
     /// let stream = gpuring::cuda::Stream::new(&ctx)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// Under MPS, a server that is still cleaning up after a client's fault refuses new
+    /// clients (`CUDA_ERROR_MPS_SERVER_NOT_READY`) until every faulted one has exited: that is
+    /// waited out here, with backoff, for up to [`MPS_READY_WAIT`], so that a process
+    /// restarted after a fault does not exit again at once (a crash loop).
     pub fn new(ordinal: i32) -> Result<Arc<Context>, CudaError> {
         driver::available().map_err(CudaError::Unavailable)?;
         let dev = driver::device(ordinal)?;
-        let ctx = driver::primary_ctx_retain(dev)?;
+        let ctx = driver::when_mps_ready(|| driver::primary_ctx_retain(dev))?;
+        USED.fetch_or(1 << (ordinal & 63), Ordering::Relaxed);
         Ok(Arc::new(Context { dev, ordinal, ctx }))
+    }
+
+    /// Waits for every stream of this context: all GPU work this process queued on the
+    /// device, gpuring's and (in the primary context, which PyTorch uses too) the
+    /// application's. See [`finish_gpu_work`].
+    ///
+    /// ```no_run
+    /// let ctx = gpuring::cuda::Context::new(0)?;
+    /// ctx.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        let _bound = self.bind()?;
+        // SAFETY: `_bound` makes this context current on this thread.
+        unsafe { driver::ctx_synchronize() }
     }
 
     /// Makes this context current on the calling thread, and leaves it so.
@@ -232,6 +254,38 @@ impl Context {
     pub fn compute_capability(&self) -> Result<(i32, i32), DriverError> {
         driver::compute_capability(self.dev)
     }
+}
+
+/// How long [`Context::new`] waits for an MPS server that is not ready (it is cleaning up
+/// after a faulted client, until every faulted client has exited) before it gives up with
+/// `CUDA_ERROR_MPS_SERVER_NOT_READY`.
+pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
+
+/// Devices (bit = ordinal, up to 63) whose primary context this process retained: the ones
+/// [`finish_gpu_work`] waits for.
+static USED: AtomicU64 = AtomicU64::new(0);
+
+/// Waits until every device this process used through gpuring (its primary contexts) has no
+/// GPU work left running: the last step of a graceful stop, before the process exits. A
+/// process that exits with kernels still running has them torn down mid-flight, and under MPS
+/// that faults every other client of the GPU (docs/gpu.md, "MPS or not"). Returns the first
+/// failure (a lost context: nothing runs any more then).
+///
+/// ```no_run
+/// // ... the service's loop ended (SIGTERM), its consumers and producers are dropped ...
+/// gpuring::cuda::finish_gpu_work()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn finish_gpu_work() -> Result<(), CudaError> {
+    let used = USED.load(Ordering::Relaxed);
+    let mut first = Ok(());
+    for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {
+        let r = Context::new(ordinal).and_then(|ctx| Ok(ctx.synchronize()?));
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
 }
 
 /// Restores the thread's previous context when dropped. See [`Context::bind`].

@@ -2,8 +2,8 @@
 //! error type per operation, `crate::error`).
 
 use crate::error::{
-    AcquireError, AcquireTimeoutError, Corruption, RecvError, RecvTimeoutError, SendError,
-    TryAcquireError, TryRecvError,
+    AcquireError, AcquireTimeoutError, ContextLost, Corruption, RecvError, RecvTimeoutError,
+    SendError, TryAcquireError, TryRecvError,
 };
 
 /// A failure inside an operation of either side.
@@ -16,6 +16,8 @@ pub(crate) enum Fault {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost.
+    ContextLost(ContextLost),
     /// A CUDA call failed.
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaError),
@@ -27,17 +29,27 @@ impl From<Corruption> for Fault {
     }
 }
 
+impl From<ContextLost> for Fault {
+    fn from(l: ContextLost) -> Self {
+        Fault::ContextLost(l)
+    }
+}
+
+/// A CUDA error that lost the context is [`Fault::ContextLost`].
 #[cfg(feature = "cuda")]
 impl From<crate::cuda::CudaError> for Fault {
     fn from(e: crate::cuda::CudaError) -> Self {
-        Fault::Cuda(e)
+        match e {
+            crate::cuda::CudaError::Driver(d) if d.context_lost() => Fault::ContextLost(d.into()),
+            e => Fault::Cuda(e),
+        }
     }
 }
 
 #[cfg(feature = "cuda")]
 impl From<crate::cuda::DriverError> for Fault {
     fn from(e: crate::cuda::DriverError) -> Self {
-        Fault::Cuda(e.into())
+        crate::cuda::CudaError::from(e).into()
     }
 }
 
@@ -53,6 +65,7 @@ macro_rules! told_as {
                     Fault::Blocked => $blocked,
                     Fault::Disconnected => $disconnected,
                     Fault::Corrupt(c) => $ty::Corrupt(c),
+                    Fault::ContextLost(l) => $ty::ContextLost(l),
                     #[cfg(feature = "cuda")]
                     Fault::Cuda(e) => $ty::Cuda(e),
                 }

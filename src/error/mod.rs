@@ -7,8 +7,14 @@ use crate::ring::RingCorrupt;
 
 #[cfg(not(loom))]
 mod fault;
+mod lost;
 #[cfg(not(loom))]
 pub(crate) use fault::Fault;
+#[cfg(feature = "test-support")]
+pub use lost::lose_context_after;
+#[cfg(not(loom))]
+pub(crate) use lost::{check as check_context, or_lost};
+pub use lost::{context_lost, exit_status, is_context_lost, ContextLost, EXIT_CONTEXT_LOST};
 
 /// A value in a segment that a correct peer cannot have written.
 ///
@@ -152,6 +158,8 @@ pub enum CreateErrorKind {
         /// Bytes free on the file system when it was tried.
         available: u64,
     },
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// Another OS error.
     Io(io::Error),
 }
@@ -180,6 +188,7 @@ impl fmt::Display for CreateErrorKind {
                 "/dev/shm has {available} bytes free but the ring needs {needed}: enlarge it \
                  (docker: --shm-size or --ipc=host) or make the ring smaller"
             ),
+            CreateErrorKind::ContextLost(e) => e.fmt(f),
             CreateErrorKind::Io(e) => write!(f, "creating the segment: {e}"),
         }
     }
@@ -220,6 +229,7 @@ impl CreateErrorKind {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CreateErrorKind::InvalidName(e) => Some(e),
+            CreateErrorKind::ContextLost(e) => Some(e),
             CreateErrorKind::Io(e) => Some(e),
             _ => None,
         }
@@ -418,6 +428,8 @@ pub enum OpenErrorKind {
     /// A wait for the ring to be ready ran out: it exists, but its producer had not finished
     /// setting it up (a ring that never appeared is [`NotFound`](Self::NotFound)).
     TimedOut,
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// Another OS error.
     Io(io::Error),
 }
@@ -469,6 +481,7 @@ impl fmt::Display for OpenErrorKind {
                 write!(f, "the producer refused to share its memory with this process: {reason}")
             }
             OpenErrorKind::TimedOut => f.write_str("the ring was not ready within the timeout"),
+            OpenErrorKind::ContextLost(e) => e.fmt(f),
             OpenErrorKind::Io(e) => write!(f, "opening the segment: {e}"),
         }
     }
@@ -479,6 +492,7 @@ impl OpenErrorKind {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OpenErrorKind::InvalidName(e) => Some(e),
+            OpenErrorKind::ContextLost(e) => Some(e),
             OpenErrorKind::Io(e) => Some(e),
             _ => None,
         }
@@ -630,6 +644,8 @@ pub enum TryRecvError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -658,6 +674,9 @@ pub enum Ended {
     /// The producer's process ended without closing the ring (killed, crashed): the stream
     /// was cut; messages it had not published are lost.
     Died,
+    /// The producer's GPU context was lost ([`ContextLost`]: a fault of its own, or under MPS
+    /// another client's crash): the stream was cut. A restarted producer makes the ring anew.
+    ContextLost,
 }
 
 impl Ended {
@@ -670,6 +689,7 @@ impl Ended {
         match self {
             Ended::Closed => "closed",
             Ended::Died => "died",
+            Ended::ContextLost => "context lost",
         }
     }
 }
@@ -679,6 +699,7 @@ impl fmt::Display for Ended {
         f.write_str(match self {
             Ended::Closed => "the producer closed the ring",
             Ended::Died => "the producer died",
+            Ended::ContextLost => "the producer's GPU context was lost",
         })
     }
 }
@@ -706,6 +727,8 @@ pub enum RecvError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -732,6 +755,8 @@ pub enum RecvTimeoutError {
     Disconnected,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -756,6 +781,8 @@ pub enum TryAcquireError {
     Full,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -779,6 +806,8 @@ pub enum TryAcquireError {
 pub enum AcquireError {
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -804,6 +833,8 @@ pub enum AcquireTimeoutError {
     Timeout,
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -848,6 +879,8 @@ pub enum PublishError {
         /// The pool's size.
         size: u64,
     },
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -870,6 +903,8 @@ pub enum SendError {
     Publish(PublishError),
     /// The segment is damaged.
     Corrupt(Corruption),
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// A CUDA call failed (CUDA rings).
     #[cfg(all(feature = "cuda", not(loom)))]
     Cuda(crate::cuda::CudaError),
@@ -903,19 +938,23 @@ pub enum RegisterError {
         /// How the ring shares its memory: `"legacy"` or `"vmm"`.
         ring: &'static str,
     },
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
     /// The driver refused (for example an allocation from a stream-ordered pool, which legacy
     /// IPC cannot share).
     Cuda(crate::cuda::CudaError),
 }
 
 /// Display and `Error` for one of the operation errors above; every one of them also has the
-/// `Cuda` variant of CUDA rings, shown as the CUDA error and given as its source.
+/// `ContextLost` variant and, for CUDA rings, the `Cuda` variant, each shown as the error it
+/// carries and given as its source. A CUDA error that lost the context becomes `ContextLost`.
 macro_rules! display {
     ($ty:ident { $($pat:pat => $($fmt:expr),+;)* }) => {
         impl fmt::Display for $ty {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 match self {
                     $($pat => write!(f, $($fmt),+),)*
+                    $ty::ContextLost(e) => e.fmt(f),
                     #[cfg(all(feature = "cuda", not(loom)))]
                     $ty::Cuda(e) => e.fmt(f),
                 }
@@ -924,22 +963,31 @@ macro_rules! display {
         impl std::error::Error for $ty {
             fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
                 match self {
+                    $ty::ContextLost(e) => Some(e),
                     #[cfg(all(feature = "cuda", not(loom)))]
                     $ty::Cuda(e) => Some(e),
                     _ => None,
                 }
             }
         }
+        impl From<ContextLost> for $ty {
+            fn from(e: ContextLost) -> Self {
+                $ty::ContextLost(e)
+            }
+        }
         #[cfg(all(feature = "cuda", not(loom)))]
         impl From<crate::cuda::CudaError> for $ty {
             fn from(e: crate::cuda::CudaError) -> Self {
-                $ty::Cuda(e)
+                match e {
+                    crate::cuda::CudaError::Driver(d) if d.context_lost() => $ty::ContextLost(d.into()),
+                    e => $ty::Cuda(e),
+                }
             }
         }
         #[cfg(all(feature = "cuda", not(loom)))]
         impl From<crate::cuda::DriverError> for $ty {
             fn from(e: crate::cuda::DriverError) -> Self {
-                $ty::Cuda(e.into())
+                crate::cuda::CudaError::from(e).into()
             }
         }
     };
@@ -990,3 +1038,14 @@ display!(SendError {
     SendError::Publish(e) => "{}", e;
     SendError::Corrupt(c) => "corrupt segment: {}", c;
 });
+
+/// A publish's error as `send`'s: a lost context is `send`'s own `ContextLost`, the rest is
+/// `Publish`.
+impl From<PublishError> for SendError {
+    fn from(e: PublishError) -> Self {
+        match e {
+            PublishError::ContextLost(l) => SendError::ContextLost(l),
+            e => SendError::Publish(e),
+        }
+    }
+}

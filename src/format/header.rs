@@ -87,7 +87,8 @@ pub struct Header {
     /// Identifies this instance of the ring among all that had its name.
     pub epoch: AtomicU64,
     /// Set (Release) by the producer when it closes, after its last publish:
-    /// [`CLOSED_DONE`], or [`CLOSED_CUT`] when the stream was cut (`Producer::abort`, a panic).
+    /// [`CLOSED_DONE`], or [`CLOSED_CUT`] when the stream was cut (`Producer::abort`, a panic),
+    /// or [`CLOSED_LOST`] when the producer's GPU context was lost.
     pub closed: AtomicU32,
     /// The producer's namespace identities ([`crate::shm::ns::Namespaces`] as words), for
     /// display: tools and errors say "in another pid namespace" from them.
@@ -98,6 +99,10 @@ pub struct Header {
 pub const CLOSED_DONE: u32 = 1;
 /// `closed`: the producer closed the ring as cut (`Producer::abort`, a panic unwinding).
 pub const CLOSED_CUT: u32 = 2;
+/// `closed`: the producer closed the ring because its GPU context was lost (`ContextLost`);
+/// the stream was cut, and the segment keeps its name so that `gpuring stat` shows why, until
+/// a restarted producer replaces it. Older readers take it for cut.
+pub const CLOSED_LOST: u32 = 3;
 
 const _: () = assert!(std::mem::size_of::<Header>() == 128);
 

@@ -348,10 +348,12 @@ impl ProducerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn create_in<M: Memory>(self) -> Result<Producer<M>, CreateError> {
+        let failed = |e| CreateError::in_dir(&self.name, &self.ring_dir(), e);
+        crate::error::check_context().map_err(|l| failed(CreateErrorKind::ContextLost(l)))?;
         let prepare = || M::Tx::prepare(&self.kind);
         let init = |prepared, map: &_| M::Tx::create(prepared, &self.kind, map);
         let (ring, mem) = ProducerRing::build(&self, M::KIND, prepare, init)
-            .map_err(|e| CreateError::in_dir(&self.name, &self.ring_dir(), e))?;
+            .map_err(|e| failed(crate::error::or_lost(e, CreateErrorKind::ContextLost)))?;
         Ok(Producer { ring, mem })
     }
 }
@@ -449,7 +451,7 @@ impl WriteSlot<'_, Host> {
     /// The rest of `send` and `send_async`: copies `data` (checked to fit) in and publishes it.
     pub(crate) fn send(mut self, data: &[u8], header: &[u8]) -> Result<u64, SendError> {
         self[..data.len()].copy_from_slice(data);
-        self.publish(data.len(), header).map_err(SendError::Publish)
+        Ok(self.publish(data.len(), header)?)
     }
 }
 
@@ -755,6 +757,7 @@ impl<M: Memory> Producer<M> {
     /// Each wait is entered only when its condition is not met at once: the steady state of a
     /// ring whose consumers keep up makes no wait at all (no future of one is made or polled).
     pub(crate) async fn acquire_with(&mut self, how: Waiter) -> Result<usize, Fault> {
+        crate::error::check_context()?;
         let lapped = self.ring.lapped_buffer();
         if let Some(buffer) = lapped {
             if !self.written(buffer)? {
@@ -1040,6 +1043,7 @@ impl<'a, M: Memory> WriteSlot<'a, M> {
         len: u64,
         header: &[u8],
     ) -> Result<u64, PublishError> {
+        crate::error::check_context()?;
         let Producer { ring, mem } = self.producer;
         let max = ring.map().user_header_size();
         if header.len() > max {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::{monotonic_ns, ProducerBuilder};
 use crate::doorbells::ProducerBells;
 use crate::error::{Corruption, CreateErrorKind, Fault};
-use crate::format::header::{CLOSED_CUT, CLOSED_DONE};
+use crate::format::header::{CLOSED_CUT, CLOSED_DONE, CLOSED_LOST};
 use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
@@ -376,14 +376,27 @@ impl ProducerRing {
         tracing::info!(ring = %self.name(), published = self.published(), "ring closed");
         let ring = self.map.ring();
         clear_stall(&ring);
-        // A panic unwinding through the producer cuts the stream as `abort` does.
-        let how = if self.cut || std::thread::panicking() { CLOSED_CUT } else { CLOSED_DONE };
+        // A panic unwinding through the producer cuts the stream as `abort` does; a lost GPU
+        // context cuts it too, and says so.
+        let lost = crate::error::check_context().is_err();
+        let how = match () {
+            _ if lost => CLOSED_LOST,
+            _ if self.cut || std::thread::panicking() => CLOSED_CUT,
+            _ => CLOSED_DONE,
+        };
         // Release: consumers that see `closed` (Acquire) see every publish before it.
         self.map.header().closed.store(how, Ordering::Release);
         if wants_wake(ring.consumer_wake) {
             wake_consumers(&ring, &self.bells);
         }
-        self.map.segment().unlink();
+        // A ring closed by a lost context keeps its name until a restarted producer replaces
+        // it (its producer is dead by then), so that `gpuring stat` and the exporter show why
+        // it stopped.
+        if lost {
+            tracing::warn!(ring = %self.name(), "ring closed: this process's GPU context is lost");
+        } else {
+            self.map.segment().unlink();
+        }
     }
 
     /// After the close, for a memory kind whose consumers map memory of ours: waits up to
