@@ -61,6 +61,10 @@ pub struct RingStatus {
     pub producer_namespaces: Namespaces,
     /// Whether the producer closed the ring.
     pub closed: bool,
+    /// Whether it closed the ring because its GPU context was lost (a fault of its own, or
+    /// under MPS another client's crash: docs/gpu.md): the ring keeps its name until a
+    /// restarted producer replaces it.
+    pub context_lost: bool,
     /// The producer instance's epoch.
     pub epoch: u64,
     /// Messages published so far.
@@ -322,6 +326,8 @@ fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
         producer_namespaces: Namespaces::from_words(params.producer_ns),
         // Relaxed (all of them): a snapshot for display; nothing is read through them.
         closed: map.header().closed.load(Ordering::Relaxed) != 0,
+        context_lost: map.header().closed.load(Ordering::Relaxed)
+            == crate::format::header::CLOSED_LOST,
         epoch: params.epoch,
         published: ring.producer.head.load(Ordering::Relaxed),
         blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed),

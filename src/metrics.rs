@@ -266,6 +266,14 @@ impl Collector for RingCollector {
         )?;
         family(
             e,
+            "gpuring_context_lost",
+            "Whether the producer closed the ring because its GPU context was lost (1) or not (0)",
+            None,
+            Gauge,
+            per_ring(&|s| Value::Int(s.context_lost as u64)),
+        )?;
+        family(
+            e,
             "gpuring_epoch",
             "The producer instance's epoch (changes when a new producer recreates the ring)",
             None,

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuring::bridge::{self, ExportOptions, ImportOptions, ZenohMode, ZenohOptions};
 use gpuring::{MemoryKind, Mode, StartAt};
@@ -122,14 +121,6 @@ fn parse_zenoh_mode(s: &str) -> Result<ZenohMode, String> {
     }
 }
 
-/// Set by SIGINT and SIGTERM: the bridge stops at its next tick and closes its ring cleanly.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Relaxed: a flag polled each tick; an atomic store is async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
-}
-
 /// Runs the bridge until SIGINT or SIGTERM.
 pub fn run(o: &Options) -> ExitCode {
     tracing_subscriber::fmt()
@@ -139,10 +130,15 @@ pub fn run(o: &Options) -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: `on_signal` only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    // SIGINT and SIGTERM raise the flag: the bridge stops at its next tick and closes its ring
+    // cleanly.
+    let stop = match gpuring::service::Shutdown::install() {
+        Ok(stop) => stop.flag(),
+        Err(e) => {
+            eprintln!("gpuring bridge: cannot handle SIGINT and SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let done = match o {
         Options::Export { ring, key, mode, start, zenoh } => {
             let mut e = ExportOptions::new(ring).mode(*mode).start_at(*start);
@@ -154,7 +150,7 @@ pub fn run(o: &Options) -> ExitCode {
                 e.dir_or_default().display(),
                 e.key_or_default()
             );
-            bridge::export(&e, &zenoh.options(), &STOP).map(|n| format!("{n} messages sent"))
+            bridge::export(&e, &zenoh.options(), stop).map(|n| format!("{n} messages sent"))
         }
         Options::Import {
             key,
@@ -179,17 +175,11 @@ pub fn run(o: &Options) -> ExitCode {
                 .max_ring_bytes(*max_ring_bytes);
             #[cfg(feature = "cuda")]
             let i = i.sharing(sharing.clone());
-            bridge::import(&i, &zenoh.options(), &STOP).map(|n| format!("{n} messages published"))
+            bridge::import(&i, &zenoh.options(), stop).map(|n| format!("{n} messages published"))
         }
     };
-    match done {
-        Ok(what) => {
-            eprintln!("gpuring bridge: stopped, {what}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("gpuring bridge: {e}");
-            ExitCode::FAILURE
-        }
+    if let Ok(what) = &done {
+        eprintln!("gpuring bridge: stopped, {what}");
     }
+    gpuring::service::exit("gpuring bridge", done.map(|_| ()))
 }

@@ -119,6 +119,8 @@ struct RingJson {
     /// The kinds of namespace the producer runs in apart from us ("pid", "network", ...).
     producer_elsewhere: Vec<String>,
     closed: bool,
+    /// The producer closed the ring because its GPU context was lost.
+    context_lost: bool,
     epoch: u64,
     published: u64,
     /// Messages per second over the sampling interval (`stat` only).
@@ -196,6 +198,7 @@ fn to_json(s: &RingStatus, rate: Option<f64>, blocked_share: Option<f64>) -> Rin
         producer_alive: s.producer_alive,
         producer_elsewhere: s.producer_elsewhere().iter().map(|k| k.to_string()).collect(),
         closed: s.closed,
+        context_lost: s.context_lost,
         epoch: s.epoch,
         published: s.published,
         rate,
@@ -245,6 +248,7 @@ fn bytes(n: u64) -> String {
 
 fn producer_state(s: &RingStatus) -> &'static str {
     match (s.closed, s.producer_alive) {
+        (true, _) if s.context_lost => "closed: its GPU context was lost (restart it)",
         (true, _) => "closed",
         (false, true) => "alive",
         (false, false) => "dead",
@@ -460,11 +464,7 @@ pub fn main() -> ExitCode {
             bench::consumer(&name, &memory, Duration::from_millis(hold_ms), mode)
         }
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gpuring: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    // The rings are dropped by now: `exit` waits for our GPU work, and exits 75 if the GPU
+    // context was lost (docs/gpu.md), so that a supervisor restarts the command.
+    gpuring::service::exit("gpuring", result)
 }
