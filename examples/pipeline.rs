@@ -29,6 +29,8 @@
 //
 //   0  the producer closed the ring, or SIGTERM/SIGINT stopped this consumer; every byte right
 //   3  the producer died (killed, crashed): the stream was cut; every byte received was right
+//   4  the producer's GPU context was lost (docs/gpu.md): the stream was cut, likewise
+//  75  this process's GPU context was lost: restart it (every side exits so; docs/gpu.md)
 //   1  a bad byte or frame, no frame before the ring closed, or an error (2: bad arguments)
 //
 // `--async` receives with `recv_async` on a current-thread tokio runtime (build with
@@ -50,13 +52,15 @@ use gpuring::{
 };
 
 mod common;
-use common::{stop, Frames};
+use common::{failure, stop, Frames};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
     about = "Synthetic video pipeline: 1 producer process, N consumer processes",
     after_help = "Exit codes of a consumer (--role consumer): 0 the producer closed the ring, \
-                  or SIGTERM/SIGINT stopped it; 3 the producer died (the stream was cut); 1 a \
+                  or SIGTERM/SIGINT stopped it; 3 the producer died (the stream was cut); 4 the \
+                  producer's GPU context was lost; 75 this process's GPU context was lost \
+                  (every side); 1 a \
                   bad frame or byte, no frame before the ring closed, or an error; 2 bad \
                   arguments."
 )]
@@ -158,6 +162,8 @@ const HEADER_BYTES: u32 = 64;
 
 /// A `--role consumer`'s exit code when the producer died (see the top of this file).
 const EXIT_PRODUCER_DIED: u8 = 3;
+/// A `--role consumer`'s exit code when the producer's GPU context was lost.
+const EXIT_PRODUCER_LOST: u8 = 4;
 
 /// User header of every frame: a tensor header (`uint8[height, width, 4]`, see
 /// `gpuring::tensor`, so Python consumers get frames of the right shape), then the frame
@@ -197,13 +203,18 @@ fn main() -> ExitCode {
     }
     if let Err(e) = stop::install() {
         eprintln!("pipeline: cannot handle SIGTERM and SIGINT: {e}");
-        return ExitCode::FAILURE;
+        return failure();
     }
-    match (args.role_consumer, args.role) {
+    let code = match (args.role_consumer, args.role) {
         (Some(k), _) => consumer(&args, &format!("consumer {k}"), false),
         (None, Some(RoleArg::Consumer)) => consumer(&args, "consumer", true),
         (None, Some(RoleArg::Producer) | None) => producer(&args),
-    }
+    };
+    // Every ring is dropped by now; no kernel of ours may still run when the process exits
+    // (under MPS that would fault the GPU's other processes).
+    #[cfg(feature = "cuda")]
+    let _ = gpuring::cuda::finish_gpu_work();
+    code
 }
 
 fn frame_bytes(args: &Args) -> usize {
@@ -238,7 +249,7 @@ fn producer(args: &Args) -> ExitCode {
     let why_host = match args.memory {
         MemoryArg::Cuda => {
             eprintln!("pipeline: this build has no CUDA support (feature `cuda`)");
-            return ExitCode::FAILURE;
+            return failure();
         }
         MemoryArg::Host => "--memory host".to_string(),
         MemoryArg::Auto => "built without feature `cuda`".to_string(),
@@ -249,7 +260,7 @@ fn producer(args: &Args) -> ExitCode {
     ] {
         if asked {
             eprintln!("pipeline: {what} CUDA memory; this run uses host memory ({why_host})");
-            return ExitCode::FAILURE;
+            return failure();
         }
     }
     producer_in::<Host>(args, &why_host)
@@ -299,7 +310,7 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
         Ok(made) => made,
         Err(e) => {
             eprintln!("pipeline: {e}");
-            return ExitCode::FAILURE;
+            return failure();
         }
     };
     let memory = kind_name::<M>();
@@ -326,7 +337,7 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
             Ok(children) => children,
             Err(e) => {
                 eprintln!("pipeline: cannot start a consumer process: {e}");
-                return ExitCode::FAILURE;
+                return failure();
             }
         };
     // Others' consumers may be started by hand, or be containers still starting: longer.
@@ -335,7 +346,7 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
     while tx.consumer_count() < own + args.external {
         if t0.elapsed() > wait || stop::requested() {
             eprintln!("pipeline: consumers did not join");
-            return ExitCode::FAILURE;
+            return failure();
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -384,7 +395,7 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
             Ok(false) => {} // no free slot yet: report, look at the clock and the signals
             Err(e) => {
                 eprintln!("pipeline: publishing frame {seq}: {e}");
-                return ExitCode::FAILURE;
+                return failure();
             }
         }
     }
@@ -413,7 +424,7 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
     if ok {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        failure()
     }
 }
 
@@ -502,7 +513,7 @@ fn consume<M: Timed>(
     });
     run.unwrap_or_else(|e| {
         eprintln!("{who}: {e}");
-        ExitCode::FAILURE
+        failure()
     })
 }
 
@@ -703,9 +714,10 @@ impl<'w, M: Timed> Check<'w, M> {
         };
         println!("{who}: ended: {how}");
         Ok(match end {
-            _ if bad_frames > 0 || bad_bytes > 0 => ExitCode::FAILURE,
+            _ if bad_frames > 0 || bad_bytes > 0 => failure(),
             End::Ring(Ended::Died) => ExitCode::from(EXIT_PRODUCER_DIED),
-            End::Ring(Ended::Closed) if frames == 0 => ExitCode::FAILURE,
+            End::Ring(Ended::ContextLost) => ExitCode::from(EXIT_PRODUCER_LOST),
+            End::Ring(Ended::Closed) if frames == 0 => failure(),
             End::Ring(Ended::Closed) | End::Stopped => ExitCode::SUCCESS,
         })
     }

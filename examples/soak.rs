@@ -1,5 +1,6 @@
 // Run: cargo run --release --features test-support --example soak --
 //          [--minutes 10] [--memory host|cuda] [--consumers 3]
+//          [--stop-signal kill|term] [--supervise]
 //
 // A soak test of dead-peer handling. One producer process streams checked frames while
 // steady consumer processes verify every byte. Meanwhile this process keeps SIGKILLing
@@ -9,6 +10,13 @@
 // whose consumers reconnect. At the end it prints
 // the kills survived, the slots leaked (must be 0), the frames verified, the mismatches (must be
 // 0) and the time from each producer kill to its consumers' `Disconnected`.
+//
+// `--stop-signal term` stops the victims with SIGTERM instead (and the releasers send it to
+// themselves while their kernel runs): they stop gracefully (`gpuring::service`), so no
+// other process may see its GPU context lost, even under MPS. `--supervise` restarts whatever
+// exits, as systemd or Docker would: under MPS a SIGKILL mid-kernel loses every client's
+// context (each exits with status 75), and the soak reports each such fault and the time
+// from the kill to frames reaching every steady consumer again.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -18,7 +26,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use gpuring::testing::pattern;
 use gpuring::testing::payload::Payload;
-use gpuring::{monotonic_ns, Consumer, Host, Policy, Producer, ReadSlot, RecvError, StartAt};
+use gpuring::{
+    monotonic_ns, AcquireTimeoutError, Consumer, Host, Policy, Producer, PublishError, ReadSlot,
+    RecvError, StartAt,
+};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Soak test: random consumer kills and producer restarts")]
@@ -45,6 +56,18 @@ struct Args {
     /// queued spins before it reads the slot (its work is still running when it dies).
     #[arg(long, default_value_t = 20_000)]
     release_spin_us: u64,
+    /// How victims are stopped: `kill` (SIGKILL, a crash) or `term` (SIGTERM, a graceful
+    /// stop; releasers send it to themselves while their kernel runs).
+    #[arg(long, value_enum, default_value_t = StopArg::Kill)]
+    stop_signal: StopArg,
+    /// Restart whatever exits (the producer and steady consumers too), as a supervisor does,
+    /// and report the faults (processes that exit because their GPU context was lost) and
+    /// the recovery after each.
+    #[arg(long)]
+    supervise: bool,
+    /// Internal (steady consumers): its place among them.
+    #[arg(long, hide = true)]
+    slot: Option<usize>,
     /// Internal: this process's role (producer, consumer, victim, releaser) and ring name.
     #[arg(long, hide = true)]
     role: Option<String>,
@@ -59,6 +82,12 @@ struct Args {
 enum MemoryArg {
     Host,
     Cuda,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StopArg {
+    Kill,
+    Term,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,13 +107,38 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    match args.role.as_deref() {
+    if args.role.is_some() && args.stop_signal == StopArg::Term {
+        if let Err(e) = gpuring::service::Shutdown::install() {
+            eprintln!("soak: cannot handle SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let code = match args.role.as_deref() {
         Some("producer") => producer(&args),
         Some("consumer") => consumer(&args, Kind::Steady),
         Some("victim") => consumer(&args, Kind::Holder),
         Some("releaser") => consumer(&args, Kind::Releaser),
-        _ => orchestrate(&args),
+        _ => return orchestrate(&args),
+    };
+    // The rings are dropped: no kernel of ours may still run when the process exits.
+    #[cfg(feature = "cuda")]
+    let _ = gpuring::cuda::finish_gpu_work();
+    code
+}
+
+/// The exit code of a role that failed: 75 if its GPU context is lost.
+fn failure() -> ExitCode {
+    match gpuring::context_lost() {
+        Some(_) => ExitCode::from(gpuring::EXIT_CONTEXT_LOST as u8),
+        None => ExitCode::FAILURE,
     }
+}
+
+/// Whether a stop was asked for (SIGTERM, under `--stop-signal term`).
+fn stop_requested() -> bool {
+    static STOP: std::sync::OnceLock<Option<gpuring::service::Shutdown>> =
+        std::sync::OnceLock::new();
+    STOP.get_or_init(|| gpuring::service::Shutdown::install().ok()).is_some_and(|s| s.requested())
 }
 
 /// A tiny xorshift generator: the soak needs variety, not quality.
@@ -126,6 +180,7 @@ fn spawn(
         .arg(if args.memory == MemoryArg::Cuda { "cuda" } else { "host" })
         .args(["--policy", if args.policy == PolicyArg::Block { "block" } else { "overwrite" }])
         .args(["--release-spin-us", &args.release_spin_us.to_string()])
+        .args(["--stop-signal", if args.stop_signal == StopArg::Term { "term" } else { "kill" }])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -147,13 +202,42 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Stops `child` as `--stop-signal` says. With SIGTERM it is given 30 s to stop by itself
+/// (then killed); returns whether it stopped gracefully (exit status 0).
+fn stop(args: &Args, child: &mut Child) -> bool {
+    if args.stop_signal == StopArg::Kill {
+        kill(child);
+        return false;
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    kill(child);
+    false
+}
+
+/// Whether a process exited because its GPU context was lost (status 75).
+fn lost(status: std::process::ExitStatus) -> bool {
+    status.code() == Some(gpuring::EXIT_CONTEXT_LOST)
+}
+
 fn orchestrate(args: &Args) -> ExitCode {
     let name = format!("soak-{}", std::process::id());
     let (lines_tx, lines) = mpsc::channel::<String>();
     let end = Instant::now() + Duration::from_secs_f64(args.minutes * 60.0);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
     let (mut victim_kills, mut steady_kills, mut restarts) = (0u64, 0u64, 0u64);
-    let mut release_kills = 0u64;
+    let (mut release_kills, mut graceful, mut fault_exits) = (0u64, 0u64, 0u64);
+    // Monotonic times of the SIGKILLs (sent, or a releaser's own seen), and of the exits with
+    // status 75 (a lost GPU context).
+    let (mut kills_ns, mut faults_ns) = (Vec::<u64>::new(), Vec::<u64>::new());
+    let steady_args = |k: usize| vec!["--slot".to_string(), k.to_string()];
     let mut releasers: Vec<(Child, Instant)> = Vec::new();
     let mut producer_kills_ns = Vec::new();
     let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
@@ -164,8 +248,9 @@ fn orchestrate(args: &Args) -> ExitCode {
         &["--run-s".into(), remaining(Instant::now()).to_string()],
         &lines_tx,
     );
-    let mut steady: Vec<Child> =
-        (0..args.consumers).map(|_| spawn(args, "consumer", &name, &[], &lines_tx)).collect();
+    let mut steady: Vec<Child> = (0..args.consumers)
+        .map(|k| spawn(args, "consumer", &name, &steady_args(k), &lines_tx))
+        .collect();
     let mut next_kill = Instant::now() + rng.around(Duration::from_millis(args.kill_every_ms));
     let mut next_restart =
         Instant::now() + rng.around(Duration::from_secs_f64(args.restart_every_s));
@@ -201,10 +286,17 @@ fn orchestrate(args: &Args) -> ExitCode {
                 Ok(Some(status)) => {
                     if status.signal() == Some(9) {
                         release_kills += 1;
+                        kills_ns.push(monotonic_ns());
+                    } else if status.success() && args.stop_signal == StopArg::Term {
+                        graceful += 1;
+                    } else if lost(status) {
+                        fault_exits += 1;
+                        faults_ns.push(monotonic_ns());
                     }
                     false
                 }
                 Ok(None) if Instant::now() >= *at => {
+                    kills_ns.push(monotonic_ns());
                     kill(r);
                     victim_kills += 1;
                     false
@@ -216,20 +308,63 @@ fn orchestrate(args: &Args) -> ExitCode {
             if Instant::now() < *at {
                 return true;
             }
-            kill(v);
-            victim_kills += 1;
+            if let Ok(Some(status)) = v.try_wait() {
+                // It ended by itself: its context was lost (under MPS, another's fault).
+                if lost(status) {
+                    fault_exits += 1;
+                    faults_ns.push(monotonic_ns());
+                }
+                return false;
+            }
+            if args.stop_signal == StopArg::Kill {
+                kills_ns.push(monotonic_ns());
+            }
+            match stop(args, v) {
+                true => graceful += 1,
+                false => victim_kills += 1,
+            }
             false
         });
+        // Steady consumers and the producer that exited by themselves: faults, and under
+        // `--supervise` restarted at once.
+        for (k, c) in steady.iter_mut().enumerate() {
+            if let Ok(Some(status)) = c.try_wait() {
+                if lost(status) {
+                    fault_exits += 1;
+                    faults_ns.push(monotonic_ns());
+                }
+                if args.supervise {
+                    *c = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
+                }
+            }
+        }
+        if let Ok(Some(status)) = producer.try_wait() {
+            if lost(status) {
+                fault_exits += 1;
+                faults_ns.push(monotonic_ns());
+            }
+            if args.supervise && remaining(now) > 5.0 {
+                producer = spawn(
+                    args,
+                    "producer",
+                    &name,
+                    &["--run-s".into(), remaining(Instant::now()).to_string()],
+                    &lines_tx,
+                );
+            }
+        }
         // Now and then a steady consumer dies too; a new one takes its place.
         if rng.next() % 4000 == 0 && !steady.is_empty() {
             let k = (rng.next() as usize) % steady.len();
+            kills_ns.push(monotonic_ns());
             kill(&mut steady[k]);
             steady_kills += 1;
-            steady[k] = spawn(args, "consumer", &name, &[], &lines_tx);
+            steady[k] = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
         }
         // Producer restarts: kill it, start a new instance under the same name.
         if now >= next_restart && remaining(now) > 5.0 {
             producer_kills_ns.push(monotonic_ns());
+            kills_ns.push(monotonic_ns());
             kill(&mut producer);
             restarts += 1;
             producer = spawn(
@@ -251,22 +386,33 @@ fn orchestrate(args: &Args) -> ExitCode {
         std::thread::sleep(Duration::from_millis(2));
     }
     for (mut v, _) in victims {
-        kill(&mut v);
-        victim_kills += 1;
+        match stop(args, &mut v) {
+            true => graceful += 1,
+            false => victim_kills += 1,
+        }
     }
     for (mut r, _) in releasers {
         use std::os::unix::process::ExitStatusExt;
-        let killed_itself = matches!(r.try_wait(), Ok(Some(s)) if s.signal() == Some(9));
-        if !killed_itself {
-            kill(&mut r);
+        let ended = r.try_wait().ok().flatten();
+        match ended {
+            Some(s) if s.signal() == Some(9) => release_kills += 1,
+            Some(s) if s.success() && args.stop_signal == StopArg::Term => graceful += 1,
+            _ => {
+                let stopped = stop(args, &mut r);
+                graceful += stopped as u64;
+                victim_kills += !stopped as u64;
+            }
         }
-        release_kills += killed_itself as u64;
     }
     // The last producer settles, reports and exits; the steady consumers then time out.
     let producer_ok = producer.wait().map(|s| s.success()).unwrap_or(false);
     let steady_ok = steady.iter_mut().all(|c| c.wait().map(|s| s.success()).unwrap_or(false));
     drop(lines_tx);
     let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
+    let (mut unconfirmed, mut frames_after_faults) = (0u64, 0u64);
+    let last_fault = faults_ns.last().copied();
+    // Per steady slot, when frames reached it (its first frame of each connection).
+    let mut flowing: Vec<Vec<u64>> = vec![Vec::new(); args.consumers];
     let mut disconnects = Vec::new();
     let mut closings = Vec::new();
     for line in lines.iter() {
@@ -275,6 +421,17 @@ fn orchestrate(args: &Args) -> ExitCode {
         };
         if let Some(n) = field("verified=") {
             frames += n;
+            if last_fault.is_some_and(|f| field("since=").is_some_and(|s| s > f)) {
+                frames_after_faults += n;
+            }
+        }
+        if let Some(n) = field("unconfirmed=") {
+            unconfirmed += n;
+        }
+        if let (Some(at), Some(k)) = (field("flowing_at="), field("slot=")) {
+            if let Some(f) = flowing.get_mut(k as usize) {
+                f.push(at);
+            }
         }
         if let Some(n) = field("mismatches=") {
             mismatches += n;
@@ -320,7 +477,48 @@ fn orchestrate(args: &Args) -> ExitCode {
         pct(0.5).unwrap_or(f64::NAN),
         pct(1.0).unwrap_or(f64::NAN)
     );
-    let ok = producer_ok && steady_ok && leaked == Some(0) && mismatches == 0 && frames > 0;
+    // Faults: exits with status 75 within 5 s of the first make one. Each one's recovery: from
+    // the SIGKILL before it to the moment every steady consumer had a frame again.
+    let mut recoveries = Vec::new();
+    let mut unrecovered = 0;
+    let mut fault_events = 0;
+    let mut i = 0;
+    while i < faults_ns.len() {
+        let t0 = faults_ns[i];
+        fault_events += 1;
+        while i < faults_ns.len() && faults_ns[i] < t0 + 5_000_000_000 {
+            i += 1;
+        }
+        let cause = kills_ns.iter().rev().find(|&&k| k <= t0).copied().unwrap_or(t0);
+        let back: Option<Vec<u64>> =
+            flowing.iter().map(|f| f.iter().copied().find(|&at| at > t0)).collect();
+        match back.and_then(|b| b.into_iter().max()) {
+            Some(end) => recoveries.push((end - cause) as f64 / 1e6),
+            None => unrecovered += 1,
+        }
+    }
+    recoveries.sort_by(f64::total_cmp);
+    let rpct =
+        |p: f64| recoveries.get(((recoveries.len() as f64 - 1.0) * p).round() as usize).copied();
+    println!(
+        "soak: stops: {graceful} graceful (SIGTERM), faults: {fault_events} ({fault_exits} processes exited with status 75, {unconfirmed} frames received before a fault left unconfirmed)"
+    );
+    if fault_events > 0 {
+        println!(
+            "soak: recovery (SIGKILL -> frames at every steady consumer) over {} faults: p50 {:.0} ms, max {:.0} ms, {unrecovered} not recovered; frames verified after the last fault {frames_after_faults}",
+            recoveries.len(),
+            rpct(0.5).unwrap_or(f64::NAN),
+            rpct(1.0).unwrap_or(f64::NAN)
+        );
+    }
+    // Under `--supervise` a fault is survived when frames flow again after it; without it, a
+    // fault fails the soak (the steady consumers stay down).
+    let faults_ok = match args.supervise {
+        true => unrecovered == 0 && (fault_events == 0 || frames_after_faults > 0),
+        false => fault_events == 0,
+    };
+    let ok =
+        producer_ok && steady_ok && faults_ok && leaked == Some(0) && mismatches == 0 && frames > 0;
     println!("soak: {}", if ok { "PASS" } else { "FAIL" });
     if ok {
         ExitCode::SUCCESS
@@ -342,7 +540,7 @@ fn producer(args: &Args) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("soak producer: {e}");
-            ExitCode::FAILURE
+            failure()
         }
     }
 }
@@ -364,12 +562,18 @@ fn producer_in<M: Soaked>(args: &Args) -> Result<(), String> {
     let start = Instant::now();
     let mut seq = 0u64;
     while start.elapsed() < run {
-        if let Ok(mut slot) = tx.acquire_timeout(Duration::from_millis(50)) {
-            let len = pattern::len_for(seq, 1, SLOT);
-            M::fill(&writer, &mut slot, len, seq).map_err(|e| format!("fill: {e}"))?;
-            if slot.publish(len, &seq.to_le_bytes()).is_ok() {
-                seq += 1;
+        match tx.acquire_timeout(Duration::from_millis(50)) {
+            Ok(mut slot) => {
+                let len = pattern::len_for(seq, 1, SLOT);
+                M::fill(&writer, &mut slot, len, seq).map_err(|e| format!("fill: {e}"))?;
+                match slot.publish(len, &seq.to_le_bytes()) {
+                    Ok(_) => seq += 1,
+                    Err(PublishError::ContextLost(e)) => return Err(e.to_string()),
+                    Err(_) => {}
+                }
             }
+            Err(AcquireTimeoutError::ContextLost(e)) => return Err(e.to_string()),
+            Err(_) => {}
         }
         // Pace to about 2000 frames/s so the victims get to hold slots.
         std::thread::sleep(Duration::from_micros(300));
@@ -397,12 +601,10 @@ fn die() -> ! {
 
 /// A consumer of `kind` (see [`Kind`]), in the memory `--memory` names.
 fn consumer(args: &Args, kind: Kind) -> ExitCode {
-    let name = args.name.as_deref().expect("--name");
-    let spin = args.release_spin_us;
     let done = match args.memory {
-        MemoryArg::Host => consumer_in::<Host>(name, kind, spin),
+        MemoryArg::Host => consumer_in::<Host>(args, kind),
         #[cfg(feature = "cuda")]
-        MemoryArg::Cuda => consumer_in::<gpuring::Cuda>(name, kind, spin),
+        MemoryArg::Cuda => consumer_in::<gpuring::Cuda>(args, kind),
         #[cfg(not(feature = "cuda"))]
         MemoryArg::Cuda => Err("built without the cuda feature".into()),
     };
@@ -410,41 +612,83 @@ fn consumer(args: &Args, kind: Kind) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("soak consumer: {e}");
-            ExitCode::FAILURE
+            failure()
         }
     }
 }
 
 /// A consumer of `kind` for memory kind `M`. Every frame is checked (on the GPU, by a kernel
-/// on the message's stream, in CUDA memory); holders keep four and sleep until killed.
-fn consumer_in<M: Soaked>(name: &str, kind: Kind, release_spin_us: u64) -> Result<(), String> {
+/// on the message's stream, in CUDA memory); holders keep four and sleep until killed (or, under
+/// `--stop-signal term`, until SIGTERM, then stop gracefully).
+fn consumer_in<M: Soaked>(args: &Args, kind: Kind) -> Result<(), String> {
+    let name = args.name.as_deref().expect("--name");
+    let started = monotonic_ns();
+    let slot = args.slot.unwrap_or(0);
     let builder = Consumer::builder(name).start_at(StartAt::Next).liveness_interval(LIVENESS);
-    let Ok(mut rx) = builder.open_in_when_ready::<M>(None, Duration::from_secs(10)) else {
-        return Ok(()); // the soak ended before we got in
+    let mut rx = match builder.open_in_when_ready::<M>(None, Duration::from_secs(10)) {
+        Ok(rx) => rx,
+        Err(e) if gpuring::is_context_lost(&e) => return Err(e.to_string()),
+        Err(_) => return Ok(()), // the soak ended before we got in
     };
     let victim = kind != Kind::Steady;
     let (mut verified, mut mismatches) = (0u64, 0u64);
+    // Frames received whose GPU checks were not read back yet: unconfirmed if the context is
+    // lost before they are.
+    let mut unchecked = 0u64;
+    let lost = |e: String, (verified, mismatches, unchecked): (u64, u64, u64)| {
+        if !victim {
+            println!("verified={verified} mismatches={mismatches} unconfirmed={unchecked} since={started}");
+        }
+        Err(e)
+    };
     loop {
-        let checker = M::checker(&rx).map_err(|e| e.to_string())?;
+        let checker = match M::checker(&rx) {
+            Ok(c) => c,
+            Err(e) => return lost(e.to_string(), (verified, mismatches, unchecked)),
+        };
         if kind == Kind::Releaser {
             let Ok(m) = rx.recv() else { return Ok(()) };
-            M::check_then_release(&checker, m, release_spin_us)?;
-            die();
+            M::check_then_release(&checker, m, args.release_spin_us)?;
+            if args.stop_signal == StopArg::Kill {
+                die();
+            }
+            // SIGTERM while the kernel runs: the drop of `rx` below waits for its read.
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::TERM,
+            );
+            while !stop_requested() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return Ok(());
         }
         let mut held = Vec::new();
+        let mut first = true;
         let disconnected = loop {
             match rx.recv() {
                 Ok(m) => {
-                    M::check(&checker, &m).map_err(|e| e.to_string())?;
-                    verified += 1;
+                    if let Err(e) = M::check(&checker, &m) {
+                        return lost(e.to_string(), (verified, mismatches, unchecked));
+                    }
+                    unchecked += 1;
+                    if std::mem::take(&mut first) && !victim {
+                        println!("flowing_at={} slot={slot}", monotonic_ns());
+                    }
                     if victim {
                         held.push(m);
                         if held.len() == 4 {
-                            std::thread::sleep(Duration::from_secs(3600));
+                            let t = Instant::now();
+                            while !stop_requested() && t.elapsed() < Duration::from_secs(3600) {
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                            return Ok(()); // SIGTERM: `held`, then `rx`, drop gracefully
                         }
                     }
                 }
                 Err(RecvError::Disconnected) => break true,
+                Err(RecvError::ContextLost(e)) => {
+                    return lost(e.to_string(), (verified, mismatches, unchecked))
+                }
                 Err(e) => {
                     eprintln!("consumer: {e}");
                     mismatches += 1;
@@ -453,18 +697,25 @@ fn consumer_in<M: Soaked>(name: &str, kind: Kind, release_spin_us: u64) -> Resul
             }
         };
         drop(held);
-        mismatches += M::mismatches(&checker, &rx).map_err(|e| e.to_string())?;
+        match M::mismatches(&checker, &rx) {
+            Ok(n) => mismatches += n,
+            Err(e) => return lost(e.to_string(), (verified, mismatches, unchecked)),
+        }
+        verified += std::mem::take(&mut unchecked);
         if !disconnected || victim {
             break;
         }
         println!("disconnected_at={}", monotonic_ns());
         match rx.reconnect(Duration::from_secs(5)) {
             Ok(next) => rx = next,
+            Err(e) if gpuring::is_context_lost(&e) => {
+                return lost(e.to_string(), (verified, mismatches, 0))
+            }
             Err(_) => break,
         }
     }
     if !victim {
-        println!("verified={verified} mismatches={mismatches}");
+        println!("verified={verified} mismatches={mismatches} since={started}");
     }
     Ok(())
 }

@@ -355,3 +355,12 @@ mod cuda {
         }
     }
 }
+
+/// The exit code of a process that failed: 75 (`gpuring::EXIT_CONTEXT_LOST`) if its GPU
+/// context is lost, so that a supervisor restarts it, 1 otherwise.
+pub fn failure() -> std::process::ExitCode {
+    match gpuring::context_lost() {
+        Some(_) => std::process::ExitCode::from(gpuring::EXIT_CONTEXT_LOST as u8),
+        None => std::process::ExitCode::FAILURE,
+    }
+}
