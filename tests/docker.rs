@@ -15,15 +15,30 @@
 //! 4. consumer-b received with `recv_async`: frames came after its task parked (the producer
 //!    is paused a moment in step 1 to make sure of one), woken by the producer's doorbell.
 //!
-//! A second test merges docker/compose.gpu.yaml over it (`config` only: no GPU here) and checks
-//! that every service asks for a GPU and CUDA memory.
+//! A second test runs the same file with one variable added to the producer's environment
+//! (an override made by the test): `GPURING_TEST_LOSE_CONTEXT`, with which the producer's GPU
+//! context counts as lost after a few hundred ring operations, as after a GPU fault (under
+//! MPS, any client's crash). It checks the whole way back, which the file's `restart: always`
+//! makes:
+//!
+//! 1. the producer exits with status 75 (`gpuring::EXIT_CONTEXT_LOST`), each time, and the
+//!    engine starts it again (its restart count, its start line printed again);
+//! 2. each consumer ends with status 4 (the producer's context was lost) and is started again;
+//! 3. each consumer receives frames, every byte right, from the rings of at least two
+//!    producers in turn: the restarted producer replaced the dead ring under the same name,
+//!    and the restarted consumers joined the new one.
+//!
+//! A third merges docker/compose.gpu.yaml over it (`config` only: no GPU here) and checks
+//! that every service asks for a GPU and CUDA memory, and keeps the base file's restart policy
+//! and stop grace period.
 //!
 //! They need Docker (the engine, and `docker compose` or `docker-compose`) and root, so they
 //! are ignored by default; .ci/run runs them:
 //! `cargo test --all-features --test docker -- --ignored --nocapture`. Without a reachable
-//! engine they fail, saying so. The first builds the image with this test's own profile and
-//! features (which reuses what cargo built for it), runs the services as a compose project of
-//! its own, and takes the project down (containers, network, volume) however it ends.
+//! engine they fail, saying so. The first two build the image with this test's own profile and
+//! features (which reuses what cargo built for it), run the services as a compose project of
+//! their own, and take the project down (containers, network, volume) however they end. The
+//! restart test's hook is feature `test-support`, which `cli`, needed here, brings.
 
 mod common;
 
@@ -47,6 +62,11 @@ const AFTER_KILL: u64 = 3 * BUFFERS;
 const DEADLINE: Duration = Duration::from_secs(180);
 /// A consumer's exit code when the producer died (examples/pipeline.rs).
 const EXIT_PRODUCER_DIED: i32 = 3;
+/// A consumer's exit code when the producer's GPU context was lost (examples/pipeline.rs).
+const EXIT_PRODUCER_LOST: i32 = 4;
+/// Ring operations after which the restart test's producer loses its GPU context: about 200
+/// frames (an acquire and a publish each), a dozen rings' worth, and a few seconds at 60 fps.
+const LOSE_AFTER: u64 = 400;
 /// The exit code of a container killed with SIGKILL (128 + 9).
 const EXIT_SIGKILL: i32 = 137;
 
@@ -126,8 +146,16 @@ impl Docker {
 }
 
 /// Builds the image the compose file names with this test's profile and features, so that
-/// cargo reuses what it built for the test (docker/build-image.sh).
+/// cargo reuses what it built for the test (docker/build-image.sh). Once per run of this
+/// binary: the tests that need it wait for the first to build it (two builds at once would
+/// share the script's context directory).
 fn build_image() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_image_now);
+}
+
+/// [`build_image`], every time.
+fn build_image_now() {
     let all = ["cuda", "cli", "tokio", "metrics", "zenoh", "test-support"];
     let on = [
         cfg!(feature = "cuda"),
@@ -150,31 +178,63 @@ fn build_image() {
     progress!("docker: built gpuring-example:local in {:.0?}", started.elapsed());
 }
 
-/// A compose project of its own, from the compose file: `down -v --remove-orphans` on drop
-/// takes down its containers, its network and its volume, however the test ends.
+/// Seconds since the epoch, as `docker events` takes them.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A compose project of its own, from the compose file (and overrides): `down -v
+/// --remove-orphans` on drop takes down its containers, its network and its volume, however
+/// the test ends.
 struct Project<'d> {
     docker: &'d Docker,
     name: String,
+    /// Overrides merged over the compose file, in order.
+    overrides: Vec<String>,
+    /// When it was started (seconds since the epoch, a second early): its containers' events
+    /// are the engine's events since then.
+    since: u64,
 }
 
 impl<'d> Project<'d> {
     /// `up -d`: the services start in the background.
     fn up(docker: &'d Docker) -> Project<'d> {
+        Project::up_with(docker, &[])
+    }
+
+    /// `up -d` of the compose file with `overrides` merged over it.
+    fn up_with(docker: &'d Docker, overrides: &[&str]) -> Project<'d> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let name = format!("gpuring-test-{}-{nanos}", std::process::id());
-        let project = Project { docker, name };
+        let overrides = overrides.iter().map(|f| f.to_string()).collect();
+        let project = Project { docker, name, overrides, since: unix_now() - 1 };
         ok(&mut project.compose(&["up", "-d"]));
         progress!("docker: project {} is up", project.name);
         project
     }
 
-    /// The compose command with `args`, for this project and file.
+    /// The compose command with `args`, for this project and its files.
     fn compose(&self, args: &[&str]) -> Command {
         let mut cmd = self.docker.compose(&["-p", &self.name, "-f", COMPOSE_FILE]);
+        for file in &self.overrides {
+            cmd.args(["-f", file]);
+        }
         cmd.args(args);
         cmd
+    }
+
+    /// The exit codes of the container `id`'s program so far, oldest first, from the engine's
+    /// `die` events: one per run, where `docker inspect` shows only the latest, and none while
+    /// a restarted container runs.
+    fn exits(&self, id: &str) -> Vec<i32> {
+        let (since, until) = (self.since.to_string(), unix_now().to_string());
+        let filter = format!("container={id}");
+        let mut cmd = engine(&["events", "--since", &since, "--until", &until]);
+        cmd.args(["--filter", &filter, "--filter", "event=die"]);
+        let out = ok(cmd.args(["--format", "{{.Actor.Attributes.exitCode}}"]));
+        out.lines().map(|l| l.trim().parse().expect("an exit code")).collect()
     }
 
     /// The id of `service`'s container.
@@ -205,13 +265,10 @@ fn logs(id: &str) -> String {
     text(&output(&mut engine(&["logs", id])))
 }
 
-/// A container's exit code, once it has ended.
-fn exit_code(id: &str) -> Option<i32> {
-    let out = ok(&mut engine(&["inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", id]));
-    match out.split_whitespace().collect::<Vec<_>>()[..] {
-        ["false", code] => code.parse().ok(),
-        _ => None,
-    }
+/// How many times the engine has started the container `id` again (its restart policy).
+fn restarts(id: &str) -> u64 {
+    let out = ok(&mut engine(&["inspect", "-f", "{{.RestartCount}}", id]));
+    out.trim().parse().expect("a restart count")
 }
 
 /// The number written just before `key` in `line` (`12 frames`, `0 bad bytes`): the first
@@ -248,6 +305,22 @@ impl Progress {
             bad_frames: count(line, "bad frames")?,
             bad_bytes: count(line, "bad bytes")?,
         })
+    }
+
+    /// Each finished run in a consumer's log (a restarted container's log holds every run's),
+    /// oldest first: its summary's counts and how its stream ended (`died`, `context lost`...).
+    fn runs(log: &str) -> Vec<(Progress, String)> {
+        let mut runs = Vec::new();
+        let mut summary = None;
+        for line in log.lines() {
+            if line.starts_with("consumer (pid ") {
+                summary = Progress::parse(line);
+            } else if let Some(how) = line.strip_prefix("consumer: ended: ") {
+                let p = summary.take().unwrap_or_else(|| panic!("no summary before {line}"));
+                runs.push((p, how.to_string()));
+            }
+        }
+        runs
     }
 
     /// The latest line per second in a consumer's log.
@@ -345,7 +418,7 @@ fn compose_pipeline_reclaims_a_killed_consumer_and_reports_a_dead_producer() {
     // 2. consumer-a killed: reclaimed, and consumer-b goes on past what the ring holds.
     let before = Progress::latest(&logs(&b)).expect("consumer-b's line").frames;
     ok(&mut engine(&["kill", &a]));
-    let code = wait_for(&project, "consumer-a ended", || exit_code(&a));
+    let code = wait_for(&project, "consumer-a ended", || project.exits(&a).first().copied());
     assert_eq!(code, EXIT_SIGKILL, "consumer-a's exit code after SIGKILL");
     let line = wait_for(&project, "the producer reclaimed consumer-a", || {
         let log = logs(&producer);
@@ -363,7 +436,8 @@ fn compose_pipeline_reclaims_a_killed_consumer_and_reports_a_dead_producer() {
 
     // 3. The producer killed: consumer-b ends by itself, saying that the producer died.
     ok(&mut engine(&["kill", &producer]));
-    let code = wait_for(&project, "consumer-b ended", || exit_code(&b));
+    // Its first exit: with `restart: always` the engine starts it again, to wait for a ring.
+    let code = wait_for(&project, "consumer-b ended", || project.exits(&b).first().copied());
     let log = logs(&b);
     progress!(
         "docker: consumer-b's end:\n{}",
@@ -388,6 +462,73 @@ fn compose_pipeline_reclaims_a_killed_consumer_and_reports_a_dead_producer() {
 
 #[test]
 #[ignore = "needs Docker (docker-compose) and root"]
+fn compose_restarts_a_producer_whose_gpu_context_was_lost() {
+    let docker = Docker::new();
+    build_image();
+    // The compose file as it is, and one variable more in the producer's environment (an
+    // override's environment adds to the file's): every run of the producer loses its GPU
+    // context after LOSE_AFTER ring operations.
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compose.lose-context.yaml");
+    let text = format!(
+        "services:\n  producer:\n    environment:\n      GPURING_TEST_LOSE_CONTEXT: \"{LOSE_AFTER}\"\n"
+    );
+    std::fs::write(&file, text).expect("the override");
+    let project = Project::up_with(&docker, &[file.to_str().expect("a UTF-8 path")]);
+    let (producer, a, b) = (
+        project.container("producer"),
+        project.container("consumer-a"),
+        project.container("consumer-b"),
+    );
+
+    // 1. The producer loses its context, exits with 75, and is started again.
+    let restarted = wait_for(&project, "the producer exited with 75 and was restarted", || {
+        let exits = project.exits(&producer);
+        (!exits.is_empty() && restarts(&producer) >= 1).then_some(exits)
+    });
+    progress!("docker: producer's exit codes so far: {restarted:?}");
+    let log = logs(&producer);
+    assert!(
+        restarted.iter().all(|&c| c == gpuring::EXIT_CONTEXT_LOST),
+        "the producer's exit codes: {restarted:?}\n{log}"
+    );
+    assert!(log.contains("GPURING_TEST_LOSE_CONTEXT"), "the producer's loss:\n{log}");
+
+    // 2 and 3. Each consumer: runs that ended with the producer's lost context, the latest of
+    // them on a restarted producer's ring, every byte of every frame right.
+    for (id, who) in [(&a, "consumer-a"), (&b, "consumer-b")] {
+        let what = format!("{who} received frames from two producers in turn");
+        let runs = wait_for(&project, &what, || {
+            let runs = Progress::runs(&logs(id));
+            (runs.iter().filter(|(p, _)| p.frames > 0).count() >= 2).then_some(runs)
+        });
+        let log = logs(id);
+        for (p, how) in &runs {
+            assert!(p.all_right(), "{who}: a frame was wrong or lost: {p:?}\n{log}");
+            assert!(how.starts_with("context lost"), "{who}'s run ended: {how}\n{log}");
+        }
+        // Its exits so far (one per run ended; the latest run may still be ending).
+        let exits = project.exits(id);
+        assert!(!exits.is_empty(), "{who} never exited:\n{log}");
+        assert!(exits.iter().all(|&c| c == EXIT_PRODUCER_LOST), "{who}'s exit codes: {exits:?}");
+        assert!(restarts(id) >= 1, "{who} was not restarted");
+        let frames: Vec<u64> = runs.iter().map(|(p, _)| p.frames).collect();
+        progress!("docker: {who}: runs' frames {frames:?}, exit codes {exits:?}, all right");
+    }
+
+    // The producer's log: a start line per run, at least one after its first exit.
+    let log = logs(&producer);
+    let starts = log.lines().filter(|l| l.starts_with("pipeline: ring 'cam0'")).count();
+    let exits = project.exits(&producer);
+    assert!(starts >= 2, "the producer started {starts} times:\n{log}");
+    assert!(exits.iter().all(|&c| c == gpuring::EXIT_CONTEXT_LOST), "{exits:?}\n{log}");
+    progress!(
+        "docker: producer: {starts} runs, exit codes {exits:?}, restarted {} times",
+        restarts(&producer)
+    );
+}
+
+#[test]
+#[ignore = "needs Docker (docker-compose) and root"]
 fn compose_gpu_override_asks_for_a_gpu_and_cuda_memory() {
     let docker = Docker::new();
     let merged = ok(&mut docker.compose(&["-f", COMPOSE_FILE, "-f", GPU_FILE, "config"]));
@@ -399,6 +540,9 @@ fn compose_gpu_override_asks_for_a_gpu_and_cuda_memory() {
     assert_eq!(all("- gpu"), 3, "{merged}");
     assert_eq!(pairs("- --memory", "- cuda"), 3, "{merged}");
     assert_eq!(pairs("- --sharing", "- vmm"), 1, "the producer shares by fd:\n{merged}");
+    // The base file's restart policy and stop grace period stay.
+    assert_eq!(all("restart: always"), 3, "{merged}");
+    assert_eq!(all("stop_grace_period: 30s"), 3, "{merged}");
     // The base file alone asks for no GPU.
     let base = ok(&mut docker.compose(&["-f", COMPOSE_FILE, "config"]));
     assert!(!base.contains("nvidia") && !base.contains("cuda"), "{base}");
