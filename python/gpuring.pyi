@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self, TypeAlias, final, type_check_only
+from typing import Any, Final, Literal, Protocol, Self, TypeAlias, final, type_check_only
 
 if sys.version_info >= (3, 13):
     from types import CapsuleType as _CapsuleType
@@ -24,6 +24,11 @@ __all__ = [
     "Error",
     "Disconnected",
     "ReleasedError",
+    "ContextLostError",
+    "EXIT_CONTEXT_LOST",
+    "context_lost",
+    "finish_gpu_work",
+    "handle_sigterm",
     "tensor_header",
 ]
 
@@ -51,24 +56,61 @@ class Disconnected(Error):
     """The producer closed the ring (or died) and every message was received.
 
     Raised by `recv`, it has `reason`: "closed" (the stream is complete), "died" (the
-    producer's process ended without closing the ring, or it aborted: the stream was cut), or
-    "gone" (not known: the segment was already removed). Raised when opening, it has none
-    (`getattr(e, "reason", None)`)."""
+    producer's process ended without closing the ring, or it aborted: the stream was cut),
+    "context lost" (the producer's GPU context was lost: the stream was cut, and a restarted
+    producer makes the ring anew) or "gone" (not known: the segment was already removed).
+    Raised when opening, it has none (`getattr(e, "reason", None)`)."""
 
-    reason: Literal["closed", "died", "gone"]
+    reason: Literal["closed", "died", "context lost", "gone"]
+
+class ContextLostError(Error):
+    """The GPU context of this process is lost: a kernel of it faulted or, under MPS, another
+    client of the GPU crashed. No GPU work can run in the process any more, and every gpuring
+    call from then on raises this (closing and releasing excepted, which raise nothing).
+
+    Let it propagate and exit with `EXIT_CONTEXT_LOST` (75), for a supervisor to restart the
+    process (docs/python.md, "A lost GPU context"). The message is the same from every call:
+    "the GPU context of this process is lost (...)", naming the driver call that failed
+    first."""
+
+EXIT_CONTEXT_LOST: Final[int]
+"""75 (`EX_TEMPFAIL`): the exit status for a process whose GPU context is lost, which
+gpuring's command, examples and GStreamer elements use too."""
+
+def context_lost() -> str | None:
+    """None while this process's GPU context is not lost, else the message that
+    `ContextLostError` carries. Once lost it stays lost."""
 
 class ReleasedError(BufferError):
     """The slot was released: no new tensor, array or buffer can be made from it."""
 
 def handle_sigterm(enable: bool) -> None:
-    """Whether gpuring installs its SIGTERM handler when this process creates a producer
-    (default True; `GPURING_SIGTERM=0` in the environment makes it False).
+    """Whether gpuring installs its SIGTERM handler when this process creates a producer or
+    opens a consumer (default True; `GPURING_SIGTERM=0` in the environment makes it False).
+    Call it before creating either.
 
-    The handler removes the names of the rings this process's live producers created, then
-    lets SIGTERM end the process as before, so `docker stop` or `systemctl stop` leaves nothing
-    in /dev/shm (or the producers' `dir`). Consumers see the producer gone (`ended == "died"`). It is installed only on
-    the main thread and never over a SIGTERM handler of the application's own. Call before
-    creating producers."""
+    The handler is installed only on the main thread and never over a SIGTERM handler of the
+    application's own. On SIGTERM it removes the names of the rings this process's live
+    producers created, so `docker stop` or `systemctl stop` leaves nothing in /dev/shm (or the
+    producers' `dir`), then raises `SystemExit(143)` in the main thread: `with` blocks and
+    `finally` clauses run, and the process exits with status 143 (128 + SIGTERM) instead of
+    dying mid-kernel. A `recv` or `send` blocked in the main thread gives way within about
+    100 ms. Consumers of its producers see the stream cut (`ended == "died"`).
+
+    At exit, whether or not the handler is installed, gpuring closes the producers and
+    consumers still open, then waits until no GPU work of the process runs
+    (`finish_gpu_work`). An application with a SIGTERM handler of its own should do the same
+    before it exits: close its consumers and producers, then call `finish_gpu_work()`."""
+
+def finish_gpu_work() -> None:
+    """Waits until every GPU this process used through gpuring has no work of this process
+    left running: gpuring's, and torch's (the same primary CUDA context).
+
+    The last step of a graceful stop, after closing consumers and producers: a process that
+    exits while its kernels run has them torn down mid-flight, and under MPS that faults every
+    other client of the GPU. gpuring does it at exit; call it from a SIGTERM handler of your
+    own. Returns at once where no GPU was used. Raises `ContextLostError` if the context is
+    lost, `Error` if a CUDA call fails."""
 
 def tensor_header(dtype: _DTypeLike, shape: Sequence[int]) -> bytes:
     """The tensor header for `dtype` and `shape`.
@@ -101,7 +143,9 @@ class Consumer:
     - `dir`: the directory to find the ring in, as this process sees the producer's; default
       the `GPURING_DIR` environment variable if set, else `/dev/shm`.
 
-    Iterating yields messages until the producer closes the ring.
+    Iterating yields messages until the producer closes the ring. Opening one installs
+    gpuring's SIGTERM handler (see `handle_sigterm`), and a consumer still open at exit is
+    closed then.
     """
 
     def __new__(
@@ -144,10 +188,12 @@ class Consumer:
         tells which)."""
 
     @property
-    def ended(self) -> Literal["closed", "died"] | None:
+    def ended(self) -> Literal["closed", "died", "context lost"] | None:
         """How the stream ended: None while the producer is live, "closed" if it closed the
         ring (the stream is complete), "died" if its process ended without closing it (the
-        stream was cut). Ask after iteration ends or `recv` raised `Disconnected`."""
+        stream was cut), "context lost" if its GPU context was lost (the stream was cut; a
+        restarted producer makes the ring anew). Ask after iteration ends or `recv` raised
+        `Disconnected`."""
 
     def close(self) -> None:
         """Leaves the ring. Slots still held keep it open until they are released.
@@ -343,7 +389,8 @@ class Producer:
     `Consumer(..., allow_foreign_owner=True)`). `dir`: the directory the ring's file and sockets
     go in (default the `GPURING_DIR` environment variable if set, else `/dev/shm`); consumers
     pass the same directory, as they see it (for containers: a volume both mount). The ring is
-    removed when the producer is closed or freed.
+    removed when the producer is closed or freed. Creating one installs gpuring's SIGTERM
+    handler (see `handle_sigterm`), and a producer still open at exit is closed then.
     """
 
     def __new__(

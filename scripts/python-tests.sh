@@ -11,8 +11,10 @@ venv=target/py-venv
 rm -rf "$venv" target/wheels
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=7" "numpy>=1.22"
-# A debug wheel: the tests need correctness, not speed, and it builds faster.
-"$venv/bin/maturin" build -q -m python/Cargo.toml -o target/wheels
+# A debug wheel: the tests need correctness, not speed, and it builds faster. With the
+# `test-support` hook (`gpuring._lose_context_after`), for the tests of a lost GPU context; the
+# wheels for use (scripts/python-bundle.sh) are built without it.
+"$venv/bin/maturin" build -q -m python/Cargo.toml --features test-support -o target/wheels
 "$venv/bin/pip" install -q --disable-pip-version-check target/wheels/gpuring-*.whl
 # The Rust producer the tests start (tests/conftest.py finds it under target/).
 cargo build -q --example pipeline

@@ -1,5 +1,6 @@
 //! `gpuring.Consumer`: opens a ring of either memory kind and receives `Slot`s. Blocking waits
-//! release the GIL and wake every 100 ms to let Ctrl-C (and other signals) through.
+//! release the GIL and wake at least every 100 ms to let Ctrl-C and SIGTERM (and other
+//! signals) through: their Python handlers run in the main thread, between those slices.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use pyo3::prelude::*;
 
 use crate::aio;
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
-use crate::errors::{error, open_error, timeout, Disconnected};
+use crate::errors::{error, open_error, ring_error, timeout, Disconnected};
 use crate::held::{Held, Reader};
 use crate::layout::Wanted;
 use crate::slot::{stream_number, Slot};
@@ -43,7 +44,10 @@ use crate::slot::{stream_number, Slot};
 ///   readable and writable for us with `permissions=`). Refused by default.
 /// - `dir`: the directory (a `str` or `os.PathLike`) to find the ring in, as this process sees
 ///   the producer's; default the `GPURING_DIR` environment variable if set, else `/dev/shm`.
-#[pyclass(module = "gpuring")]
+///
+/// Opening one installs gpuring's SIGTERM handler (see `handle_sigterm`), and a consumer
+/// still open at exit is closed then.
+#[pyclass(module = "gpuring", weakref)]
 pub struct Consumer {
     /// None once closed. Bound to the thread that opened it (see `bound`).
     shared: ThreadBound<Option<Rc<Reader>>>,
@@ -72,7 +76,7 @@ impl Consumer {
         wait: f64,
         allow_foreign_owner: bool,
         dir: Option<PathBuf>,
-    ) -> PyResult<Consumer> {
+    ) -> PyResult<Py<Consumer>> {
         let dir = crate::ring_dir(dir);
         let wanted = Wanted::from_args(dtype, shape)?;
         let start = match start {
@@ -127,7 +131,9 @@ impl Consumer {
         };
         let device = rx.consumer().device();
         let shared = ThreadBound::new(Some(rx));
-        Ok(Consumer { shared, name: name.to_owned(), dir, wanted, device })
+        let rx = Py::new(py, Consumer { shared, name: name.to_owned(), dir, wanted, device })?;
+        crate::sigterm::track(rx.bind(py).as_any())?;
+        Ok(rx)
     }
 
     /// recv(timeout=None) -> Slot
@@ -220,8 +226,9 @@ impl Consumer {
 
     /// How the stream ended: None while the producer is live, "closed" if it closed the ring
     /// (the stream is complete), "died" if its process ended without closing it (the stream
-    /// was cut). Ask after iteration ends or `recv` raised `gpuring.Disconnected` (whose
-    /// `reason` says the same).
+    /// was cut), "context lost" if its GPU context was lost (the stream was cut; a restarted
+    /// producer makes the ring anew). Ask after iteration ends or `recv` raised
+    /// `gpuring.Disconnected` (whose `reason` says the same).
     #[getter]
     fn ended(&self) -> PyResult<Option<&'static str>> {
         Ok(self.shared()?.consumer().ended().map(gpuring::Ended::name))
@@ -325,6 +332,16 @@ impl Consumer {
 }
 
 impl Consumer {
+    /// Closes it at interpreter exit (`sigterm::at_exit`): as `close` on its own thread; else
+    /// dropped as `bound` says (at once if its thread ended, never in a forked child).
+    pub fn close_at_exit(&mut self, py: Python<'_>) {
+        if self.shared.get().is_ok() {
+            let _ = self.shared.close(py);
+        } else {
+            self.shared.clear();
+        }
+    }
+
     fn shared(&self) -> PyResult<&Rc<Reader>> {
         let shared = self.shared.get()?.as_ref();
         shared.ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
@@ -353,7 +370,7 @@ impl Consumer {
                 err.value(py).setattr("reason", reason)?;
                 Err(err)
             }
-            Err(e) => Err(error(format!("ring {:?}: {e}", self.name))),
+            Err(e) => Err(ring_error(&format!("ring {:?}: ", self.name), &e)),
         }
     }
 }

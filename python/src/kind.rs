@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::consumer::stream_handle;
-use crate::errors::error;
+use crate::errors::{error, ring_error};
 use crate::layout::dtype_named;
 use crate::producer::checked_header;
 
@@ -80,7 +80,7 @@ impl Outgoing {
                 // before the slot's stream (`on`, the caller's, which also waits for the
                 // array's); it stays allocated until the copy runs if it was made on that
                 // stream, or the caller keeps it (send's contract, docs/python.md).
-                unsafe { slot.copy_from(*ptr, self.len) }.map_err(error)
+                unsafe { slot.copy_from(*ptr, self.len) }.map_err(|e| ring_error("", &e))
             }
         }
     }
@@ -149,7 +149,7 @@ fn from_cuda_array(
     if let Some(theirs) = array.stream.filter(|s| *s != raw.max(1)) {
         // SAFETY: the array says its data is ready on this stream, of the same device.
         let theirs = unsafe { Stream::from_raw(ctx, theirs as usize as _) };
-        on.wait_for(&theirs).map_err(error)?;
+        on.wait_for(&theirs).map_err(|e| ring_error("", &e))?;
     }
     Ok(Outgoing { payload: Payload::Device(array.ptr), on: Some(on), len: array.len, header })
 }

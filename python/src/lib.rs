@@ -14,7 +14,8 @@
 //! - `dlpack`: the DLPack C structures and capsule;
 //! - `layout`: element type and shape (arguments, the tensor header, or bytes);
 //! - `producer`: `gpuring.Producer`;
-//! - `errors`: the exception types and how Rust errors map to them.
+//! - `sigterm`: stopping gracefully on SIGTERM and at interpreter exit;
+//! - `errors`: the exception types and how Rust errors map to them, and a lost GPU context.
 
 use pyo3::prelude::*;
 
@@ -53,7 +54,15 @@ fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", py.get_type::<errors::Error>())?;
     m.add("Disconnected", py.get_type::<errors::Disconnected>())?;
     m.add("ReleasedError", py.get_type::<errors::ReleasedError>())?;
+    m.add("ContextLostError", py.get_type::<errors::ContextLostError>())?;
+    m.add("EXIT_CONTEXT_LOST", gpuring::EXIT_CONTEXT_LOST)?;
+    m.add_function(wrap_pyfunction!(errors::context_lost, m)?)?;
+    #[cfg(feature = "test-support")]
+    m.add_function(wrap_pyfunction!(errors::_lose_context_after, m)?)?;
     m.add_function(wrap_pyfunction!(layout::tensor_header, m)?)?;
     m.add_function(wrap_pyfunction!(sigterm::handle_sigterm, m)?)?;
+    m.add_function(wrap_pyfunction!(sigterm::finish_gpu_work, m)?)?;
+    // At import, so that it runs after the `atexit` hooks the application registers later.
+    sigterm::register_at_exit(py)?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::bound::{deadline, tick, SameThread, ThreadBound};
-use crate::errors::{error, timeout};
+use crate::errors::{context_lost_error, error, ring_error, timeout};
 use crate::kind::outgoing;
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
@@ -36,8 +36,9 @@ use crate::kind::outgoing;
 /// fences with memory words, whatever `fence` says. `dir`: the directory (a `str` or
 /// `os.PathLike`) the ring's file and sockets go in; default the `GPURING_DIR` environment
 /// variable if set, else `/dev/shm`. Consumers must pass the same directory (as they see it).
-/// The ring is removed when the producer is closed or freed.
-#[pyclass(module = "gpuring")]
+/// The ring is removed when the producer is closed or freed. Creating one installs gpuring's
+/// SIGTERM handler (see `handle_sigterm`), and a producer still open at exit is closed then.
+#[pyclass(module = "gpuring", weakref)]
 pub struct Producer {
     /// None once closed. Bound to the thread that made it (see `bound`).
     tx: ThreadBound<Option<AnyProducer>>,
@@ -74,7 +75,7 @@ impl Producer {
         allow_gids: Option<Vec<u32>>,
         permissions: Option<u32>,
         dir: Option<PathBuf>,
-    ) -> PyResult<Producer> {
+    ) -> PyResult<Py<Producer>> {
         let policy = Policy::from_name(policy).ok_or_else(|| {
             PyValueError::new_err(format!("policy={policy:?}: use \"block\" or \"overwrite\""))
         })?;
@@ -141,10 +142,12 @@ impl Producer {
         }
         let builder = builder.device(device).sharing(sharing).fence(fence);
         let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };
-        let tx = AnyProducer::create(builder, kind).map_err(error)?;
-        let producer = Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned(), dir };
-        crate::sigterm::created(py, &producer.dir, name)?;
-        Ok(producer)
+        let tx = AnyProducer::create(builder, kind).map_err(|e| ring_error("", &e))?;
+        crate::sigterm::created(&dir, name);
+        let tx =
+            Py::new(py, Producer { tx: ThreadBound::new(Some(tx)), name: name.to_owned(), dir })?;
+        crate::sigterm::track(tx.bind(py).as_any())?;
+        Ok(tx)
     }
 
     /// send(data, header=None, *, stream=None, timeout=None) -> int
@@ -289,6 +292,19 @@ impl Producer {
 }
 
 impl Producer {
+    /// Closes it at interpreter exit (`sigterm::at_exit`): on its own thread as `close`, or
+    /// as `abort` when `cut` (the exit is SIGTERM's); else dropped as `bound` says (at once if
+    /// its thread ended, never in a forked child).
+    pub fn close_at_exit(&mut self, py: Python<'_>, cut: bool) {
+        if self.tx.get().is_err() {
+            self.tx.clear();
+        } else if cut {
+            let _ = self.abort(py);
+        } else {
+            let _ = self.close(py);
+        }
+    }
+
     fn tx(&self) -> PyResult<&AnyProducer> {
         let tx = self.tx.get()?.as_ref();
         tx.ok_or_else(|| error(format!("producer of {:?} is closed", self.name)))
@@ -317,7 +333,14 @@ fn wait_for_consumers(
             Err(e) if deadline.is_some_and(|d| Instant::now() >= d) => {
                 return Err(timeout(&e.to_string()));
             }
-            Err(_) => py.check_signals()?,
+            Err(_) => {
+                // No consumer can be served any more: waiting on would keep a faulted process
+                // (and, under MPS, every client of the GPU) from the restart it needs.
+                if let Some(lost) = gpuring::context_lost() {
+                    return Err(context_lost_error(&lost));
+                }
+                py.check_signals()?
+            }
         }
     }
 }
@@ -345,7 +368,7 @@ fn send(
         match got.into_inner() {
             Ok(mut slot) => {
                 out.write(py, &mut slot)?;
-                return slot.publish(out.len, &out.header).map_err(error);
+                return slot.publish(out.len, &out.header).map_err(|e| ring_error("", &e));
             }
             Err(AcquireTimeoutError::Timeout) => {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -353,7 +376,7 @@ fn send(
                 }
                 py.check_signals()?;
             }
-            Err(e) => return Err(error(e)),
+            Err(e) => return Err(ring_error("", &e)),
         }
     }
 }

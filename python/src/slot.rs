@@ -29,7 +29,7 @@ use pyo3::{ffi, IntoPyObjectExt};
 
 use crate::bound::ThreadBound;
 use crate::dlpack::{self, Keep};
-use crate::errors::{error, ReleasedError};
+use crate::errors::{ring_error, ReleasedError};
 use crate::held::Held;
 use crate::layout::{Layout, Wanted};
 
@@ -470,7 +470,7 @@ impl Slot {
         // SAFETY: DLPack's contract: `stream` is a live stream of the consumer's device that
         // outlives its reads of this message (the release waits for it before `S` records).
         let theirs = unsafe { Stream::from_raw(s.context(), raw) };
-        theirs.wait_for(s).map_err(error)?;
+        theirs.wait_for(s).map_err(|e| ring_error("", &e))?;
         let mut joins = claim.joins.borrow_mut();
         if !joins.iter().any(|j| j.raw() == theirs.raw()) {
             joins.push(theirs); // one join per stream, however many exports

@@ -1,8 +1,10 @@
 """gpuring's Python package on CUDA rings, with PyTorch. Skipped without torch or a GPU."""
 import gc
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -238,6 +240,93 @@ def test_a_rust_producer_feeds_two_torch_consumers_every_byte_checked(ring_name)
         frames, bad = map(int, stdout.split())
         print(f"torch consumer: {frames} frames of {published}, {bad} bad bytes")
         assert bad == 0 and frames == published
+
+
+# A consumer that receives a float32[n, n] frame as a tensor, queues about 1.5 s of kernels
+# that read it on a side stream (matrix products; never waiting for them), then sleeps. Its
+# `report` hook, registered before gpuring's (so it runs after it), reads the result from pinned
+# host memory without synchronising: right only if the exit waited for the kernels.
+SIGTERM_CONSUMER = r"""
+import atexit, sys, time
+result = {}
+
+def report():
+    if "host" in result:
+        print("result", float(result["host"][0]), result["want"], flush=True)
+
+atexit.register(report)
+import torch, gpuring
+
+rx = gpuring.Consumer(sys.argv[1], wait=30, start="next", mode="latest")
+value = float(sys.argv[2])
+side = torch.cuda.Stream()
+host = torch.full((1,), -1.0, dtype=torch.float64, pin_memory=True)
+slot = rx.recv(timeout=30)
+with torch.cuda.stream(side):
+    frame = torch.from_dlpack(slot)  # the producer's memory: side waits for its writes
+    n = frame.shape[0]
+    acc = torch.zeros(1, dtype=torch.float64, device="cuda")
+
+    def step():  # every product's [0, 0] is value * value * n, exact in float32
+        acc.add_((frame @ frame)[0, 0])
+
+    step()
+    side.synchronize()
+    began = time.monotonic()
+    for _ in range(5):
+        step()
+    side.synchronize()
+    steps = max(5, min(5000, int(1.5 / ((time.monotonic() - began) / 5))))
+    acc.zero_()
+    for _ in range(steps):
+        step()
+    host.copy_(acc, non_blocking=True)
+    result["host"], result["want"] = host, steps * n * value * value
+print("launched", steps, flush=True)
+try:
+    time.sleep(60)
+finally:
+    print("finally", flush=True)
+"""
+
+
+def test_sigterm_mid_kernel_waits_for_the_kernels(ring_name):
+    """SIGTERM reaches a consumer while its kernels still read a slot: it unwinds and exits with
+    143 only after they finished (its last result is right), and the producer goes on."""
+    n = 4096
+    tx = gpuring.Producer(ring_name, n * n * 4, memory="cuda", capacity=4)
+    frame = torch.full((n, n), 3.0, device="cuda")
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CONSUMER, ring_name, "3"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert tx.wait_for_consumers(1, timeout=60) == 1
+        tx.send(frame)
+        launched = child.stdout.readline().split()
+        assert launched[:1] == ["launched"], launched
+        child.send_signal(signal.SIGTERM)
+        sent = tx.published
+        deadline = time.monotonic() + 20
+        while child.poll() is None and time.monotonic() < deadline:  # publishing on meanwhile
+            tx.send(frame, timeout=10)
+            time.sleep(0.01)
+        out, _ = child.communicate(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + signal.SIGTERM, out
+    lines = out.splitlines()
+    assert lines[0] == "finally", out
+    _, got, want = lines[1].split()
+    assert float(got) == float(want), f"the exit did not wait for the kernels: {out}"
+    deadline = time.monotonic() + 10  # its entry is left, or reclaimed
+    while tx.consumer_count and time.monotonic() < deadline:
+        tx.send(frame, timeout=10)
+    assert tx.consumer_count == 0
+    for _ in range(5):
+        tx.send(frame, timeout=10)
+    assert tx.published >= sent + 5
+    tx.close()
 
 
 def test_vmm_sharing_round_trips_in_one_process(ring_name):

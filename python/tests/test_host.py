@@ -223,9 +223,14 @@ def test_sigterm_leaves_no_ring_behind(ring_name, opt_out):
     assert child.stdout.readline().strip() == "ready"
     path = f"/dev/shm/gpuring.{ring_name}"
     assert os.path.exists(path)
+    rx = gpuring.Consumer(ring_name)
     child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=20) == -signal.SIGTERM  # still ended by the signal
+    # Handled: the process unwinds and exits with 128 + SIGTERM; opted out: killed by it.
+    assert child.wait(timeout=20) == (-signal.SIGTERM if opt_out else 128 + signal.SIGTERM)
     assert os.path.exists(path) == opt_out  # removed, unless opted out
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv(timeout=5)
+    assert rx.ended == "died"  # the stream was cut, either way
     if opt_out:
         os.remove(path)
 
@@ -243,8 +248,125 @@ def test_sigterm_removes_a_ring_of_another_directory(ring_name, tmp_path):
     path = tmp_path / "rings" / f"gpuring.{ring_name}"
     assert path.exists()
     child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=20) == -signal.SIGTERM
+    assert child.wait(timeout=20) == 128 + signal.SIGTERM
     assert not path.exists()
+
+
+# A consumer blocked in recv() (or awaiting recv_async()) in its main thread; `with` and
+# `finally` must run on SIGTERM.
+BLOCKED_CONSUMER = r"""
+import asyncio, sys, gpuring
+with gpuring.Consumer(sys.argv[1], start="next") as rx:
+    print("ready", flush=True)
+    try:
+        if sys.argv[2] == "recv":
+            rx.recv()
+        else:
+            asyncio.run(rx.recv_async())
+    finally:
+        print("finally", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how,opt_out", [("recv", False), ("recv", True), ("recv_async", False)])
+def test_sigterm_stops_a_consumer_blocked_in_recv(ring_name, how, opt_out):
+    tx = gpuring.Producer(ring_name, 64, memory="host")
+    env = dict(os.environ, GPURING_SIGTERM="0" if opt_out else "1")
+    child = subprocess.Popen([sys.executable, "-c", BLOCKED_CONSUMER, ring_name, how],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout.readline().strip() == "ready"
+    assert tx.consumer_count == 1
+    time.sleep(0.3)  # well into recv's wait
+    sent = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    status = child.wait(timeout=10)
+    took = time.monotonic() - sent
+    rest = child.stdout.read()
+    if opt_out:
+        assert status == -signal.SIGTERM and rest == ""  # killed where it stood
+    else:
+        assert status == 128 + signal.SIGTERM  # SystemExit(143): it unwound
+        assert rest == "finally\n"
+        assert took < 5, f"SIGTERM took {took:.2f} s to stop a blocked recv"
+        assert tx.consumer_count == 0  # it left the ring itself: nothing to reclaim
+    tx.send(b"on")  # the producer goes on
+    tx.close()
+
+
+def test_what_is_left_open_at_exit_is_closed(ring_name):
+    """A producer that nothing frees before the process ends (in a cycle the garbage collector
+    never visits) is closed at exit: its consumers see the stream complete and the name goes.
+    Without gpuring's exit hook (cleared: the control), the same process leaves the stream cut
+    and the name behind."""
+    code = r"""
+import atexit, gc, sys, gpuring
+tx = gpuring.Producer(sys.argv[1], 64, memory="host")
+tx.wait_for_consumers(1, timeout=20)
+tx.send(b"only")
+keep = [tx]
+keep.append(keep)
+gc.freeze()  # never collected, so never freed
+del tx, keep
+if sys.argv[2] == "control":
+    atexit._clear()
+"""
+    for case, ended in (("hook", "closed"), ("control", "died")):
+        name = f"{ring_name}-{case}"
+        child = subprocess.Popen([sys.executable, "-c", code, name, case])
+        rx = gpuring.Consumer(name, wait=20, start="oldest")
+        assert [bytes(s)[:4] for s in rx] == [b"only"]
+        assert child.wait(timeout=20) == 0
+        assert rx.ended == ended, case
+        path = f"/dev/shm/gpuring.{name}"
+        assert os.path.exists(path) == (case == "control")
+        if case == "control":
+            os.remove(path)
+
+
+def test_sigterm_in_forked_children(ring_name):
+    """A child forked after the handler was installed inherits it: one that made no gpuring
+    object of its own is ended by SIGTERM as by default (a multiprocessing worker), one that
+    opened a consumer unwinds and exits with 143."""
+    code = r"""
+import os, signal, sys, time, gpuring
+tx = gpuring.Producer(sys.argv[1], 64, memory="host")
+
+def child_status(make_consumer):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        if make_consumer:
+            rx = gpuring.Consumer(sys.argv[1])
+        os.write(w, b"x")
+        time.sleep(30)
+        os._exit(0)
+    os.close(w)
+    os.read(r, 1)
+    os.kill(pid, signal.SIGTERM)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+print(child_status(False), child_status(True), tx.consumer_count, flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", code, ring_name], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, GPURING_SIGTERM="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(-signal.SIGTERM), str(128 + signal.SIGTERM), "0"]
+
+
+def test_an_application_sigterm_handler_is_kept(ring_name):
+    code = (f"import gpuring, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+            f"p = gpuring.Producer({ring_name!r}, 64, memory='host')\n"
+            f"rx = gpuring.Consumer({ring_name!r})\n"
+            "print('ready', flush=True)\n"
+            "rx.recv()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, GPURING_SIGTERM="1"))
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == 7  # theirs ran (within a blocked recv), not ours
+    assert not os.path.exists(f"/dev/shm/gpuring.{ring_name}")  # closed at exit
 
 
 def test_an_exception_in_a_with_block_cuts_the_stream(ring_name):
