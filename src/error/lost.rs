@@ -109,7 +109,15 @@ impl From<crate::cuda::DriverError> for ContextLost {
 /// assert!(gpuring::context_lost().is_none());
 /// ```
 pub fn context_lost() -> Option<ContextLost> {
-    check().err()
+    #[cfg(feature = "test-support")]
+    if let Some(l) = hook::fired() {
+        return Some(l);
+    }
+    #[cfg(all(feature = "cuda", not(loom)))]
+    if let Some(e) = crate::cuda::driver::lost() {
+        return Some(e.into());
+    }
+    None
 }
 
 /// `Ok` while this process's GPU context is not known to be lost; what every operation asks
@@ -128,9 +136,9 @@ pub(crate) fn check() -> Result<(), ContextLost> {
 /// `kind`, or [`ContextLost`] in its place if the context was lost meanwhile (the failure was
 /// most likely the loss itself, seen by a driver call under another name).
 pub(crate) fn or_lost<E>(kind: E, lost: impl FnOnce(ContextLost) -> E) -> E {
-    match check() {
-        Ok(()) => kind,
-        Err(l) => lost(l),
+    match context_lost() {
+        None => kind,
+        Some(l) => lost(l),
     }
 }
 
@@ -182,6 +190,11 @@ mod hook {
     static FROM_ENV: OnceLock<()> = OnceLock::new();
     /// Set once the hook fired: the loss is for good, as a sticky error's.
     static FIRED: OnceLock<ContextLost> = OnceLock::new();
+
+    /// The loss the hook made, if it fired (without counting a step).
+    pub(super) fn fired() -> Option<ContextLost> {
+        FIRED.get().cloned()
+    }
 
     pub(super) fn arm(n: u64) {
         FROM_ENV.get_or_init(|| ());

@@ -378,7 +378,7 @@ impl ProducerRing {
         clear_stall(&ring);
         // A panic unwinding through the producer cuts the stream as `abort` does; a lost GPU
         // context cuts it too, and says so.
-        let lost = crate::error::check_context().is_err();
+        let lost = crate::context_lost().is_some();
         let how = match () {
             _ if lost => CLOSED_LOST,
             _ if self.cut || std::thread::panicking() => CLOSED_CUT,
