@@ -2,10 +2,12 @@
 //! verdict (ok, warn, fail, skip), what it found and the fix in plain words. The exit status is
 //! 1 if a check failed; a machine without a GPU is not a failure (host memory works there).
 //!
-//! The checks are in [`system`] (driver, MPS, /dev/shm, namespaces, memlock, peers, stale
-//! rings) and [`handoff`] (a measured round trip through two real rings between two processes).
+//! The checks are in [`system`] (driver, /dev/shm, namespaces, memlock, peers, stale rings),
+//! [`mps`] (whether MPS runs, and what that choice means for latency and for fault isolation)
+//! and [`handoff`] (a measured round trip through two real rings between two processes).
 
 mod handoff;
+mod mps;
 mod system;
 
 use std::process::ExitCode;
@@ -102,7 +104,7 @@ pub fn run(o: &Options) -> ExitCode {
     // The handoff runs before the MPS check: its CUDA context is what makes an MPS server
     // start, which the MPS check looks for.
     let handoff = handoff_check(!gpus.is_empty(), o.quick);
-    checks.push(system::mps(!gpus.is_empty(), !o.quick));
+    checks.push(mps::check(&gpus, !o.quick));
     checks.push(handoff);
     checks.push(system::shm());
     checks.push(system::namespaces());
@@ -180,11 +182,11 @@ fn handoff_check(gpu: bool, quick: bool) -> Check {
         return Check::new("handoff", Verdict::Ok, finding).value(value);
     }
     let finding = format!("{measured}; looks like time-slicing (MPS off); {reference}");
-    let fix = if system::mps_daemon_running() {
+    let fix = if mps::daemon_running() {
         "MPS runs, yet hops wait: other processes may keep the GPU busy, or the contexts did not \
          go through MPS (see the mps check)"
     } else {
-        system::MPS_FIX
+        mps::MPS_FIX
     };
     Check::new("handoff", Verdict::Warn, finding).fix(fix).value(value)
 }

@@ -1,25 +1,22 @@
-//! The checks of `gpuring doctor` that look at the machine: the CUDA driver and GPUs, MPS,
-//! /dev/shm, namespaces, the memlock limit, peer access and stale rings. Everything here reads
-//! /proc, /dev/shm and the driver; nothing changes the system.
+//! The checks of `gpuring doctor` that look at the machine: the CUDA driver and GPUs,
+//! /dev/shm, namespaces, the memlock limit, peer access and stale rings (MPS is in
+//! [`super::mps`]). Everything here reads /proc, /dev/shm and the driver; nothing changes the
+//! system.
 
 use std::fs;
-use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
 
 use gpuring::inspect;
 use serde_json::json;
 
 use super::{Check, Verdict};
 
-/// How to turn MPS on (docs/gpu.md, "MPS").
-pub const MPS_FIX: &str = "start the MPS control daemon before the ring's processes: \
-    `export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps; nvidia-cuda-mps-control -d` (docs/gpu.md)";
-
 /// A GPU the driver lists.
 pub struct Gpu {
-    ordinal: i32,
+    pub ordinal: i32,
     uuid: String,
     compute_capability: Option<(i32, i32)>,
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE` (see [`super::mps::compute_mode_name`]), if read.
+    pub compute_mode: Option<i32>,
 }
 
 /// The kernel module's version from /proc/driver/nvidia/version ("580.95.05"), if loaded.
@@ -66,6 +63,7 @@ pub fn cuda_driver() -> (Check, Vec<Gpu>) {
                 compute_capability: driver::device(ordinal)
                     .and_then(driver::compute_capability)
                     .ok(),
+                compute_mode: driver::device(ordinal).ok().and_then(compute_mode),
             })
             .collect();
         let ver = match &version {
@@ -82,6 +80,25 @@ pub fn cuda_driver() -> (Check, Vec<Gpu>) {
         let finding = format!("built without the `cuda` feature: host memory only{shown}");
         (Check::new("cuda-driver", Verdict::Skip, finding).value(value), vec![])
     }
+}
+
+/// The device's compute mode, `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE` (0 default, 2 prohibited, 3
+/// exclusive-process), read like its compute capability: no context is made. gpuring's driver
+/// layer has no wrapper for it, so this calls the driver directly.
+#[cfg(feature = "cuda")]
+fn compute_mode(dev: gpuring::cuda::driver::CUdevice) -> Option<i32> {
+    use cudarc::driver::sys;
+    let mut mode = 0;
+    // SAFETY: called only after `driver::available` succeeded (the library is loaded and
+    // initialised); `dev` came from `driver::device`; `mode` is a valid out-pointer.
+    let r = unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut mode,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+            dev,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(mode)
 }
 
 /// The GPUs with their UUIDs (the names `CUDA_VISIBLE_DEVICES` and `nvidia-smi -L` use).
@@ -101,111 +118,6 @@ pub fn gpu_list(gpus: &[Gpu]) -> Check {
         .map(|g| json!({ "ordinal": g.ordinal, "uuid": g.uuid, "compute_capability": g.compute_capability }))
         .collect();
     Check::new("gpus", Verdict::Ok, list.join("; ")).value(json!(value))
-}
-
-/// Processes whose program (argv[0], not `comm`: both MPS programs are truncated to the same
-/// 15-character `comm`) is `program`, as (pid, environment) pairs; the environment is empty
-/// where it is not readable (another user's process).
-fn processes(program: &str) -> Vec<(u32, Vec<String>)> {
-    let Ok(dir) = fs::read_dir("/proc") else { return vec![] };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let argv0 = cmdline.split(|&b| b == 0).next()?;
-            let base = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
-            (base == program).then_some(pid)
-        })
-        .map(|pid| {
-            let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            let env = env
-                .split(|&b| b == 0)
-                .filter_map(|v| std::str::from_utf8(v).ok().map(str::to_owned))
-                .collect();
-            (pid, env)
-        })
-        .collect()
-}
-
-/// Whether an MPS control daemon runs on this machine (in this pid namespace).
-pub fn mps_daemon_running() -> bool {
-    !processes("nvidia-cuda-mps-control").is_empty()
-}
-
-/// Check 2: MPS. The method, each step reliable on its own:
-/// - the control daemon runs: a process whose argv[0] is `nvidia-cuda-mps-control`;
-/// - its pipe directory: `CUDA_MPS_PIPE_DIRECTORY` in its environment (if readable), else
-///   the default /tmp/nvidia-mps;
-/// - this process would use it: the directory CUDA reads for this process
-///   (`CUDA_MPS_PIPE_DIRECTORY` or /tmp/nvidia-mps) holds the daemon's `control` socket;
-/// - contexts go through it: an `nvidia-cuda-mps-server` runs. The daemon starts it when the
-///   first client context connects, so after the handoff measurement (which creates contexts
-///   in this process and its child) its presence means they went through MPS.
-///
-/// `context_made`: the handoff ran on the GPU before this check.
-pub fn mps(gpu: bool, context_made: bool) -> Check {
-    let daemons = processes("nvidia-cuda-mps-control");
-    let servers = processes("nvidia-cuda-mps-server");
-    let mine = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
-        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from);
-    let control = mine.join("control");
-    let has_control = fs::symlink_metadata(&control).is_ok_and(|m| m.file_type().is_socket());
-    let daemon_dir = daemons.first().map(|(_, env)| {
-        env.iter()
-            .find_map(|v| v.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-            .unwrap_or("/tmp/nvidia-mps")
-            .to_owned()
-    });
-    let value = json!({
-        "control_daemon_pids": daemons.iter().map(|d| d.0).collect::<Vec<_>>(),
-        "server_pids": servers.iter().map(|s| s.0).collect::<Vec<_>>(),
-        "pipe_directory": mine, "control_socket": has_control,
-    });
-    let dir = mine.display();
-    if !gpu {
-        let finding = if daemons.is_empty() {
-            "no GPU: MPS does not apply (no control daemon runs)".to_owned()
-        } else {
-            "no GPU usable here, though an MPS control daemon runs".to_owned()
-        };
-        return Check::new("mps", Verdict::Skip, finding).value(value);
-    }
-    if daemons.is_empty() && has_control {
-        // A container: the daemon runs outside our pid namespace, its pipe directory is
-        // mounted in. Neither it nor its server can be seen from here.
-        let finding = format!(
-            "MPS control socket in {dir}, its daemon outside this pid namespace (a container): \
-             contexts made here go through MPS if this container also has the MPS server's \
-             /dev/shm at /dev/shm (docs/containers.md, \"MPS\"); event-fenced CUDA rings still \
-             need producer and consumers in one pid namespace"
-        );
-        return Check::new("mps", Verdict::Ok, finding).value(value);
-    }
-    if daemons.is_empty() {
-        let finding = "the MPS control daemon (nvidia-cuda-mps-control) is not running: kernels \
-                       of different processes are time-sliced, each cross-process hop waits \
-                       for a slice (~145 us on an H100)";
-        return Check::new("mps", Verdict::Warn, finding).fix(MPS_FIX).value(value);
-    }
-    if !has_control {
-        let theirs = daemon_dir.unwrap_or_default();
-        let finding = format!(
-            "an MPS control daemon runs (pipe directory {theirs}), but {dir} has no `control` \
-             socket: this process's contexts will not use it"
-        );
-        let fix = format!("export CUDA_MPS_PIPE_DIRECTORY={theirs} in every ring process");
-        return Check::new("mps", Verdict::Warn, finding).fix(fix).value(value);
-    }
-    let through = match (context_made, servers.is_empty()) {
-        (false, _) => "contexts not checked (--quick creates none)",
-        (true, false) => "an MPS server runs, so this process's contexts went through MPS",
-        (true, true) => "yet no MPS server started for this process's context",
-    };
-    let finding = format!("MPS control daemon runs, control socket in {dir}; {through}");
-    if context_made && servers.is_empty() {
-        let fix = "check the daemon's log (CUDA_MPS_LOG_DIRECTORY, default /var/log/nvidia-mps)";
-        return Check::new("mps", Verdict::Warn, finding).fix(fix).value(value);
-    }
-    Check::new("mps", Verdict::Ok, finding).value(value)
 }
 
 fn mib(b: u64) -> String {
@@ -464,7 +376,7 @@ pub fn stale_rings() -> Check {
     let (mut dead, mut unreadable) = (Vec::new(), Vec::new());
     for name in &names {
         match inspect::status(name) {
-            Ok(s) if !s.producer_alive => dead.push((name.clone(), s.producer_pid)),
+            Ok(s) if !s.producer_alive => dead.push((name.clone(), s.producer_pid, s.context_lost)),
             Ok(_) => {}
             Err(e) => unreadable.push((name.clone(), e.to_string())),
         }
@@ -472,20 +384,40 @@ pub fn stale_rings() -> Check {
     let value = json!({
         "rings": names.len(),
         "dead_producer": dead.iter().map(|d| &d.0).collect::<Vec<_>>(),
+        "context_lost": dead.iter().filter(|d| d.2).map(|d| &d.0).collect::<Vec<_>>(),
         "unreadable": unreadable.iter().map(|u| &u.0).collect::<Vec<_>>(),
     });
     if dead.is_empty() && unreadable.is_empty() {
         let finding = format!("{} ring(s), none left by a dead producer", names.len());
         return Check::new("stale-rings", Verdict::Ok, finding).value(value);
     }
-    let mut found: Vec<String> =
-        dead.iter().map(|(n, pid)| format!("{n} (its producer, pid {pid}, is gone)")).collect();
+    // A producer that lost its GPU context keeps its ring for its restart, which replaces it
+    // (docs/gpu.md, "When the GPU context is lost").
+    let mut found: Vec<String> = dead
+        .iter()
+        .map(|(n, pid, lost)| match lost {
+            true => format!(
+                "{n} (its producer, pid {pid}, lost its GPU context and exited: a restarted \
+                 producer replaces the ring)"
+            ),
+            false => format!("{n} (its producer, pid {pid}, is gone)"),
+        })
+        .collect();
     found.extend(unreadable.iter().map(|(n, why)| format!("{n} (unreadable: {why})")));
-    let mut fixes: Vec<String> = dead.iter().map(|(n, _)| format!("gpuring rm {n}")).collect();
+    let mut fixes: Vec<String> = dead
+        .iter()
+        .map(|(n, _, lost)| match lost {
+            true => format!("restart {n}'s producer (or gpuring rm {n})"),
+            false => format!("gpuring rm {n}"),
+        })
+        .collect();
     fixes.extend(unreadable.iter().map(|(n, _)| format!("gpuring rm --force {n}")));
     let dir = gpuring::shm::default_dir();
     let finding = format!("stale rings hold {} space: {}", dir.display(), found.join(", "));
     Check::new("stale-rings", Verdict::Warn, finding)
-        .fix(format!("remove them: {}", fixes.join("; ")))
+        .fix(match dead.iter().any(|d| d.2) {
+            true => fixes.join("; "),
+            false => format!("remove them: {}", fixes.join("; ")),
+        })
         .value(value)
 }
