@@ -15,14 +15,15 @@ static inline uint8_t pattern(uint64_t seq, size_t i) { return (uint8_t)(seq * 3
 /* Length of message `seq`: varies between slot/2 and slot. */
 static inline size_t length_of(uint64_t seq, size_t slot) { return slot / 2 + (size_t)(seq * 977u) % (slot / 2 + 1); }
 
-/* Prints the failed call and gpuring's message, and exits. */
+/* Prints the failed call and gpuring's message, and exits: with GPURING_EXIT_CONTEXT_LOST (75)
+ * if the GPU context is lost, for a supervisor that restarts the process, else with 1. */
 #define CHECK(call)                                                                          \
   do {                                                                                       \
     gpuring_status s_ = (call);                                                              \
     if (s_ != GPURING_OK) {                                                                  \
       fprintf(stderr, "%s:%d: %s: status %d: %s\n", __FILE__, __LINE__, #call, (int)s_,     \
               gpuring_last_error());                                                         \
-      exit(1);                                                                               \
+      exit(s_ == GPURING_CONTEXT_LOST ? GPURING_EXIT_CONTEXT_LOST : 1);                      \
     }                                                                                        \
   } while (0)
 

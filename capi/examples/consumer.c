@@ -1,6 +1,7 @@
 /* A C consumer: opens ring NAME (whatever memory it holds) and checks every message against
  * the producer's pattern, its tensor header and the sequence number in its user header, until
- * the producer closes the ring. Exits 1 on any mismatch.
+ * the producer closes the ring. Exits 1 on any mismatch or failed call, 75 if the GPU context
+ * is lost (so that a supervisor restarts it).
  *
  *   consumer NAME
  *

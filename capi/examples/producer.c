@@ -8,7 +8,8 @@
  * -DGPURING_EXAMPLE_CUDA, linked with -lcuda): it is copied host-to-device on the slot's
  * stream, which the publish fences; the CPU does not wait for the GPU. The fences are
  * interprocess events, or with "memory" words in the ring's segment (for consumers in
- * containers with their own /dev/shm). */
+ * containers with their own /dev/shm). A failed call exits 1, or 75 if the GPU context is
+ * lost (so that a supervisor restarts it). */
 #include <time.h>
 
 #include "common.h"

@@ -9,6 +9,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+// The exit status for a process whose GPU context is lost (`GPURING_CONTEXT_LOST`):
+// `EX_TEMPFAIL`, "try again later", for a supervisor that restarts it (systemd
+// `Restart=always`, Docker `restart: always`).
+#define GPURING_EXIT_CONTEXT_LOST 75
+
 // The most dimensions a tensor header holds.
 #define GPURING_TENSOR_MAX_DIMS 8
 
@@ -19,7 +24,8 @@ typedef enum gpuring_status {
   GPURING_OK = 0,
   // The timeout passed first (no free slot, no message).
   GPURING_TIMEOUT = 1,
-  // The producer closed the ring (or died) and every message was received.
+  // The producer closed the ring (or died, or lost its GPU context) and every message was
+  // received.
   GPURING_DISCONNECTED = 2,
   // No ring has this name (in the ring directory).
   GPURING_NOT_FOUND = 3,
@@ -39,6 +45,13 @@ typedef enum gpuring_status {
   GPURING_NO_TENSOR = 10,
   // Anything else (see the message).
   GPURING_ERROR = 11,
+  // This process's GPU context is lost, for good: a kernel of it faulted, or, under MPS,
+  // another client of the GPU crashed. Every later call returns it too; no GPU work can run
+  // in the process any more. Free the handles (a producer's free closes its ring, which its
+  // consumers see as cut) and exit with `GPURING_EXIT_CONTEXT_LOST` (75, `EX_TEMPFAIL`) so
+  // that a supervisor restarts the process: under MPS the server takes no new client until
+  // every faulted one has exited.
+  GPURING_CONTEXT_LOST = 12,
 } gpuring_status;
 
 // Where a ring's payload lives.

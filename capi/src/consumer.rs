@@ -10,8 +10,8 @@ use gpuring::{Consumer, MemoryKind, Mode, RecvTimeoutError, StartAt};
 
 use crate::gpuring_status::*;
 use crate::{
-    fail, gpuring_memory, gpuring_status, guard, memory_of, open_args, open_status, ring_dir,
-    timeout,
+    cuda_failure, fail, gpuring_memory, gpuring_status, guard, memory_of, open_args, open_status,
+    ring_dir, timeout,
 };
 
 /// How a consumer receives.
@@ -305,6 +305,7 @@ impl FromBlocking for RecvTimeoutError {
         match e {
             gpuring::RecvError::Disconnected => RecvTimeoutError::Disconnected,
             gpuring::RecvError::Corrupt(c) => RecvTimeoutError::Corrupt(c),
+            gpuring::RecvError::ContextLost(l) => RecvTimeoutError::ContextLost(l),
             gpuring::RecvError::Cuda(e) => RecvTimeoutError::Cuda(e),
             other => {
                 RecvTimeoutError::Cuda(gpuring::cuda::CudaError::Unavailable(other.to_string()))
@@ -319,6 +320,7 @@ fn recv<T>(r: Result<T, RecvTimeoutError>) -> Result<T, gpuring_status> {
             RecvTimeoutError::Timeout => GPURING_TIMEOUT,
             RecvTimeoutError::Disconnected => GPURING_DISCONNECTED,
             RecvTimeoutError::Corrupt(_) => GPURING_CORRUPT,
+            RecvTimeoutError::ContextLost(_) => GPURING_CONTEXT_LOST,
             RecvTimeoutError::Cuda(_) => GPURING_CUDA,
             _ => GPURING_ERROR,
         };
@@ -387,7 +389,7 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
         }
         match released {
             Ok(()) => GPURING_OK,
-            Err(e) => fail(GPURING_CUDA, e),
+            Err(e) => cuda_failure(e),
         }
     })
 }

@@ -31,7 +31,8 @@ pub enum gpuring_status {
     GPURING_OK = 0,
     /// The timeout passed first (no free slot, no message).
     GPURING_TIMEOUT = 1,
-    /// The producer closed the ring (or died) and every message was received.
+    /// The producer closed the ring (or died, or lost its GPU context) and every message was
+    /// received.
     GPURING_DISCONNECTED = 2,
     /// No ring has this name (in the ring directory).
     GPURING_NOT_FOUND = 3,
@@ -51,7 +52,20 @@ pub enum gpuring_status {
     GPURING_NO_TENSOR = 10,
     /// Anything else (see the message).
     GPURING_ERROR = 11,
+    /// This process's GPU context is lost, for good: a kernel of it faulted, or, under MPS,
+    /// another client of the GPU crashed. Every later call returns it too; no GPU work can run
+    /// in the process any more. Free the handles (a producer's free closes its ring, which its
+    /// consumers see as cut) and exit with `GPURING_EXIT_CONTEXT_LOST` (75, `EX_TEMPFAIL`) so
+    /// that a supervisor restarts the process: under MPS the server takes no new client until
+    /// every faulted one has exited.
+    GPURING_CONTEXT_LOST = 12,
 }
+
+/// The exit status for a process whose GPU context is lost (`GPURING_CONTEXT_LOST`):
+/// `EX_TEMPFAIL`, "try again later", for a supervisor that restarts it (systemd
+/// `Restart=always`, Docker `restart: always`).
+pub const GPURING_EXIT_CONTEXT_LOST: i32 = 75;
+const _: () = assert!(GPURING_EXIT_CONTEXT_LOST == gpuring::EXIT_CONTEXT_LOST);
 
 use gpuring_status::*;
 
@@ -84,6 +98,21 @@ fn fail(status: gpuring_status, what: impl std::fmt::Display) -> gpuring_status 
     let text = CString::new(what.to_string().replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = text);
     status
+}
+
+/// Records a failed CUDA call: `GPURING_CONTEXT_LOST` with the loss's message if the call
+/// lost the context (or it was lost meanwhile, which most likely made the call fail), else
+/// `GPURING_CUDA`.
+fn cuda_failure(e: gpuring::cuda::CudaError) -> gpuring_status {
+    match e {
+        gpuring::cuda::CudaError::Driver(d) if d.context_lost() => {
+            fail(GPURING_CONTEXT_LOST, gpuring::ContextLost::from(d))
+        }
+        e => match gpuring::context_lost() {
+            Some(lost) => fail(GPURING_CONTEXT_LOST, lost),
+            None => fail(GPURING_CUDA, e),
+        },
+    }
 }
 
 /// Runs `f`, turning a panic into `GPURING_ERROR`.
@@ -163,6 +192,7 @@ fn create_status(e: &gpuring::CreateError) -> gpuring_status {
         E::AlreadyExists { .. } => GPURING_ALREADY_EXISTS,
         E::PermissionDenied => GPURING_PERMISSION_DENIED,
         E::MemoryUnavailable { .. } | E::NoSpace { .. } => GPURING_UNAVAILABLE,
+        E::ContextLost(_) => GPURING_CONTEXT_LOST,
         E::Io(_) => GPURING_ERROR,
     }
 }
@@ -187,6 +217,7 @@ fn open_status(e: &gpuring::OpenError) -> gpuring_status {
         | E::NoPeerAccess { .. }
         | E::WrongMemory { .. }
         | E::TooManyConsumers { .. } => GPURING_UNAVAILABLE,
+        E::ContextLost(_) => GPURING_CONTEXT_LOST,
         E::VersionMismatch { .. } | E::Io(_) => GPURING_ERROR,
     }
 }

@@ -13,8 +13,8 @@ use gpuring::{
 
 use crate::gpuring_status::*;
 use crate::{
-    create_status, fail, gpuring_memory, gpuring_status, guard, memory_of, open_args, ring_dir,
-    timeout,
+    create_status, cuda_failure, fail, gpuring_memory, gpuring_status, guard, memory_of, open_args,
+    ring_dir, timeout,
 };
 
 /// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
@@ -296,6 +296,7 @@ fn acquire(
 fn blocking_status(e: &AcquireError) -> gpuring_status {
     match e {
         AcquireError::Corrupt(_) => GPURING_CORRUPT,
+        AcquireError::ContextLost(_) => GPURING_CONTEXT_LOST,
         AcquireError::Cuda(_) => GPURING_CUDA,
         _ => GPURING_ERROR,
     }
@@ -327,6 +328,7 @@ fn acquire_status(e: &AcquireTimeoutError) -> gpuring_status {
     match e {
         AcquireTimeoutError::Timeout => GPURING_TIMEOUT,
         AcquireTimeoutError::Corrupt(_) => GPURING_CORRUPT,
+        AcquireTimeoutError::ContextLost(_) => GPURING_CONTEXT_LOST,
         AcquireTimeoutError::Cuda(_) => GPURING_CUDA,
         _ => GPURING_ERROR,
     }
@@ -385,6 +387,7 @@ pub unsafe extern "C" fn gpuring_producer_publish(
 
 fn publish_status(e: &PublishError) -> gpuring_status {
     match e {
+        PublishError::ContextLost(_) => GPURING_CONTEXT_LOST,
         PublishError::Cuda(_) => GPURING_CUDA,
         _ => GPURING_INVALID_ARGUMENT,
     }
@@ -473,7 +476,7 @@ pub unsafe extern "C" fn gpuring_producer_send(
         if let Err(e) = copied {
             // SAFETY: as above.
             unsafe { gpuring_producer_cancel(p) };
-            return fail(GPURING_CUDA, e);
+            return cuda_failure(e);
         }
         // SAFETY: as above; `header` by the contract.
         unsafe { gpuring_producer_publish(p, len, header, header_len, seq) }

@@ -18,9 +18,12 @@ use gst::glib;
 mod cudamem;
 pub mod header;
 mod held;
+mod lost;
 pub mod planes;
 pub mod sink;
 pub mod source;
+
+pub use lost::{exit_status, CONTEXT_LOST};
 
 /// `gpuringsink`'s `memory` property.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -362,6 +362,9 @@ mod imp {
             };
             let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };
             let tx = AnyProducer::create(builder.device(s.device), kind).map_err(|e| {
+                if let Some(lost) = crate::lost::post_if_lost(self.obj().upcast_ref(), &e) {
+                    return lost;
+                }
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::OpenWrite,
@@ -531,8 +534,11 @@ mod imp {
             fill(slot)
         }
 
-        /// Posts a publish failure; the flow error to return.
+        /// Posts a publish failure (a lost GPU context as such); the flow error to return.
         fn refuse(&self, e: &dyn std::fmt::Display) -> gst::FlowError {
+            if let Some(lost) = crate::lost::post_if_lost(self.obj().upcast_ref(), e) {
+                return lost;
+            }
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Write,
@@ -554,9 +560,7 @@ mod imp {
         /// producer's stream is idle (checked before the next frame's copy is queued).
         fn let_go_of_copied(&self, state: &mut State) -> Result<(), gst::FlowError> {
             if let Some(stream) = state.tx.stream() {
-                if !state.in_flight.is_empty()
-                    && stream.is_idle().map_err(|_| gst::FlowError::Error)?
-                {
+                if !state.in_flight.is_empty() && stream.is_idle().map_err(|e| self.refuse(&e))? {
                     state.in_flight.clear();
                 }
             }
@@ -573,7 +577,7 @@ mod imp {
             let Some(stream) = state.tx.stream() else { return Ok(()) };
             state.in_flight.push_back(buffer);
             if state.in_flight.len() > MAX_IN_FLIGHT {
-                stream.synchronize().map_err(|_| gst::FlowError::Error)?;
+                stream.synchronize().map_err(|e| self.refuse(&e))?;
                 state.in_flight.clear();
             }
             Ok(())

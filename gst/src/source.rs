@@ -388,17 +388,22 @@ mod imp {
                         // Leave the ring now (buffers still downstream keep their slots), so
                         // a closing producer is not kept waiting for us.
                         let epoch = state.reader.epoch();
+                        // How the producer ended: closed, died, or lost its own GPU context (a
+                        // loss of this process's fails the receive instead, and is no end).
+                        let how = state.reader.consumer().ended();
+                        let how =
+                            how.map_or_else(|| "the producer is gone".into(), |e| e.to_string());
                         *guard = None;
                         let s = self.settings.lock().unwrap().clone();
                         if !s.reconnect {
                             gst::info!(
                                 CAT,
                                 imp = self,
-                                "the producer is gone and the ring is drained: end of stream"
+                                "{how} and the ring is drained: end of stream"
                             );
                             return Err(gst::FlowError::Eos);
                         }
-                        gst::info!(CAT, imp = self, "the producer is gone: waiting for a new one");
+                        gst::info!(CAT, imp = self, "{how}: waiting for a new one");
                         let reader = self.open(Some(epoch))?;
                         *guard = Some(State { reader, out: None, lost: 0 });
                     }
@@ -463,7 +468,11 @@ mod imp {
                                 | OpenErrorKind::NotFound
                                 | OpenErrorKind::TimedOut
                         ) && (s.wait || not_epoch.is_some()) => {}
+                    // A lost GPU context is no ring to wait for: this process must exit.
                     Err(e) => {
+                        if let Some(lost) = crate::lost::post_if_lost(self.obj().upcast_ref(), &e) {
+                            return Err(lost);
+                        }
                         gst::element_imp_error!(self, gst::ResourceError::OpenRead, ["{e}"]);
                         return Err(gst::FlowError::Error);
                     }
@@ -617,7 +626,12 @@ mod imp {
             }
         }
 
+        /// Posts a failure to read a message (a lost GPU context as such); the flow error to
+        /// return.
         fn fail(&self, e: &dyn std::fmt::Display) -> gst::FlowError {
+            if let Some(lost) = crate::lost::post_if_lost(self.obj().upcast_ref(), e) {
+                return lost;
+            }
             gst::element_imp_error!(self, gst::ResourceError::Read, ["{e}"]);
             gst::FlowError::Error
         }
