@@ -28,7 +28,7 @@ use gpuring::testing::pattern;
 use gpuring::testing::payload::Payload;
 use gpuring::{
     monotonic_ns, AcquireTimeoutError, Consumer, Host, Policy, Producer, PublishError, ReadSlot,
-    RecvError, StartAt,
+    RecvTimeoutError, StartAt,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -56,8 +56,9 @@ struct Args {
     /// queued spins before it reads the slot (its work is still running when it dies).
     #[arg(long, default_value_t = 20_000)]
     release_spin_us: u64,
-    /// How victims are stopped: `kill` (SIGKILL, a crash) or `term` (SIGTERM, a graceful
-    /// stop; releasers send it to themselves while their kernel runs).
+    /// How victims, the steady consumers that die now and then, and the producer at its
+    /// restarts are stopped: `kill` (SIGKILL, a crash) or `term` (SIGTERM, a graceful stop;
+    /// releasers send it to themselves while their kernel runs).
     #[arg(long, value_enum, default_value_t = StopArg::Kill)]
     stop_signal: StopArg,
     /// Restart whatever exits (the producer and steady consumers too), as a supervisor does,
@@ -214,6 +215,9 @@ fn stop(args: &Args, child: &mut Child) -> bool {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
         if let Ok(Some(status)) = child.try_wait() {
+            if t.elapsed() > Duration::from_secs(5) {
+                eprintln!("soak: a graceful stop took {:.1} s", t.elapsed().as_secs_f64());
+            }
             return status.success();
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -236,8 +240,11 @@ fn orchestrate(args: &Args) -> ExitCode {
     let (mut release_kills, mut graceful, mut fault_exits) = (0u64, 0u64, 0u64);
     // Monotonic times of the SIGKILLs (sent, or a releaser's own seen), and of the exits with
     // status 75 (a lost GPU context).
-    let (mut kills_ns, mut faults_ns) = (Vec::<u64>::new(), Vec::<u64>::new());
+    let (mut kills_ns, mut faults_ns) = (Vec::<u64>::new(), Vec::<(u64, Option<usize>)>::new());
     let steady_args = |k: usize| vec!["--slot".to_string(), k.to_string()];
+    // Whether each steady consumer, and the producer, exited and was looked at (not restarted
+    // yet); exits other than 0 and 75 (a lost context).
+    let (mut exited, mut producer_exited, mut unexpected) = (vec![false; args.consumers], false, 0);
     let mut releasers: Vec<(Child, Instant)> = Vec::new();
     let mut producer_kills_ns = Vec::new();
     let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
@@ -255,6 +262,7 @@ fn orchestrate(args: &Args) -> ExitCode {
     let mut next_restart =
         Instant::now() + rng.around(Duration::from_secs_f64(args.restart_every_s));
     let mut victims: Vec<(Child, Instant)> = Vec::new();
+    let mut stopping: Vec<(Child, Instant)> = Vec::new();
     println!(
         "soak: ring '{name}', {:?} memory, {:?}, {} steady consumers, {:.1} min",
         args.memory, args.policy, args.consumers, args.minutes
@@ -291,7 +299,7 @@ fn orchestrate(args: &Args) -> ExitCode {
                         graceful += 1;
                     } else if lost(status) {
                         fault_exits += 1;
-                        faults_ns.push(monotonic_ns());
+                        faults_ns.push((monotonic_ns(), None));
                     }
                     false
                 }
@@ -304,68 +312,114 @@ fn orchestrate(args: &Args) -> ExitCode {
                 _ => true,
             }
         });
-        victims.retain_mut(|(v, at)| {
-            if Instant::now() < *at {
-                return true;
+        let mut i = 0;
+        while i < victims.len() {
+            if Instant::now() < victims[i].1 {
+                i += 1;
+                continue;
             }
+            let (mut v, _) = victims.swap_remove(i);
             if let Ok(Some(status)) = v.try_wait() {
                 // It ended by itself: its context was lost (under MPS, another's fault).
                 if lost(status) {
                     fault_exits += 1;
-                    faults_ns.push(monotonic_ns());
+                    faults_ns.push((monotonic_ns(), None));
                 }
-                return false;
+                continue;
             }
             if args.stop_signal == StopArg::Kill {
                 kills_ns.push(monotonic_ns());
+                kill(&mut v);
+                victim_kills += 1;
+                continue;
             }
-            match stop(args, v) {
-                true => graceful += 1,
-                false => victim_kills += 1,
+            // SIGTERM: it stops by itself (looked at below), or is killed after 30 s.
+            let pid = rustix::process::Pid::from_raw(v.id() as i32).expect("pid");
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            stopping.push((v, Instant::now() + Duration::from_secs(30)));
+        }
+        // Victims told to stop: stopped gracefully (status 0), or not.
+        stopping.retain_mut(|(v, deadline)| match v.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                graceful += 1;
+                false
             }
-            false
+            Ok(Some(_)) => {
+                victim_kills += 1;
+                false
+            }
+            _ if Instant::now() >= *deadline => {
+                kill(v);
+                victim_kills += 1;
+                false
+            }
+            _ => true,
         });
         // Steady consumers and the producer that exited by themselves: faults, and under
         // `--supervise` restarted at once.
+        // Each exit is looked at once (`exited`); any but 0 and 75 is a failure.
         for (k, c) in steady.iter_mut().enumerate() {
+            if exited[k] {
+                continue;
+            }
             if let Ok(Some(status)) = c.try_wait() {
+                exited[k] = true;
                 if lost(status) {
                     fault_exits += 1;
-                    faults_ns.push(monotonic_ns());
+                    faults_ns.push((monotonic_ns(), Some(k)));
+                } else if !status.success() {
+                    eprintln!("soak: steady consumer {k} exited: {status}");
+                    unexpected += 1;
                 }
                 if args.supervise {
                     *c = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
+                    exited[k] = false;
                 }
             }
         }
-        if let Ok(Some(status)) = producer.try_wait() {
-            if lost(status) {
-                fault_exits += 1;
-                faults_ns.push(monotonic_ns());
-            }
-            if args.supervise && remaining(now) > 5.0 {
-                producer = spawn(
-                    args,
-                    "producer",
-                    &name,
-                    &["--run-s".into(), remaining(Instant::now()).to_string()],
-                    &lines_tx,
-                );
+        if !producer_exited {
+            if let Ok(Some(status)) = producer.try_wait() {
+                producer_exited = true;
+                if lost(status) {
+                    fault_exits += 1;
+                    faults_ns.push((monotonic_ns(), None));
+                } else if !status.success() || remaining(now) > 5.0 {
+                    eprintln!("soak: the producer exited early: {status}");
+                    unexpected += 1;
+                }
+                if args.supervise && remaining(now) > 5.0 {
+                    producer = spawn(
+                        args,
+                        "producer",
+                        &name,
+                        &["--run-s".into(), remaining(Instant::now()).to_string()],
+                        &lines_tx,
+                    );
+                    producer_exited = false;
+                }
             }
         }
         // Now and then a steady consumer dies too; a new one takes its place.
         if rng.next() % 4000 == 0 && !steady.is_empty() {
             let k = (rng.next() as usize) % steady.len();
-            kills_ns.push(monotonic_ns());
-            kill(&mut steady[k]);
-            steady_kills += 1;
+            if args.stop_signal == StopArg::Kill {
+                kills_ns.push(monotonic_ns());
+            }
+            match stop(args, &mut steady[k]) {
+                true => graceful += 1,
+                false => steady_kills += 1,
+            }
+            exited[k] = false;
             steady[k] = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
         }
         // Producer restarts: kill it, start a new instance under the same name.
         if now >= next_restart && remaining(now) > 5.0 {
-            producer_kills_ns.push(monotonic_ns());
-            kills_ns.push(monotonic_ns());
-            kill(&mut producer);
+            if args.stop_signal == StopArg::Kill {
+                producer_kills_ns.push(monotonic_ns());
+                kills_ns.push(monotonic_ns());
+            }
+            graceful += stop(args, &mut producer) as u64;
+            producer_exited = false;
             restarts += 1;
             producer = spawn(
                 args,
@@ -385,7 +439,7 @@ fn orchestrate(args: &Args) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    for (mut v, _) in victims {
+    for (mut v, _) in victims.into_iter().chain(stopping) {
         match stop(args, &mut v) {
             true => graceful += 1,
             false => victim_kills += 1,
@@ -410,7 +464,7 @@ fn orchestrate(args: &Args) -> ExitCode {
     drop(lines_tx);
     let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
     let (mut unconfirmed, mut frames_after_faults) = (0u64, 0u64);
-    let last_fault = faults_ns.last().copied();
+    let last_fault = faults_ns.last().map(|f| f.0);
     // Per steady slot, when frames reached it (its first frame of each connection).
     let mut flowing: Vec<Vec<u64>> = vec![Vec::new(); args.consumers];
     let mut disconnects = Vec::new();
@@ -484,17 +538,25 @@ fn orchestrate(args: &Args) -> ExitCode {
     let mut fault_events = 0;
     let mut i = 0;
     while i < faults_ns.len() {
-        let t0 = faults_ns[i];
+        let t0 = faults_ns[i].0;
         fault_events += 1;
-        while i < faults_ns.len() && faults_ns[i] < t0 + 5_000_000_000 {
+        // The steady consumers the fault ended: each must get frames again.
+        let mut hit = vec![false; args.consumers];
+        while i < faults_ns.len() && faults_ns[i].0 < t0 + 5_000_000_000 {
+            if let Some(k) = faults_ns[i].1 {
+                hit[k] = true;
+            }
             i += 1;
         }
         let cause = kills_ns.iter().rev().find(|&&k| k <= t0).copied().unwrap_or(t0);
-        let back: Option<Vec<u64>> =
+        // When each steady consumer had frames again: the ended ones at their restart, the
+        // others at their reconnection, if the fault made them reconnect.
+        let back: Vec<Option<u64>> =
             flowing.iter().map(|f| f.iter().copied().find(|&at| at > t0)).collect();
-        match back.and_then(|b| b.into_iter().max()) {
-            Some(end) => recoveries.push((end - cause) as f64 / 1e6),
-            None => unrecovered += 1,
+        if back.iter().zip(&hit).any(|(b, &hit)| hit && b.is_none()) {
+            unrecovered += 1;
+        } else if let Some(end) = back.into_iter().flatten().max() {
+            recoveries.push((end - cause) as f64 / 1e6);
         }
     }
     recoveries.sort_by(f64::total_cmp);
@@ -517,8 +579,16 @@ fn orchestrate(args: &Args) -> ExitCode {
         true => unrecovered == 0 && (fault_events == 0 || frames_after_faults > 0),
         false => fault_events == 0,
     };
-    let ok =
-        producer_ok && steady_ok && faults_ok && leaked == Some(0) && mismatches == 0 && frames > 0;
+    if unexpected > 0 {
+        println!("soak: {unexpected} processes exited with an unexpected status");
+    }
+    let ok = unexpected == 0
+        && producer_ok
+        && steady_ok
+        && faults_ok
+        && leaked == Some(0)
+        && mismatches == 0
+        && frames > 0;
     println!("soak: {}", if ok { "PASS" } else { "FAIL" });
     if ok {
         ExitCode::SUCCESS
@@ -562,6 +632,11 @@ fn producer_in<M: Soaked>(args: &Args) -> Result<(), String> {
     let start = Instant::now();
     let mut seq = 0u64;
     while start.elapsed() < run {
+        if stop_requested() {
+            // SIGTERM: close the ring (dropping `tx`) and let the GPU finish, then exit.
+            println!("published={seq} closing_at={}", monotonic_ns());
+            return Ok(());
+        }
         match tx.acquire_timeout(Duration::from_millis(50)) {
             Ok(mut slot) => {
                 let len = pattern::len_for(seq, 1, SLOT);
@@ -664,8 +739,12 @@ fn consumer_in<M: Soaked>(args: &Args, kind: Kind) -> Result<(), String> {
         }
         let mut held = Vec::new();
         let mut first = true;
+        // Bounded waits: a SIGTERM (`--stop-signal term`) ends the loop as a disconnection
+        // does, holding nothing.
         let disconnected = loop {
-            match rx.recv() {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Err(RecvTimeoutError::Timeout) if stop_requested() => break false,
+                Err(RecvTimeoutError::Timeout) => {}
                 Ok(m) => {
                     if let Err(e) = M::check(&checker, &m) {
                         return lost(e.to_string(), (verified, mismatches, unchecked));
@@ -685,8 +764,8 @@ fn consumer_in<M: Soaked>(args: &Args, kind: Kind) -> Result<(), String> {
                         }
                     }
                 }
-                Err(RecvError::Disconnected) => break true,
-                Err(RecvError::ContextLost(e)) => {
+                Err(RecvTimeoutError::Disconnected) => break true,
+                Err(RecvTimeoutError::ContextLost(e)) => {
                     return lost(e.to_string(), (verified, mismatches, unchecked))
                 }
                 Err(e) => {

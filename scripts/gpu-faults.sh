@@ -6,7 +6,14 @@
 #   scripts/gpu-faults.sh OUT [BUNDLE] [SOAK_MINUTES]
 #
 # PARTS (default "off on soak") picks what runs: "off" the kill tests with MPS off, "on" with MPS
-# on, "soak" the soak with MPS on.
+# on, "soak" the soak with MPS on. And the MPS fault runs (docs/gpu.md, "MPS or not"), each
+# SOAK_MINUTES long: "term" MPS on, victims stopped by SIGTERM (releasers mid-kernel), where no
+# other process may lose its context; "supervised" MPS on, SIGKILLs with 20 ms kernels running
+# and the soak restarting whatever exits (faults, recovery time); "unsupervised-off" the same
+# kills with MPS off and no restarts (kills are harmless there).
+#
+# Whatever happens, the script ends by killing what it started and quitting MPS: a faulted
+# client left behind would keep the MPS server from taking new clients.
 #
 # If BUNDLE/old/gpu_faults exists (the same test built against an older gpuring, to show what
 # the fix changed), its kill tests run too, each bounded by a timeout: a producer stalled for
@@ -34,6 +41,24 @@ faults() { # label
   fi
 }
 
+cleanup() {
+  trap - EXIT INT TERM
+  pkill -KILL -f "$bundle/bin/soak" 2>/dev/null
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_stop
+}
+trap cleanup EXIT INT TERM
+
+# A soak of the MPS fault runs: label, MPS (on/off), then the soak's own arguments.
+mps_soak() {
+  local label=$1 mps=$2; shift 2
+  [ "$mps" = on ] && mps_start
+  timeout $((minutes * 60 + 150)) "$bundle/bin/soak" --memory cuda --minutes "$minutes" "$@" \
+    > "$out/soak-$label.log" 2>&1
+  echo "soak $label (MPS $mps): exit $?"
+  grep -h '^soak: ' "$out/soak-$label.log" | tail -6
+  [ "$mps" = on ] && mps_stop
+}
+
 parts=" ${PARTS:-off on soak} "
 [[ $parts == *" off "* ]] && faults mps-off
 if [[ $parts == *" on "* || $parts == *" soak "* ]]; then
@@ -48,3 +73,7 @@ if [[ $parts == *" on "* || $parts == *" soak "* ]]; then
   fi
   mps_stop
 fi
+[[ $parts == *" term "* ]] && mps_soak term on --stop-signal term --kill-every-ms 150
+[[ $parts == *" supervised "* ]] && mps_soak supervised on --supervise --kill-every-ms 400 --restart-every-s 30
+[[ $parts == *" unsupervised-off "* ]] && mps_soak unsupervised-off off --kill-every-ms 400 --restart-every-s 30
+exit 0

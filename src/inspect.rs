@@ -309,6 +309,7 @@ fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
     let on = ring.producer.blocked_on.load(Ordering::Relaxed);
     let seen = ring.producer.blocked_seen.load(Ordering::Relaxed);
     let alive = map.segment().held(presence::PRODUCER);
+    let closed = map.header().closed.load(Ordering::Relaxed);
     let blocked = blocked_now(if alive { since } else { 0 }, on, seen, &consumers);
     Ok(RingStatus {
         name: name.to_owned(),
@@ -325,9 +326,8 @@ fn read_status(dir: &Path, name: &str) -> Result<RingStatus, OpenErrorKind> {
         producer_alive: alive,
         producer_namespaces: Namespaces::from_words(params.producer_ns),
         // Relaxed (all of them): a snapshot for display; nothing is read through them.
-        closed: map.header().closed.load(Ordering::Relaxed) != 0,
-        context_lost: map.header().closed.load(Ordering::Relaxed)
-            == crate::format::header::CLOSED_LOST,
+        closed: closed != 0,
+        context_lost: closed == crate::format::header::CLOSED_LOST,
         epoch: params.epoch,
         published: ring.producer.head.load(Ordering::Relaxed),
         blocked_ns: ring.producer.blocked_ns.load(Ordering::Relaxed),

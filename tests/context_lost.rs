@@ -184,14 +184,22 @@ fn programs_exit_with_status_75_when_the_context_is_lost() {
     assert_eq!(exit_code(&mut producer, "the producer"), Some(0));
 
     // The command: `gpuring bench` in a process whose context is lost.
-    let out = Command::new(common::gpuring_bin())
+    let bench = Command::new(common::gpuring_bin())
         .args(["bench", "--memory", "host", "--seconds", "1"])
         .env("GPURING_TEST_LOSE_CONTEXT", "20")
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = bench.id();
+    let out = bench.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(75), "gpuring bench: {err}");
     assert!(err.contains("GPU context of this process is lost"), "{err}");
+    // Its ring keeps its name (closed by a lost context) until someone replaces or removes it.
+    let ring = format!("gpuring-bench-{pid}");
+    assert!(inspect::status(&ring).is_ok_and(|s| s.context_lost), "{ring} is kept");
+    inspect::remove(&ring, true).unwrap();
     let _ = std::fs::remove_dir_all(&dir2);
 }
 

@@ -389,7 +389,9 @@ pub unsafe extern "C" fn gpuring_message_release(m: *mut gpuring_message) -> gpu
         }
         match released {
             Ok(()) => GPURING_OK,
-            Err(e) => cuda_failure(e),
+            Err(gpuring::ReleaseError::ContextLost(lost)) => fail(GPURING_CONTEXT_LOST, lost),
+            Err(gpuring::ReleaseError::Cuda(e)) => cuda_failure(e),
+            Err(e) => fail(GPURING_ERROR, e),
         }
     })
 }

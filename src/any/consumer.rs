@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 #[cfg(feature = "cuda")]
-use crate::cuda::{Context, CudaError, Stream};
+use crate::cuda::{Context, Stream};
 use crate::{
     Consumer, ConsumerBuilder, Ended, Host, MemoryKind, Mode, OpenError, Policy, ReadSlot,
     RecvError, RecvTimeoutError, TryRecvError,
@@ -742,7 +742,7 @@ impl AnyReadSlot<'_> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "cuda")]
-    pub fn release(self) -> Result<(), CudaError> {
+    pub fn release(self) -> Result<(), crate::ReleaseError> {
         match self.0 {
             Received::Host(s) => {
                 drop(s);

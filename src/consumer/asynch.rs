@@ -106,6 +106,7 @@ impl<M: Memory> Consumer<M> {
     /// # Ok(()) }
     /// ```
     pub async fn recv_async(&self) -> Result<ReadSlot<'_, M>, RecvError> {
+        crate::error::check_context()?;
         let m = self.ring().pin_async().await?;
         Ok(self.placed(m, None)?)
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Consumer, ConsumerBuilder, ReadSlot};
-use crate::cuda::{Context, CudaError, Stream};
-use crate::error::{Fault, OpenError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::cuda::{Context, Stream};
+use crate::error::{Fault, OpenError, RecvError, RecvTimeoutError, ReleaseError, TryRecvError};
 use crate::memory::cuda::same_device;
 use crate::memory::Cuda;
 use crate::shm::wait::Deadline;
@@ -294,10 +294,11 @@ impl ReadSlot<'_, Cuda> {
     /// frame.release()?; // like drop(frame), but reports a failed event record
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn release(self) -> Result<(), CudaError> {
+    pub fn release(self) -> Result<(), ReleaseError> {
         match self.finish() {
             Ok(()) => Ok(()),
-            Err(Fault::Cuda(e)) => Err(e),
+            Err(Fault::Cuda(e)) => Err(ReleaseError::Cuda(e)),
+            Err(Fault::ContextLost(l)) => Err(ReleaseError::ContextLost(l)),
             Err(other) => unreachable!("a CUDA release fails only in CUDA: {other:?}"),
         }
     }

@@ -321,8 +321,13 @@ impl ConsumerRing {
             // value would hold a Block producer back while we wait for it. Put ours back.
             r.core.refresh_cursor(&self.map.ring())
         };
-        if !self.producer_lock_held() && !self.producer_dead.swap(true, Ordering::Relaxed) {
-            tracing::warn!(ring = %self.name(), pid = self.producer.pid, "producer found dead");
+        // A producer whose GPU context was lost counts as dead from its close on, though its
+        // process may linger: its GPU writes nothing any more, so nothing may wait for it.
+        // Relaxed: `closed` once set never changes; what it publishes is read after `closed()`.
+        let lost = self.map.header().closed.load(Ordering::Relaxed) == CLOSED_LOST;
+        if (lost || !self.producer_lock_held()) && !self.producer_dead.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(ring = %self.name(), pid = self.producer.pid, lost, "producer found dead");
         }
         if refreshed {
             self.wake_producer();

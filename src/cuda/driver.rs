@@ -89,10 +89,9 @@ impl DriverError {
     pub fn name(&self) -> String {
         let mut name: *const std::ffi::c_char = std::ptr::null();
         // SAFETY: cuGetErrorName writes a pointer to a static string or fails; we pass a valid
-        // out-pointer. Without the library loaded (a DriverError made by hand) it is not
-        // called.
-        let ok = unsafe { sys::is_culib_present() }
-            // SAFETY: as above.
+        // out-pointer. It needs the library loaded and initialised, which `available` (cached)
+        // says; a DriverError made by hand on a machine without CUDA does not call it.
+        let ok = available().is_ok()
             && unsafe { sys::cuGetErrorName(self.code, &mut name) } == sys::CUresult::CUDA_SUCCESS;
         if ok && !name.is_null() {
             // SAFETY: on success `name` is a NUL-terminated static string.
@@ -118,11 +117,22 @@ fn check(call: &'static str, code: sys::CUresult) -> DriverResult<()> {
     if code == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
+    Err(failed(call, code))
+}
+
+/// The error of driver call `call`, which failed with `code`; remembered ([`lost`]) if it lost
+/// this process's context. Not for the calls that make a context (an MPS server that refuses
+/// a client says nothing of a context that never was), and not for a context torn down at
+/// exit or destroyed by its owner: those are no fault of the GPU's.
+fn failed(call: &'static str, code: sys::CUresult) -> DriverError {
+    use sys::CUresult::{CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_DEINITIALIZED};
     let e = DriverError { call, code };
-    if e.context_lost() {
+    let made_none = matches!(call, "cuInit" | "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2");
+    let teardown = matches!(code, CUDA_ERROR_DEINITIALIZED | CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    if e.context_lost() && !made_none && !teardown {
         let _ = LOST.set(e);
     }
-    Err(e)
+    e
 }
 
 /// The first error of this process that lost its context ([`DriverError::context_lost`]): set
@@ -314,6 +324,17 @@ pub fn primary_ctx_retain(dev: CUdevice) -> DriverResult<CUcontext> {
     // SAFETY: `dev` came from `device`; valid out-pointer.
     check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
     Ok(ctx)
+}
+
+/// Whether the device's primary context is active (retained by someone in this process:
+/// gpuring or another library). Makes no context.
+pub fn primary_ctx_active(dev: CUdevice) -> DriverResult<bool> {
+    let (mut flags, mut active) = (0, 0);
+    // SAFETY: `dev` came from `device`; valid out-pointers.
+    check("cuDevicePrimaryCtxGetState", unsafe {
+        sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active)
+    })?;
+    Ok(active != 0)
 }
 
 /// Releases a retained primary context.
@@ -545,7 +566,7 @@ pub unsafe fn event_query(ev: CUevent) -> DriverResult<bool> {
     match unsafe { sys::cuEventQuery(ev) } {
         sys::CUresult::CUDA_SUCCESS => Ok(true),
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        code => Err(DriverError { call: "cuEventQuery", code }),
+        code => Err(failed("cuEventQuery", code)),
     }
 }
 
@@ -592,7 +613,7 @@ pub unsafe fn stream_query(s: CUstream) -> DriverResult<bool> {
     match unsafe { sys::cuStreamQuery(s) } {
         sys::CUresult::CUDA_SUCCESS => Ok(true),
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        code => Err(DriverError { call: "cuStreamQuery", code }),
+        code => Err(failed("cuStreamQuery", code)),
     }
 }
 

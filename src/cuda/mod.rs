@@ -265,11 +265,19 @@ pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
 /// [`finish_gpu_work`] waits for.
 static USED: AtomicU64 = AtomicU64::new(0);
 
-/// Waits until every device this process used through gpuring (its primary contexts) has no
-/// GPU work left running: the last step of a graceful stop, before the process exits. A
-/// process that exits with kernels still running has them torn down mid-flight, and under MPS
-/// that faults every other client of the GPU (docs/gpu.md, "MPS or not"). Returns the first
-/// failure (a lost context: nothing runs any more then).
+/// How long [`finish_gpu_work`] waits for a device's work before it gives up.
+pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until every device this process used through gpuring has no GPU work left running in
+/// its primary context (gpuring's, and that of other libraries there, such as PyTorch): the last
+/// step of a graceful stop, before the process exits. A process that exits with kernels still
+/// running has them torn down mid-flight, and under MPS that faults every other client of the
+/// GPU (docs/gpu.md, "MPS or not").
+///
+/// Makes no context: a device whose primary context nobody holds any more has nothing
+/// running there. Does nothing once the context is lost (nothing runs then). Gives up on a
+/// device after [`FINISH_PATIENCE`] (work waiting on a fence nobody will raise), with an
+/// error; returns the first failure.
 ///
 /// ```no_run
 /// // ... the service's loop ended (SIGTERM), its consumers and producers are dropped ...
@@ -277,15 +285,39 @@ static USED: AtomicU64 = AtomicU64::new(0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn finish_gpu_work() -> Result<(), CudaError> {
+    if driver::lost().is_some() {
+        return Ok(());
+    }
     let used = USED.load(Ordering::Relaxed);
     let mut first = Ok(());
     for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {
-        let r = Context::new(ordinal).and_then(|ctx| Ok(ctx.synchronize()?));
+        let r = finish_device(ordinal);
         if first.is_ok() {
             first = r;
         }
     }
     first
+}
+
+/// [`finish_gpu_work`] for device `ordinal`.
+fn finish_device(ordinal: i32) -> Result<(), CudaError> {
+    if !driver::primary_ctx_active(driver::device(ordinal)?)? {
+        return Ok(());
+    }
+    // Active: retaining it again makes no context (and no new MPS client).
+    let ctx = Context::new(ordinal)?;
+    let (done, finished) = std::sync::mpsc::channel();
+    // On a thread of its own, so that work that never ends cannot hold the exit.
+    std::thread::spawn(move || {
+        let _ = done.send(ctx.synchronize());
+    });
+    match finished.recv_timeout(FINISH_PATIENCE) {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(CudaError::Unavailable(format!(
+            "GPU {ordinal} still had work running after {} s",
+            FINISH_PATIENCE.as_secs()
+        ))),
+    }
 }
 
 /// Restores the thread's previous context when dropped. See [`Context::bind`].

@@ -114,8 +114,8 @@ pub fn context_lost() -> Option<ContextLost> {
         return Some(l);
     }
     #[cfg(all(feature = "cuda", not(loom)))]
-    if let Some(e) = crate::cuda::driver::lost() {
-        return Some(e.into());
+    if crate::cuda::driver::lost().is_some() {
+        return Some(from_driver());
     }
     None
 }
@@ -127,10 +127,18 @@ pub(crate) fn check() -> Result<(), ContextLost> {
     #[cfg(feature = "test-support")]
     hook::step()?;
     #[cfg(all(feature = "cuda", not(loom)))]
-    if let Some(e) = crate::cuda::driver::lost() {
-        return Err(e.into());
+    if crate::cuda::driver::lost().is_some() {
+        return Err(from_driver());
     }
     Ok(())
+}
+
+/// The driver's loss as a [`ContextLost`], made once.
+#[cfg(all(feature = "cuda", not(loom)))]
+#[cold]
+fn from_driver() -> ContextLost {
+    static MADE: std::sync::OnceLock<ContextLost> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| crate::cuda::driver::lost().expect("lost").into()).clone()
 }
 
 /// `kind`, or [`ContextLost`] in its place if the context was lost meanwhile (the failure was
@@ -213,16 +221,14 @@ mod hook {
         if let Some(l) = FIRED.get() {
             return Err(l.clone());
         }
-        // Relaxed: a countdown of this process's own calls; whichever call takes it to zero
+        // Relaxed: a countdown of this process's own calls; the call that finds it at zero
         // fires, and `FIRED` (a OnceLock) publishes the loss to every thread.
-        let left = LEFT.load(Ordering::Relaxed);
-        if left == u64::MAX {
-            return Ok(());
-        }
-        if left > 0
-            && LEFT.compare_exchange(left, left - 1, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-        {
-            return Ok(());
+        let counted = LEFT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            (left != u64::MAX && left > 0).then(|| left - 1)
+        });
+        match counted {
+            Ok(_) | Err(u64::MAX) => return Ok(()),
+            Err(_) => {}
         }
         let lost = ContextLost {
             call: "test hook",

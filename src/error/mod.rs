@@ -945,6 +945,30 @@ pub enum RegisterError {
     Cuda(crate::cuda::CudaError),
 }
 
+/// Why [`ReadSlot::release`](crate::ReadSlot) (CUDA rings) could not record the release: the
+/// message is released all the same.
+///
+/// ```no_run
+/// use gpuring::ReleaseError;
+/// # let rx = gpuring::Consumer::open_gpu("cam0")?;
+/// let frame = rx.recv()?;
+/// match frame.release() {
+///     Ok(()) => {}
+///     Err(ReleaseError::ContextLost(lost)) => return Err(lost.into()), // exit 75
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(all(feature = "cuda", not(loom)))]
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseError {
+    /// This process's GPU context is lost: it must exit and be restarted.
+    ContextLost(ContextLost),
+    /// Recording the release failed.
+    Cuda(crate::cuda::CudaError),
+}
+
 /// Display and `Error` for one of the operation errors above; every one of them also has the
 /// `ContextLost` variant and, for CUDA rings, the `Cuda` variant, each shown as the error it
 /// carries and given as its source. A CUDA error that lost the context becomes `ContextLost`.
@@ -966,6 +990,7 @@ macro_rules! display {
                     $ty::ContextLost(e) => Some(e),
                     #[cfg(all(feature = "cuda", not(loom)))]
                     $ty::Cuda(e) => Some(e),
+                    #[allow(unreachable_patterns)]
                     _ => None,
                 }
             }
@@ -1028,6 +1053,8 @@ display!(PublishError {
     PublishError::UnknownPool => "no such pool in this producer";
     PublishError::OutsidePool { offset, len, size } => "region {}+{} lies outside the {}-byte pool", offset, len, size;
 });
+#[cfg(all(feature = "cuda", not(loom)))]
+display!(ReleaseError {});
 #[cfg(all(feature = "cuda", not(loom)))]
 display!(RegisterError {
     RegisterError::TableFull => "the ring's pool table is full";

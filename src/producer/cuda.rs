@@ -180,6 +180,7 @@ impl Producer<Cuda> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn register(&mut self, pool: DevicePool) -> Result<PoolId, RegisterError> {
+        crate::error::check_context()?;
         let (ring, mem) = self.parts();
         mem.register(ring.map(), pool)
     }
@@ -199,6 +200,7 @@ impl Producer<Cuda> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn alloc_pool(&mut self, bytes: usize) -> Result<PoolId, RegisterError> {
+        crate::error::check_context()?;
         let (ring, mem) = self.parts();
         mem.alloc_pool(ring.map(), bytes)
     }
@@ -247,6 +249,7 @@ impl Producer<Cuda> {
         ptr: CUdeviceptr,
         size: usize,
     ) -> Result<PoolId, RegisterError> {
+        crate::error::check_context()?;
         let (ring, mem) = self.parts();
         // SAFETY: the caller promises (1) and (2) above, what the memory kind's `register_raw`
         // asks of the same region.

@@ -391,8 +391,10 @@ impl ProducerRing {
         }
         // A ring closed by a lost context keeps its name until a restarted producer replaces
         // it (its producer is dead by then), so that `gpuring stat` and the exporter show why
-        // it stopped.
-        if lost {
+        // it stopped; one that was never published (its build failed) does not.
+        // Relaxed: our own store.
+        let published = self.map.header().magic.load(Ordering::Relaxed) == MAGIC;
+        if lost && published {
             tracing::warn!(ring = %self.name(), "ring closed: this process's GPU context is lost");
         } else {
             self.map.segment().unlink();

@@ -74,7 +74,7 @@ impl OpenFault {
     fn receiving(self) -> Fault {
         match self {
             OpenFault::Corrupt(c) => Fault::Corrupt(c),
-            OpenFault::Cuda(e) => Fault::Cuda(e),
+            OpenFault::Cuda(e) => e.into(),
             OpenFault::Refused(why) | OpenFault::Fetch(why) => {
                 Fault::Cuda(CudaError::Unavailable(format!("mapping a new pool: {why}")))
             }

@@ -80,7 +80,7 @@ impl EventsTx {
             // not (a sticky error, out of memory), the failure is ours and ends this
             // acquire rather than evict anyone.
             Err(EventFault::Failed(why)) if self.ready[slot].is_complete().is_err() => {
-                Err(Fault::Cuda(why))
+                Err(why.into())
             }
             Err(EventFault::Failed(why)) => {
                 let generation = lease::generation(seen);

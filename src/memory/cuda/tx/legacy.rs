@@ -56,7 +56,7 @@ impl LegacyTx {
         _: (usize, u32),
         _: &Context,
     ) -> Result<(), RegisterError> {
-        let cuda = |e: DriverError| RegisterError::Cuda(e.into());
+        let cuda = |e: DriverError| RegisterError::from(e);
         // SAFETY: `mem.ptr()` is the base of a live allocation in the current context
         // (checked by the driver before, (1)).
         let handle = unsafe { driver::ipc_get_mem_handle(mem.ptr()) }.map_err(cuda)?;

@@ -161,7 +161,7 @@ impl CudaTx {
         if index >= MAX_POOLS {
             return Err(RegisterError::TableFull);
         }
-        let cuda = |e: DriverError| RegisterError::Cuda(e.into());
+        let cuda = |e: DriverError| RegisterError::from(e);
         self.share.accepts(&mem)?;
         let _bound = self.ctx.bind().map_err(cuda)?;
         self.share.fits(&self.ctx, &mem)?;

@@ -88,7 +88,7 @@ impl VmmTx {
     /// Refuses memory registered by `register_raw` whose size is not whole granules of
     /// `ctx`'s device.
     pub(super) fn fits(&self, ctx: &Context, mem: &PoolMemory) -> Result<(), RegisterError> {
-        let cuda = |e: DriverError| RegisterError::Cuda(e.into());
+        let cuda = |e: DriverError| RegisterError::from(e);
         if let PoolMemory::Borrowed { size, .. } = mem {
             // Consumers map the pool's size from offset 0, which the driver allows only in
             // whole granules (ours: the recommended one, a multiple of the minimum).
@@ -116,7 +116,7 @@ impl VmmTx {
         (index, generation): (usize, u32),
         ctx: &Context,
     ) -> Result<(), RegisterError> {
-        let cuda = |e: DriverError| RegisterError::Cuda(e.into());
+        let cuda = |e: DriverError| RegisterError::from(e);
         let fd = match mem {
             PoolMemory::OwnedVmm(pool) => pool.export_fd().map_err(cuda)?,
             // SAFETY: `mem.ptr()` is a live mapping of this context (checked before, (1));

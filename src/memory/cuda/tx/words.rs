@@ -64,7 +64,7 @@ impl WordsTx {
         // here, or this wait would never end; the failure ends it as an event query's
         // would.
         match stream.is_idle() {
-            Err(e) if e.context_lost() => Err(Fault::Cuda(e.into())),
+            Err(e) if e.context_lost() => Err(e.into()),
             _ => Ok(false),
         }
     }
