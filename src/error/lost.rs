@@ -13,10 +13,10 @@
 
 use std::fmt;
 
-/// The exit status with which gpuring's command, examples and GStreamer elements end, and
-/// which [`exit_status`] gives, when the GPU context is lost: `EX_TEMPFAIL` (75), "try again
-/// later", for a supervisor that restarts the process (systemd `Restart=always`, Docker
-/// `restart: always`).
+/// The exit status with which gpuring's command and examples end, and which [`exit_status`]
+/// gives (and the GStreamer elements' error carries), when the GPU context is lost:
+/// `EX_TEMPFAIL` (75), "try again later", for a supervisor that restarts the process (systemd
+/// `Restart=always`, Docker `restart: always`).
 ///
 /// ```
 /// assert_eq!(gpuring::EXIT_CONTEXT_LOST, 75);
