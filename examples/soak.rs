@@ -203,32 +203,76 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// How a child process ended, as the soak counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Status 0: stopped gracefully (or done).
+    Graceful,
+    /// SIGKILL.
+    Killed,
+    /// Status 75: its GPU context was lost.
+    Lost,
+    /// Anything else: a failure.
+    Other,
+}
+
+fn outcome(status: std::process::ExitStatus) -> Outcome {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Outcome::Graceful,
+        (Some(gpuring::EXIT_CONTEXT_LOST), _) => Outcome::Lost,
+        (_, Some(9)) => Outcome::Killed,
+        _ => Outcome::Other,
+    }
+}
+
 /// Stops `child` as `--stop-signal` says. With SIGTERM it is given 30 s to stop by itself
-/// (then killed); returns whether it stopped gracefully (exit status 0).
-fn stop(args: &Args, child: &mut Child) -> bool {
+/// (then killed); returns how it ended.
+fn stop(args: &Args, child: &mut Child) -> Outcome {
     if args.stop_signal == StopArg::Kill {
         kill(child);
-        return false;
+        return Outcome::Killed;
     }
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
         if let Ok(Some(status)) = child.try_wait() {
-            if t.elapsed() > Duration::from_secs(5) {
-                eprintln!("soak: a graceful stop took {:.1} s", t.elapsed().as_secs_f64());
-            }
-            return status.success();
+            return outcome(status);
         }
         std::thread::sleep(Duration::from_millis(2));
     }
     kill(child);
-    false
+    Outcome::Killed
 }
 
-/// Whether a process exited because its GPU context was lost (status 75).
-fn lost(status: std::process::ExitStatus) -> bool {
-    status.code() == Some(gpuring::EXIT_CONTEXT_LOST)
+/// The soak's counts of how processes ended.
+#[derive(Default)]
+struct Ends {
+    /// Stopped gracefully after a SIGTERM.
+    graceful: u64,
+    /// Exits with status 75, and when (monotonic ns) and which steady slot (the producer:
+    /// `usize::MAX`), if one.
+    faults: Vec<(u64, Option<usize>)>,
+    /// Exits that are a failure: neither 0, 75 nor our SIGKILL.
+    unexpected: u64,
+}
+
+impl Ends {
+    /// Counts `what` (a steady slot, the producer, or another: `who`) ending as `o`; returns
+    /// whether it was killed.
+    fn count(&mut self, o: Outcome, who: Option<usize>, what: &str) -> bool {
+        match o {
+            Outcome::Graceful => self.graceful += 1,
+            Outcome::Lost => self.faults.push((monotonic_ns(), who)),
+            Outcome::Other => {
+                eprintln!("soak: {what} ended with an unexpected status");
+                self.unexpected += 1;
+            }
+            Outcome::Killed => return true,
+        }
+        false
+    }
 }
 
 fn orchestrate(args: &Args) -> ExitCode {
@@ -237,14 +281,13 @@ fn orchestrate(args: &Args) -> ExitCode {
     let end = Instant::now() + Duration::from_secs_f64(args.minutes * 60.0);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
     let (mut victim_kills, mut steady_kills, mut restarts) = (0u64, 0u64, 0u64);
-    let (mut release_kills, mut graceful, mut fault_exits) = (0u64, 0u64, 0u64);
-    // Monotonic times of the SIGKILLs (sent, or a releaser's own seen), and of the exits with
-    // status 75 (a lost GPU context).
-    let (mut kills_ns, mut faults_ns) = (Vec::<u64>::new(), Vec::<(u64, Option<usize>)>::new());
+    let mut release_kills = 0u64;
+    // How processes ended; monotonic times of the SIGKILLs (sent, or a releaser's own seen).
+    let (mut ends, mut kills_ns) = (Ends::default(), Vec::<u64>::new());
     let steady_args = |k: usize| vec!["--slot".to_string(), k.to_string()];
     // Whether each steady consumer, and the producer, exited and was looked at (not restarted
-    // yet); exits other than 0 and 75 (a lost context).
-    let (mut exited, mut producer_exited, mut unexpected) = (vec![false; args.consumers], false, 0);
+    // yet).
+    let (mut exited, mut producer_exited) = (vec![false; args.consumers], false);
     let mut releasers: Vec<(Child, Instant)> = Vec::new();
     let mut producer_kills_ns = Vec::new();
     let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
@@ -288,29 +331,21 @@ fn orchestrate(args: &Args) -> ExitCode {
             }
             next_kill = now + rng.around(Duration::from_millis(args.kill_every_ms));
         }
-        releasers.retain_mut(|(r, at)| {
-            use std::os::unix::process::ExitStatusExt;
-            match r.try_wait() {
-                Ok(Some(status)) => {
-                    if status.signal() == Some(9) {
-                        release_kills += 1;
-                        kills_ns.push(monotonic_ns());
-                    } else if status.success() && args.stop_signal == StopArg::Term {
-                        graceful += 1;
-                    } else if lost(status) {
-                        fault_exits += 1;
-                        faults_ns.push((monotonic_ns(), None));
-                    }
-                    false
-                }
-                Ok(None) if Instant::now() >= *at => {
+        releasers.retain_mut(|(r, at)| match r.try_wait() {
+            Ok(Some(status)) => {
+                if ends.count(outcome(status), None, "a releaser") {
+                    release_kills += 1;
                     kills_ns.push(monotonic_ns());
-                    kill(r);
-                    victim_kills += 1;
-                    false
                 }
-                _ => true,
+                false
             }
+            Ok(None) if Instant::now() >= *at => {
+                kills_ns.push(monotonic_ns());
+                kill(r);
+                victim_kills += 1;
+                false
+            }
+            _ => true,
         });
         let mut i = 0;
         while i < victims.len() {
@@ -320,11 +355,9 @@ fn orchestrate(args: &Args) -> ExitCode {
             }
             let (mut v, _) = victims.swap_remove(i);
             if let Ok(Some(status)) = v.try_wait() {
-                // It ended by itself: its context was lost (under MPS, another's fault).
-                if lost(status) {
-                    fault_exits += 1;
-                    faults_ns.push((monotonic_ns(), None));
-                }
+                // It ended by itself: its context was lost (under MPS, another's fault), or it
+                // came too late to join (0).
+                ends.count(outcome(status), None, "a victim");
                 continue;
             }
             if args.stop_signal == StopArg::Kill {
@@ -338,14 +371,10 @@ fn orchestrate(args: &Args) -> ExitCode {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
             stopping.push((v, Instant::now() + Duration::from_secs(30)));
         }
-        // Victims told to stop: stopped gracefully (status 0), or not.
+        // Victims told to stop.
         stopping.retain_mut(|(v, deadline)| match v.try_wait() {
-            Ok(Some(status)) if status.success() => {
-                graceful += 1;
-                false
-            }
-            Ok(Some(_)) => {
-                victim_kills += 1;
+            Ok(Some(status)) => {
+                victim_kills += ends.count(outcome(status), None, "a victim stopped") as u64;
                 false
             }
             _ if Instant::now() >= *deadline => {
@@ -356,21 +385,15 @@ fn orchestrate(args: &Args) -> ExitCode {
             _ => true,
         });
         // Steady consumers and the producer that exited by themselves: faults, and under
-        // `--supervise` restarted at once.
-        // Each exit is looked at once (`exited`); any but 0 and 75 is a failure.
+        // `--supervise` restarted at once. Each exit is looked at once (`exited`).
         for (k, c) in steady.iter_mut().enumerate() {
             if exited[k] {
                 continue;
             }
             if let Ok(Some(status)) = c.try_wait() {
                 exited[k] = true;
-                if lost(status) {
-                    fault_exits += 1;
-                    faults_ns.push((monotonic_ns(), Some(k)));
-                } else if !status.success() {
-                    eprintln!("soak: steady consumer {k} exited: {status}");
-                    unexpected += 1;
-                }
+                let o = outcome(status);
+                steady_kills += ends.count(o, Some(k), &format!("steady consumer {k}")) as u64;
                 if args.supervise {
                     *c = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
                     exited[k] = false;
@@ -380,12 +403,15 @@ fn orchestrate(args: &Args) -> ExitCode {
         if !producer_exited {
             if let Ok(Some(status)) = producer.try_wait() {
                 producer_exited = true;
-                if lost(status) {
-                    fault_exits += 1;
-                    faults_ns.push((monotonic_ns(), None));
-                } else if !status.success() || remaining(now) > 5.0 {
-                    eprintln!("soak: the producer exited early: {status}");
-                    unexpected += 1;
+                match outcome(status) {
+                    // The last instance ends by itself when its time is up.
+                    Outcome::Graceful if remaining(now) <= 5.0 => {}
+                    Outcome::Graceful => {
+                        ends.count(Outcome::Other, None, "the producer");
+                    }
+                    o => {
+                        ends.count(o, Some(usize::MAX), "the producer");
+                    }
                 }
                 if args.supervise && remaining(now) > 5.0 {
                     producer = spawn(
@@ -399,26 +425,30 @@ fn orchestrate(args: &Args) -> ExitCode {
                 }
             }
         }
-        // Now and then a steady consumer dies too; a new one takes its place.
+        // Now and then a steady consumer dies too (or is stopped, under `--stop-signal
+        // term`); a new one takes its place.
         if rng.next() % 4000 == 0 && !steady.is_empty() {
             let k = (rng.next() as usize) % steady.len();
-            if args.stop_signal == StopArg::Kill {
-                kills_ns.push(monotonic_ns());
-            }
-            match stop(args, &mut steady[k]) {
-                true => graceful += 1,
-                false => steady_kills += 1,
+            if !exited[k] {
+                if args.stop_signal == StopArg::Kill {
+                    kills_ns.push(monotonic_ns());
+                }
+                let o = stop(args, &mut steady[k]);
+                steady_kills += ends.count(o, Some(k), &format!("steady consumer {k}")) as u64;
             }
             exited[k] = false;
             steady[k] = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
         }
-        // Producer restarts: kill it, start a new instance under the same name.
+        // Producer restarts: kill (or stop) it, start a new instance under the same name.
         if now >= next_restart && remaining(now) > 5.0 {
-            if args.stop_signal == StopArg::Kill {
-                producer_kills_ns.push(monotonic_ns());
-                kills_ns.push(monotonic_ns());
+            if !producer_exited {
+                if args.stop_signal == StopArg::Kill {
+                    producer_kills_ns.push(monotonic_ns());
+                    kills_ns.push(monotonic_ns());
+                }
+                let o = stop(args, &mut producer);
+                ends.count(o, Some(usize::MAX), "the producer");
             }
-            graceful += stop(args, &mut producer) as u64;
             producer_exited = false;
             restarts += 1;
             producer = spawn(
@@ -440,23 +470,14 @@ fn orchestrate(args: &Args) -> ExitCode {
         std::thread::sleep(Duration::from_millis(2));
     }
     for (mut v, _) in victims.into_iter().chain(stopping) {
-        match stop(args, &mut v) {
-            true => graceful += 1,
-            false => victim_kills += 1,
-        }
+        victim_kills += ends.count(stop(args, &mut v), None, "a victim") as u64;
     }
     for (mut r, _) in releasers {
-        use std::os::unix::process::ExitStatusExt;
-        let ended = r.try_wait().ok().flatten();
-        match ended {
-            Some(s) if s.signal() == Some(9) => release_kills += 1,
-            Some(s) if s.success() && args.stop_signal == StopArg::Term => graceful += 1,
-            _ => {
-                let stopped = stop(args, &mut r);
-                graceful += stopped as u64;
-                victim_kills += !stopped as u64;
-            }
-        }
+        let o = match r.try_wait().ok().flatten() {
+            Some(status) => outcome(status),
+            None => stop(args, &mut r),
+        };
+        release_kills += ends.count(o, None, "a releaser") as u64;
     }
     // The last producer settles, reports and exits; the steady consumers then time out.
     let producer_ok = producer.wait().map(|s| s.success()).unwrap_or(false);
@@ -464,7 +485,8 @@ fn orchestrate(args: &Args) -> ExitCode {
     drop(lines_tx);
     let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
     let (mut unconfirmed, mut frames_after_faults) = (0u64, 0u64);
-    let last_fault = faults_ns.last().map(|f| f.0);
+    let Ends { graceful, faults, unexpected } = ends;
+    let last_fault = faults.last().map(|f| f.0);
     // Per steady slot, when frames reached it (its first frame of each connection).
     let mut flowing: Vec<Vec<u64>> = vec![Vec::new(); args.consumers];
     let mut disconnects = Vec::new();
@@ -537,14 +559,17 @@ fn orchestrate(args: &Args) -> ExitCode {
     let mut unrecovered = 0;
     let mut fault_events = 0;
     let mut i = 0;
-    while i < faults_ns.len() {
-        let t0 = faults_ns[i].0;
+    while i < faults.len() {
+        let t0 = faults[i].0;
         fault_events += 1;
-        // The steady consumers the fault ended: each must get frames again.
+        // The steady consumers the fault ended (all of them if it ended the producer): each
+        // must get frames again.
         let mut hit = vec![false; args.consumers];
-        while i < faults_ns.len() && faults_ns[i].0 < t0 + 5_000_000_000 {
-            if let Some(k) = faults_ns[i].1 {
-                hit[k] = true;
+        while i < faults.len() && faults[i].0 < t0 + 5_000_000_000 {
+            match faults[i].1 {
+                Some(usize::MAX) => hit.iter_mut().for_each(|h| *h = true),
+                Some(k) => hit[k] = true,
+                None => {}
             }
             i += 1;
         }
@@ -563,7 +588,8 @@ fn orchestrate(args: &Args) -> ExitCode {
     let rpct =
         |p: f64| recoveries.get(((recoveries.len() as f64 - 1.0) * p).round() as usize).copied();
     println!(
-        "soak: stops: {graceful} graceful (SIGTERM), faults: {fault_events} ({fault_exits} processes exited with status 75, {unconfirmed} frames received before a fault left unconfirmed)"
+        "soak: stops: {graceful} graceful (SIGTERM), faults: {fault_events} ({} processes exited with status 75, {unconfirmed} frames received before a fault left unconfirmed)",
+        faults.len()
     );
     if fault_events > 0 {
         println!(
@@ -722,7 +748,15 @@ fn consumer_in<M: Soaked>(args: &Args, kind: Kind) -> Result<(), String> {
             Err(e) => return lost(e.to_string(), (verified, mismatches, unchecked)),
         };
         if kind == Kind::Releaser {
-            let Ok(m) = rx.recv() else { return Ok(()) };
+            // Bounded waits, so that a SIGTERM before the message ends it too.
+            let m = loop {
+                match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(m) => break m,
+                    Err(RecvTimeoutError::Timeout) if !stop_requested() => {}
+                    Err(RecvTimeoutError::ContextLost(e)) => return Err(e.to_string()),
+                    Err(_) => return Ok(()),
+                }
+            };
             M::check_then_release(&checker, m, args.release_spin_us)?;
             if args.stop_signal == StopArg::Kill {
                 die();

@@ -91,14 +91,14 @@ pub use consumer::Messages;
 pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 #[cfg(all(feature = "test-support", not(loom)))]
 pub use error::lose_context_after;
-#[cfg(all(feature = "cuda", not(loom)))]
-pub use error::{RegisterError, ReleaseError};
 pub use error::{
     context_lost, exit_status, is_context_lost, AcquireError, AcquireTimeoutError,
     ConsumersTimeout, ContextLost, Corruption, CreateError, CreateErrorKind, Ended, NameError,
     OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError, SendError,
     TryAcquireError, TryRecvError, EXIT_CONTEXT_LOST,
 };
+#[cfg(all(feature = "cuda", not(loom)))]
+pub use error::{RegisterError, ReleaseError};
 pub use format::{Layout, MemoryKind};
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use memory::{

@@ -156,7 +156,11 @@ impl Shutdown {
 /// ```
 pub fn exit<E: Into<Box<dyn std::error::Error>>>(who: &str, result: Result<(), E>) -> ExitCode {
     #[cfg(feature = "cuda")]
-    let _ = crate::cuda::finish_gpu_work();
+    if let Err(e) = crate::cuda::finish_gpu_work() {
+        if crate::context_lost().is_none() {
+            eprintln!("{who}: waiting for the GPU work before exit: {e}");
+        }
+    }
     match result {
         Ok(()) if crate::context_lost().is_none() => ExitCode::SUCCESS,
         Ok(()) => ExitCode::from(crate::EXIT_CONTEXT_LOST as u8),

@@ -105,7 +105,7 @@ fn fail(status: gpuring_status, what: impl std::fmt::Display) -> gpuring_status 
 /// `GPURING_CUDA`.
 fn cuda_failure(e: gpuring::cuda::CudaError) -> gpuring_status {
     match e {
-        gpuring::cuda::CudaError::Driver(d) if d.context_lost() => {
+        gpuring::cuda::CudaError::Driver(d) if d.loses_process_context() => {
             fail(GPURING_CONTEXT_LOST, gpuring::ContextLost::from(d))
         }
         e => match gpuring::context_lost() {

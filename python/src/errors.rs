@@ -67,7 +67,7 @@ fn lost_in(e: &(dyn std::error::Error + 'static)) -> Option<ContextLost> {
             Some(CudaError::Driver(d)) => Some(*d),
             _ => e.downcast_ref::<DriverError>().copied(),
         };
-        if let Some(d) = driver.filter(DriverError::context_lost) {
+        if let Some(d) = driver.filter(DriverError::loses_process_context) {
             return Some(d.into());
         }
         next = e.source();

@@ -303,9 +303,10 @@ impl ConsumerRing {
     /// Whether the producer closed or died.
     fn closed(&self) -> bool {
         // Acquire: pairs with the producer's Release store, so every message it published
-        // before closing is visible to the pin that follows.
-        self.producer_dead.load(Ordering::Relaxed)
-            || self.map.header().closed.load(Ordering::Acquire) != 0
+        // before closing is visible to the pin that follows. Loaded first, even when the
+        // producer is known dead (`CLOSED_LOST` makes it so while its process lingers).
+        self.map.header().closed.load(Ordering::Acquire) != 0
+            || self.producer_dead.load(Ordering::Relaxed)
     }
 
     /// Looks after its link to the producer: the segment's size, the producer's liveness, its
@@ -323,7 +324,8 @@ impl ConsumerRing {
         };
         // A producer whose GPU context was lost counts as dead from its close on, though its
         // process may linger: its GPU writes nothing any more, so nothing may wait for it.
-        // Relaxed: `closed` once set never changes; what it publishes is read after `closed()`.
+        // Relaxed: `closed` once set never changes; `closed()` loads it again with Acquire
+        // before anything published is read.
         let lost = self.map.header().closed.load(Ordering::Relaxed) == CLOSED_LOST;
         if (lost || !self.producer_lock_held()) && !self.producer_dead.swap(true, Ordering::Relaxed)
         {

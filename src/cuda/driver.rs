@@ -63,6 +63,30 @@ impl DriverError {
         )
     }
 
+    /// Whether the error ends this process's GPU work for good, as gpuring counts it
+    /// ([`lost`]): a [`context_lost`](Self::context_lost) error of a call on a context the
+    /// process has. Not from a call that makes the context (an MPS server that refuses a
+    /// client says nothing of a context that never was: the process may fall back to host
+    /// memory), nor a context torn down at exit or destroyed by its owner (no fault of the
+    /// GPU's).
+    ///
+    /// ```
+    /// use gpuring::cuda::driver::{CUresult, DriverError};
+    ///
+    /// let fault = DriverError { call: "cuStreamQuery", code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS };
+    /// assert!(fault.loses_process_context());
+    /// let refused = DriverError { call: "cuInit", code: CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED };
+    /// assert!(refused.context_lost() && !refused.loses_process_context());
+    /// ```
+    pub fn loses_process_context(&self) -> bool {
+        use sys::CUresult::{CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_DEINITIALIZED};
+        let made_none =
+            matches!(self.call, "cuInit" | "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2");
+        let teardown =
+            matches!(self.code, CUDA_ERROR_DEINITIALIZED | CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        self.context_lost() && !made_none && !teardown
+    }
+
     /// Whether the MPS server refused a new client because a fault of another client is not
     /// cleaned up yet: it takes new clients again once every faulted one has exited, so the
     /// caller waits and tries again ([`super::Context::new`] does).
@@ -88,10 +112,12 @@ impl DriverError {
     /// ```
     pub fn name(&self) -> String {
         let mut name: *const std::ffi::c_char = std::ptr::null();
-        // SAFETY: cuGetErrorName writes a pointer to a static string or fails; we pass a valid
-        // out-pointer. It needs the library loaded and initialised, which `available` (cached)
-        // says; a DriverError made by hand on a machine without CUDA does not call it.
-        let ok = available().is_ok()
+        // SAFETY: only probes for the library (a DriverError made by hand on a machine
+        // without CUDA must not load it); no CUDA call. (Not `available`: formatting its own
+        // failure would re-enter it.)
+        let ok = unsafe { sys::is_culib_present() }
+            // SAFETY: cuGetErrorName writes a pointer to a static string or fails (it needs no
+            // cuInit); we pass a valid out-pointer, and the library is present.
             && unsafe { sys::cuGetErrorName(self.code, &mut name) } == sys::CUresult::CUDA_SUCCESS;
         if ok && !name.is_null() {
             // SAFETY: on success `name` is a NUL-terminated static string.
@@ -125,11 +151,8 @@ fn check(call: &'static str, code: sys::CUresult) -> DriverResult<()> {
 /// a client says nothing of a context that never was), and not for a context torn down at
 /// exit or destroyed by its owner: those are no fault of the GPU's.
 fn failed(call: &'static str, code: sys::CUresult) -> DriverError {
-    use sys::CUresult::{CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_DEINITIALIZED};
     let e = DriverError { call, code };
-    let made_none = matches!(call, "cuInit" | "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2");
-    let teardown = matches!(code, CUDA_ERROR_DEINITIALIZED | CUDA_ERROR_CONTEXT_IS_DESTROYED);
-    if e.context_lost() && !made_none && !teardown {
+    if e.loses_process_context() {
         let _ = LOST.set(e);
     }
     e

@@ -266,7 +266,7 @@ pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
 static USED: AtomicU64 = AtomicU64::new(0);
 
 /// How long [`finish_gpu_work`] waits for a device's work before it gives up.
-pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Waits until every device this process used through gpuring has no GPU work left running in
 /// its primary context (gpuring's, and that of other libraries there, such as PyTorch): the last
@@ -275,9 +275,10 @@ pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// GPU (docs/gpu.md, "MPS or not").
 ///
 /// Makes no context: a device whose primary context nobody holds any more has nothing
-/// running there. Does nothing once the context is lost (nothing runs then). Gives up on a
-/// device after [`FINISH_PATIENCE`] (work waiting on a fence nobody will raise), with an
-/// error; returns the first failure.
+/// running there (a lost context answers at once, with its error). Gives up on a device after
+/// [`FINISH_PATIENCE`] (work waiting on a fence nobody will raise), with an error, within the
+/// stop grace period of the supervisors (30 s in deploy/systemd/ and docker/compose.yaml);
+/// returns the first failure.
 ///
 /// ```no_run
 /// // ... the service's loop ended (SIGTERM), its consumers and producers are dropped ...
@@ -285,9 +286,6 @@ pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn finish_gpu_work() -> Result<(), CudaError> {
-    if driver::lost().is_some() {
-        return Ok(());
-    }
     let used = USED.load(Ordering::Relaxed);
     let mut first = Ok(());
     for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {

@@ -40,7 +40,9 @@ impl From<ContextLost> for Fault {
 impl From<crate::cuda::CudaError> for Fault {
     fn from(e: crate::cuda::CudaError) -> Self {
         match e {
-            crate::cuda::CudaError::Driver(d) if d.context_lost() => Fault::ContextLost(d.into()),
+            crate::cuda::CudaError::Driver(d) if d.loses_process_context() => {
+                Fault::ContextLost(d.into())
+            }
             e => Fault::Cuda(e),
         }
     }

@@ -1004,7 +1004,7 @@ macro_rules! display {
         impl From<crate::cuda::CudaError> for $ty {
             fn from(e: crate::cuda::CudaError) -> Self {
                 match e {
-                    crate::cuda::CudaError::Driver(d) if d.context_lost() => $ty::ContextLost(d.into()),
+                    crate::cuda::CudaError::Driver(d) if d.loses_process_context() => $ty::ContextLost(d.into()),
                     e => $ty::Cuda(e),
                 }
             }

@@ -892,7 +892,10 @@ impl<M: Memory> Drop for Producer<M> {
         let Producer { ring, mem } = self;
         ring.close();
         let Some(linger) = mem.linger() else { return };
-        let all_left = ring.linger(linger, &mut |e, g| mem.forget(e, g));
+        // A producer whose context is lost is dead to its consumers (`CLOSED_LOST`): it does
+        // not wait for them, and its memory kind leaves everything to process exit.
+        let lost = crate::context_lost().is_some();
+        let all_left = !lost && ring.linger(linger, &mut |e, g| mem.forget(e, g));
         let closed = mem.close(ring.map(), all_left);
         // Whoever still retires may destroy what it exported once the memory kind dropped what
         // it opened of it (its close did; telling it again costs nothing): let them all go.

@@ -404,7 +404,10 @@ impl ProducerSide for CudaTx {
         }
         // VMM: stop serving fds; an import already made keeps its memory alive without us.
         let vmm = self.share.close();
-        if !written || (!all_left && !vmm) {
+        // A lost context (ours, or as the process knows it: another device's) closes as a dead
+        // producer would, leaving everything to process exit: its consumers take it for dead.
+        let lost = crate::context_lost().is_some();
+        if lost || !written || (!all_left && !vmm) {
             tracing::warn!(
                 ring = %self.name, all_left, written,
                 "consumers may still use the ring's device memory: leaving it to process exit"
