@@ -203,6 +203,20 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Waits up to `patience` for `child` to exit (then kills it); whether it succeeded.
+fn wait_for(child: &mut Child, what: &str, patience: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < patience {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("soak: {what} did not exit within {} s: killed", patience.as_secs());
+    kill(child);
+    false
+}
+
 /// How a child process ended, as the soak counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -212,6 +226,9 @@ enum Outcome {
     Killed,
     /// Status 75: its GPU context was lost.
     Lost,
+    /// SIGTERM's default action: the signal came before the process installed its handler,
+    /// the first thing it does (so before it made any GPU work).
+    Early,
     /// Anything else: a failure.
     Other,
 }
@@ -222,7 +239,11 @@ fn outcome(status: std::process::ExitStatus) -> Outcome {
         (Some(0), _) => Outcome::Graceful,
         (Some(gpuring::EXIT_CONTEXT_LOST), _) => Outcome::Lost,
         (_, Some(9)) => Outcome::Killed,
-        _ => Outcome::Other,
+        (_, Some(15)) => Outcome::Early,
+        (code, signal) => {
+            eprintln!("soak: exit status {code:?}, signal {signal:?}");
+            Outcome::Other
+        }
     }
 }
 
@@ -251,6 +272,8 @@ fn stop(args: &Args, child: &mut Child) -> Outcome {
 struct Ends {
     /// Stopped gracefully after a SIGTERM.
     graceful: u64,
+    /// Ended by a SIGTERM that came before their handler (and any GPU work).
+    early: u64,
     /// Exits with status 75, and when (monotonic ns) and which steady slot (the producer:
     /// `usize::MAX`), if one.
     faults: Vec<(u64, Option<usize>)>,
@@ -264,6 +287,7 @@ impl Ends {
     fn count(&mut self, o: Outcome, who: Option<usize>, what: &str) -> bool {
         match o {
             Outcome::Graceful => self.graceful += 1,
+            Outcome::Early => self.early += 1,
             Outcome::Lost => self.faults.push((monotonic_ns(), who)),
             Outcome::Other => {
                 eprintln!("soak: {what} ended with an unexpected status");
@@ -291,13 +315,12 @@ fn orchestrate(args: &Args) -> ExitCode {
     let mut releasers: Vec<(Child, Instant)> = Vec::new();
     let mut producer_kills_ns = Vec::new();
     let remaining = |now: Instant| end.saturating_duration_since(now).as_secs_f64();
-    let mut producer = spawn(
-        args,
-        "producer",
-        &name,
-        &["--run-s".into(), remaining(Instant::now()).to_string()],
-        &lines_tx,
-    );
+    // A producer instance that runs until the soak's end.
+    let new_producer = || {
+        let run_s = remaining(Instant::now()).to_string();
+        spawn(args, "producer", &name, &["--run-s".into(), run_s], &lines_tx)
+    };
+    let mut producer = new_producer();
     let mut steady: Vec<Child> = (0..args.consumers)
         .map(|k| spawn(args, "consumer", &name, &steady_args(k), &lines_tx))
         .collect();
@@ -414,13 +437,7 @@ fn orchestrate(args: &Args) -> ExitCode {
                     }
                 }
                 if args.supervise && remaining(now) > 5.0 {
-                    producer = spawn(
-                        args,
-                        "producer",
-                        &name,
-                        &["--run-s".into(), remaining(Instant::now()).to_string()],
-                        &lines_tx,
-                    );
+                    producer = new_producer();
                     producer_exited = false;
                 }
             }
@@ -451,19 +468,14 @@ fn orchestrate(args: &Args) -> ExitCode {
             }
             producer_exited = false;
             restarts += 1;
-            producer = spawn(
-                args,
-                "producer",
-                &name,
-                &["--run-s".into(), remaining(Instant::now()).to_string()],
-                &lines_tx,
-            );
+            producer = new_producer();
             next_restart = now + rng.around(Duration::from_secs_f64(args.restart_every_s));
         }
         if now >= next_report {
             println!(
-                "soak: {:.0} s left, {victim_kills} victim kills, {steady_kills} steady kills, {restarts} producer restarts",
-                remaining(now)
+                "soak: {:.0} s left, {victim_kills} victim kills, {steady_kills} steady kills, {restarts} producer restarts, {} exits with status 75",
+                remaining(now),
+                ends.faults.len()
             );
             next_report += Duration::from_secs(30);
         }
@@ -480,12 +492,17 @@ fn orchestrate(args: &Args) -> ExitCode {
         release_kills += ends.count(o, None, "a releaser") as u64;
     }
     // The last producer settles, reports and exits; the steady consumers then time out.
-    let producer_ok = producer.wait().map(|s| s.success()).unwrap_or(false);
-    let steady_ok = steady.iter_mut().all(|c| c.wait().map(|s| s.success()).unwrap_or(false));
+    // Bounded: a process that hangs is killed, and fails the soak.
+    let producer_ok = wait_for(&mut producer, "the producer", Duration::from_secs(60));
+    let steady_ok = steady
+        .iter_mut()
+        .enumerate()
+        .map(|(k, c)| wait_for(c, &format!("steady consumer {k}"), Duration::from_secs(30)))
+        .fold(true, |all, ok| all && ok);
     drop(lines_tx);
     let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
     let (mut unconfirmed, mut frames_after_faults) = (0u64, 0u64);
-    let Ends { graceful, faults, unexpected } = ends;
+    let Ends { graceful, early, faults, unexpected } = ends;
     let last_fault = faults.last().map(|f| f.0);
     // Per steady slot, when frames reached it (its first frame of each connection).
     let mut flowing: Vec<Vec<u64>> = vec![Vec::new(); args.consumers];
@@ -588,7 +605,7 @@ fn orchestrate(args: &Args) -> ExitCode {
     let rpct =
         |p: f64| recoveries.get(((recoveries.len() as f64 - 1.0) * p).round() as usize).copied();
     println!(
-        "soak: stops: {graceful} graceful (SIGTERM), faults: {fault_events} ({} processes exited with status 75, {unconfirmed} frames received before a fault left unconfirmed)",
+        "soak: stops: {graceful} graceful (SIGTERM; {early} more before their handler), faults: {fault_events} ({} processes exited with status 75, {unconfirmed} frames received before a fault left unconfirmed)",
         faults.len()
     );
     if fault_events > 0 {

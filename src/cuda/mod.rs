@@ -275,7 +275,8 @@ pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// GPU (docs/gpu.md, "MPS or not").
 ///
 /// Makes no context: a device whose primary context nobody holds any more has nothing
-/// running there (a lost context answers at once, with its error). Gives up on a device after
+/// running there. Does nothing once the context is lost: such a process must exit at once.
+/// Gives up on a device after
 /// [`FINISH_PATIENCE`] (work waiting on a fence nobody will raise), with an error, within the
 /// stop grace period of the supervisors (30 s in deploy/systemd/ and docker/compose.yaml);
 /// returns the first failure.
@@ -286,6 +287,12 @@ pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn finish_gpu_work() -> Result<(), CudaError> {
+    // A process whose context is lost exits at once: under MPS the server takes no new client
+    // until it is gone, and a synchronisation of a faulted client is not known to return.
+    // (In a process that also used a healthy device, that device's work is not waited for.)
+    if driver::lost().is_some() {
+        return Ok(());
+    }
     let used = USED.load(Ordering::Relaxed);
     let mut first = Ok(());
     for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {
