@@ -52,11 +52,18 @@ trap cleanup EXIT INT TERM
 mps_soak() {
   local label=$1 mps=$2; shift 2
   [ "$mps" = on ] && mps_start
-  timeout $((minutes * 60 + 150)) "$bundle/bin/soak" --memory cuda --minutes "$minutes" "$@" \
-    > "$out/soak-$label.log" 2>&1
+  # The library's lifecycle events (a lost context, waits for the MPS server) with the soak's.
+  RUST_LOG=gpuring=info timeout "$(awk "BEGIN { print int($minutes * 60 + 150) }")" \
+    "$bundle/bin/soak" --memory cuda \
+    --minutes "$minutes" "$@" > "$out/soak-$label.log" 2>&1
   echo "soak $label (MPS $mps): exit $?"
   grep -h '^soak: ' "$out/soak-$label.log" | tail -6
-  [ "$mps" = on ] && mps_stop
+  if [ "$mps" = on ]; then
+    # What the MPS daemon says of faults, refused clients and recovery.
+    cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps-control-$label.log" 2>/dev/null
+    cp "$CUDA_MPS_LOG_DIRECTORY/server.log" "$out/mps-server-$label.log" 2>/dev/null
+    mps_stop
+  fi
 }
 
 parts=" ${PARTS:-off on soak} "

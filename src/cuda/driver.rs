@@ -336,7 +336,18 @@ pub fn when_mps_ready<T>(mut f: impl FnMut() -> DriverResult<T>) -> DriverResult
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(std::time::Duration::from_secs(2));
             }
-            r => return r,
+            r => {
+                if pause > std::time::Duration::from_millis(50) {
+                    let waited = start.elapsed().as_secs_f64();
+                    match &r {
+                        Ok(_) => tracing::info!(waited, "the MPS server took us as a client"),
+                        Err(e) => {
+                            tracing::warn!(waited, error = %e, "gave up waiting for the MPS server")
+                        }
+                    }
+                }
+                return r;
+            }
         }
     }
 }
