@@ -494,11 +494,13 @@ fn orchestrate(args: &Args) -> ExitCode {
     // The last producer settles, reports and exits; the steady consumers then time out.
     // Bounded: a process that hangs is killed, and fails the soak.
     let producer_ok = wait_for(&mut producer, "the producer", Duration::from_secs(60));
-    let steady_ok = steady
+    // Every one is waited for (or killed), not only those before the first failure.
+    let steady_ends: Vec<bool> = steady
         .iter_mut()
         .enumerate()
         .map(|(k, c)| wait_for(c, &format!("steady consumer {k}"), Duration::from_secs(30)))
-        .fold(true, |all, ok| all && ok);
+        .collect();
+    let steady_ok = steady_ends.into_iter().all(|ok| ok);
     drop(lines_tx);
     let (mut frames, mut mismatches, mut leaked, mut published) = (0u64, 0u64, None, 0u64);
     let (mut unconfirmed, mut frames_after_faults) = (0u64, 0u64);
