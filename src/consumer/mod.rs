@@ -532,8 +532,9 @@ impl<M: Memory> Consumer<M> {
 
     /// How the ring's stream ended: `None` while its producer is live, then
     /// [`Ended::Closed`](crate::Ended::Closed) if the producer closed the ring (the stream is
-    /// complete) or [`Ended::Died`](crate::Ended::Died) if its process ended without closing
-    /// it (the stream was cut). Ask after a receive returned `Disconnected`.
+    /// complete), [`Ended::Died`](crate::Ended::Died) if its process ended without closing
+    /// it, or [`Ended::ContextLost`](crate::Ended::ContextLost) if its GPU context was lost (in
+    /// both, the stream was cut). Ask after a receive returned `Disconnected`.
     ///
     /// ```
     /// use gpuring::{Consumer, Ended, Producer, RecvError};
@@ -546,6 +547,7 @@ impl<M: Memory> Consumer<M> {
     /// match rx.ended() {
     ///     Some(Ended::Closed) => println!("complete"),
     ///     Some(Ended::Died) => eprintln!("the stream was cut"),
+    ///     Some(Ended::ContextLost) => eprintln!("cut: the producer's GPU context was lost"),
     ///     None => unreachable!("Disconnected comes only once the producer is gone"),
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
