@@ -259,6 +259,10 @@ impl Context {
 /// How long [`Context::new`] waits for an MPS server that is not ready (it is cleaning up
 /// after a faulted client, until every faulted client has exited) before it gives up with
 /// `CUDA_ERROR_MPS_SERVER_NOT_READY`.
+///
+/// ```
+/// assert_eq!(gpuring::cuda::MPS_READY_WAIT.as_secs(), 120);
+/// ```
 pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
 
 /// Devices (bit = ordinal, up to 63) whose primary context this process retained: the ones
@@ -266,6 +270,11 @@ pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
 static USED: AtomicU64 = AtomicU64::new(0);
 
 /// How long [`finish_gpu_work`] waits for a device's work before it gives up.
+///
+/// ```
+/// // Within the stop grace period of deploy/systemd/ and docker/compose.yaml (30 s).
+/// assert!(gpuring::cuda::FINISH_PATIENCE.as_secs() < 30);
+/// ```
 pub const FINISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Waits until every device this process used through gpuring has no GPU work left running in
