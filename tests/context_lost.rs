@@ -127,15 +127,9 @@ fn a_lost_context_is_named_everywhere_and_its_ring_replaced() {
     assert!(!inspect::status(&name).unwrap().context_lost);
 }
 
-/// The pipeline example, its producer or a consumer: `target/<profile>/examples/pipeline`, or
-/// `bin/pipeline` in the GPU bundle.
+/// The pipeline example, its producer or a consumer.
 fn pipeline() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    [dir.join("../examples/pipeline"), dir.join("../bin/pipeline")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the pipeline example is built (cargo test builds examples)")
+    common::example_bin("pipeline")
 }
 
 /// Waits up to 30 s for `child` to exit, and returns its exit code.

@@ -82,12 +82,21 @@ pub fn env<T: std::str::FromStr>(key: &str) -> T {
 /// The `gpuring` binary next to this test: `target/<profile>/gpuring` for cargo, `bin/gpuring`
 /// beside `tests/` in the GPU bundle (where cargo's `CARGO_BIN_EXE_*` paths do not exist).
 pub fn gpuring_bin() -> PathBuf {
+    beside(["../gpuring", "../bin/gpuring"], "the gpuring binary is built beside the tests")
+}
+
+/// Example `name` next to this test: `target/<profile>/examples/NAME` for cargo (`cargo test`
+/// builds the examples), `bin/NAME` in the GPU bundle.
+pub fn example_bin(name: &str) -> PathBuf {
+    let at = [format!("../examples/{name}"), format!("../bin/{name}")];
+    beside(at, &format!("example {name} is built beside the tests"))
+}
+
+/// The first of `paths` (relative to this test binary's folder) that exists.
+fn beside(paths: [impl AsRef<std::path::Path>; 2], what: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
-    [dir.join("../gpuring"), dir.join("../bin/gpuring")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the gpuring binary is built beside the tests")
+    paths.iter().map(|p| dir.join(p)).find(|p| p.exists()).expect(what)
 }
 
 /// Runs `gpuring ARGS`: (exit code, stdout, stderr).
