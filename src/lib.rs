@@ -95,7 +95,7 @@ pub use error::{
     context_lost, exit_status, is_context_lost, AcquireError, AcquireTimeoutError,
     ConsumersTimeout, ContextLost, Corruption, CreateError, CreateErrorKind, Ended, NameError,
     OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError, SendError,
-    TryAcquireError, TryRecvError, EXIT_CONTEXT_LOST,
+    TryAcquireError, TryRecvError, WaitForConsumersError, EXIT_CONTEXT_LOST,
 };
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use error::{RegisterError, ReleaseError};

@@ -277,7 +277,8 @@ fn a_producer_waits_for_its_consumers() {
     let name = unique_name("wait-consumers");
     let mut tx = Producer::builder(&name).create().unwrap();
     let none = tx.wait_for_consumers(1, Duration::from_millis(20));
-    assert_eq!(none, Err(gpuring::ConsumersTimeout { joined: 0, wanted: 1 }));
+    let timeout = gpuring::ConsumersTimeout { joined: 0, wanted: 1 };
+    assert_eq!(none, Err(gpuring::WaitForConsumersError::Timeout(timeout)));
     let consumer = {
         let name = name.clone();
         std::thread::spawn(move || {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{role, spawn, unique_name};
 use gpuring::{
-    inspect, AcquireTimeoutError, Consumer, ContextLost, CreateErrorKind, Ended, OpenErrorKind,
-    Producer, RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
+    inspect, AcquireError, AcquireTimeoutError, Consumer, ContextLost, CreateErrorKind, Ended,
+    OpenErrorKind, Producer, RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
 
 const RING: &str = "GPURING_TEST_RING";
@@ -125,6 +125,92 @@ fn a_lost_context_is_named_everywhere_and_its_ring_replaced() {
     let tx = Producer::builder(&name).create().expect("the dead ring is replaced");
     assert_ne!(tx.epoch(), s.epoch);
     assert!(!inspect::status(&name).unwrap().context_lost);
+}
+
+/// The child: three waits that make no GPU call (a consumer of an idle producer, a producer
+/// blocked on its consumer, a consumer waiting for a producer that never comes) each end with
+/// `ContextLost` soon after the loss, as under MPS they must (a faulted process that lingers
+/// keeps every other from getting a context). Its rings are in `dir`.
+fn idle(name: &str, dir: &std::path::Path) {
+    use std::sync::mpsc;
+    let every = Duration::from_millis(50);
+    let (done, results) = mpsc::channel::<(&str, String, bool)>();
+
+    let quiet = format!("{name}-quiet");
+    let _quiet = Producer::builder(&quiet).dir(dir).create().unwrap();
+    let rx = Consumer::builder(&quiet).dir(dir).liveness_interval(every).open().unwrap();
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let r = rx.recv().map(|m| m.seq());
+        let lost = matches!(r, Err(RecvError::ContextLost(_)));
+        let _ = d.send(("recv", format!("{r:?}"), lost));
+    });
+
+    let full = format!("{name}-full");
+    let b = Producer::builder(&full).dir(dir).capacity(2).liveness_interval(every);
+    let mut tx = b.create().unwrap();
+    let _slow = Consumer::builder(&full).dir(dir).open().unwrap();
+    tx.send(b"1", b"").unwrap();
+    tx.send(b"2", b"").unwrap();
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let r = tx.acquire().map(|_| ());
+        let lost = matches!(r, Err(AcquireError::ContextLost(_)));
+        let _ = d.send(("acquire", format!("{r:?}"), lost));
+    });
+
+    let absent = Consumer::builder(&format!("{name}-absent")).dir(dir).liveness_interval(every);
+    std::thread::spawn(move || {
+        let r = absent.open_when_ready(None, Duration::from_secs(600));
+        let lost = r.as_ref().is_err_and(|e| matches!(e.kind(), OpenErrorKind::ContextLost(_)));
+        let _ = done.send(("open_when_ready", format!("{:?}", r.map(|c| c.epoch())), lost));
+    });
+
+    // Let all three settle into their waits, then lose the context.
+    std::thread::sleep(Duration::from_millis(300));
+    gpuring::lose_context_after(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((what, r, lost)) = results.recv_timeout(left) else {
+            panic!("after {seen:?}, a wait did not end within 20 s of the loss");
+        };
+        assert!(lost, "{what} ended with {r}, not ContextLost");
+        seen.push(what);
+    }
+    progress!("child: {seen:?} ended with ContextLost");
+}
+
+/// A process that only waits still learns that its context was lost: its waits ask at each
+/// liveness tick, and each ends with `ContextLost`.
+#[test]
+fn waits_that_make_no_gpu_call_learn_of_the_loss() {
+    const TEST: &str = "waits_that_make_no_gpu_call_learn_of_the_loss";
+    if role().as_deref() == Some("idle") {
+        let dir = PathBuf::from(std::env::var("GPURING_TEST_DIR").unwrap());
+        return idle(&std::env::var(RING).unwrap(), &dir);
+    }
+    if role().is_some() {
+        return;
+    }
+    let name = unique_name("lost-idle");
+    let dir = tempdir(&name);
+    let env = [(RING, name.clone()), ("GPURING_TEST_DIR", dir.display().to_string())];
+    let mut child = spawn(TEST, "idle", &env);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the child did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "the child failed: {status}");
 }
 
 /// The pipeline example, its producer or a consumer.

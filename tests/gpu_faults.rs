@@ -450,3 +450,57 @@ fn a_consumer_with_a_damaged_release_event_is_evicted() {
     assert_eq!(status.evictions, 1, "evictions counted: {}", status.evictions);
     drop(tx);
 }
+
+/// A process whose context a kernel of its own faults, while its consumer only waits (its
+/// producer is alive and idle): the wait probes the driver at its liveness tick and ends with
+/// `ContextLost`, the real sticky error, so that under MPS such a process exits rather than
+/// lingering and keeping every other client from starting. The fault is the child's own (with
+/// MPS off it stays there); the producer is the parent's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_idle_consumer_learns_that_its_context_was_lost() {
+    const TEST: &str = "an_idle_consumer_learns_that_its_context_was_lost";
+    if role().as_deref() == Some("faulting") {
+        // The producer is the parent's: alive, and sending nothing.
+        let rx = Consumer::builder(&env::<String>("RING"))
+            .liveness_interval(Duration::from_millis(50))
+            .open_in::<gpuring::Cuda>()
+            .unwrap();
+        let ctx = rx.context().clone();
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = rx.recv().map(|m| m.seq());
+            let _ = done.send(format!("{r:?}"));
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(gpuring::context_lost().is_none(), "lost before the fault");
+        let src = r#"extern "C" __global__ void store(unsigned* p) { *p = 1; }"#;
+        let module = gpuring::testing::kernels::Module::load(&ctx, src, "store.cu").unwrap();
+        let store = module.function("store").unwrap();
+        let stream = gpuring::cuda::Stream::new(&ctx).unwrap();
+        let mut bad: u64 = 0x10;
+        let mut params = [(&mut bad as *mut u64).cast::<std::ffi::c_void>()];
+        // SAFETY: `store` is this module's and `stream` its context's; the parameter is a
+        // pointer, and the fault it makes is the point of the test (this process only).
+        unsafe { module.launch(store, 1, 1, &stream, &mut params) }.unwrap();
+        let r = ended.recv_timeout(Duration::from_secs(30)).expect("recv still waits");
+        assert!(r.contains("ContextLost"), "recv ended with {r}");
+        let lost = gpuring::context_lost().expect("the loss is latched");
+        assert!(lost.error().starts_with("CUDA_ERROR_"), "{lost}");
+        assert_ne!(lost.call(), "test hook");
+        progress!("child: recv ended with {lost}");
+        // Ends without waiting for GPU work: the process is done for.
+        std::mem::forget((module, stream));
+        return;
+    }
+    if role().is_some() {
+        return;
+    }
+    let name = unique_name("faulting");
+    let tx = Producer::builder(&name).create_gpu(0).unwrap();
+    let child = spawn(TEST, "faulting", &[("RING", name)]);
+    expect_success(child, "the faulting process");
+    // The fault stayed in the child (MPS off): this process's context is fine.
+    assert!(gpuring::context_lost().is_none());
+    drop(tx);
+}

@@ -298,6 +298,14 @@ mod imp {
                 // After the ring is stored: a flush meanwhile keeps it (and its consumers).
                 let wanted = self.settings.lock().unwrap().wait_for_consumers as usize;
                 while state.consumer_count() < wanted {
+                    // A sink that only waits makes no GPU call: it must still learn that its
+                    // context was lost, and stop (under MPS a faulted process that lingers
+                    // keeps every other from starting).
+                    if let Some(lost) =
+                        crate::lost::post_if_lost(self.obj().upcast_ref(), &"waiting for consumers")
+                    {
+                        return Err(lost);
+                    }
                     self.wait_if_unlocked()?;
                     std::thread::sleep(Duration::from_millis(5));
                 }

@@ -113,6 +113,12 @@ impl Consumer {
                             | OpenErrorKind::Disconnected
                     ) && until.is_none_or(|d| Instant::now() < d) =>
                 {
+                    // A process that waits for a producer makes no GPU call: it must still
+                    // learn that its context was lost (under MPS a faulted process that
+                    // lingers keeps the new producer from getting a context).
+                    if let Some(lost) = gpuring::context_lost() {
+                        return Err(crate::errors::context_lost_error(&lost));
+                    }
                     py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                     py.check_signals()?;
                 }

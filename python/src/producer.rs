@@ -330,6 +330,9 @@ fn wait_for_consumers(
         });
         match got {
             Ok(joined) => return Ok(joined),
+            Err(gpuring::WaitForConsumersError::ContextLost(lost)) => {
+                return Err(context_lost_error(&lost));
+            }
             Err(e) if deadline.is_some_and(|d| Instant::now() >= d) => {
                 return Err(timeout(&e.to_string()));
             }

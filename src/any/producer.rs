@@ -8,8 +8,8 @@ use std::sync::Arc;
 #[cfg(feature = "cuda")]
 use crate::cuda::{Context, Stream};
 use crate::{
-    AcquireError, AcquireTimeoutError, ConsumersTimeout, Host, MemoryKind, Policy, Producer,
-    PublishError, WriteSlot,
+    AcquireError, AcquireTimeoutError, Host, MemoryKind, Policy, Producer, PublishError,
+    WaitForConsumersError, WriteSlot,
 };
 #[cfg(feature = "cuda")]
 use crate::{CreateError, Cuda, ProducerBuilder};
@@ -236,7 +236,7 @@ impl AnyProducer {
         &mut self,
         n: usize,
         timeout: Duration,
-    ) -> Result<usize, ConsumersTimeout> {
+    ) -> Result<usize, WaitForConsumersError> {
         each!(Tx, &mut self.0, tx => tx.wait_for_consumers(n, timeout))
     }
 

@@ -252,6 +252,11 @@ fn receive(
             Ok(None) => {
                 // Relaxed: a hint the heartbeat thread sends along; it orders nothing.
                 acks.idle.store(true, Ordering::Relaxed);
+                // Idle, it makes no GPU call: it must still learn that its context was lost
+                // (see `crate::context_lost`).
+                if let Some(lost) = crate::context_lost() {
+                    return Err(BridgeError::Ring(lost.to_string()));
+                }
                 continue;
             }
             Err(e) => return Err(BridgeError::Zenoh(e.to_string())),
@@ -288,7 +293,7 @@ fn receive(
                     tracing::info!(ring = %opts.ring, old_epoch = old.epoch, epoch = h.epoch, "the source ring restarted: making the ring again");
                 }
                 let Some(mut made) = create(opts, &h) else { continue };
-                while !made.consumers_joined(opts.consumers) {
+                while !made.consumers_joined(opts.consumers)? {
                     if stop.load(Ordering::Relaxed) {
                         return Ok(published);
                     }
@@ -517,12 +522,19 @@ impl Local {
         }
     }
 
-    /// Waits up to a tick for `n` consumers; whether they joined.
-    fn consumers_joined(&mut self, n: usize) -> bool {
-        match &mut self.tx {
-            Tx::Host(tx) => tx.wait_for_consumers(n, TICK).is_ok(),
+    /// Waits up to a tick for `n` consumers; whether they joined, or the lost GPU context.
+    fn consumers_joined(&mut self, n: usize) -> Result<bool, BridgeError> {
+        let r = match &mut self.tx {
+            Tx::Host(tx) => tx.wait_for_consumers(n, TICK),
             #[cfg(feature = "cuda")]
-            Tx::Cuda(tx, ..) => tx.wait_for_consumers(n, TICK).is_ok(),
+            Tx::Cuda(tx, ..) => tx.wait_for_consumers(n, TICK),
+        };
+        match r {
+            Ok(_) => Ok(true),
+            Err(crate::WaitForConsumersError::ContextLost(lost)) => {
+                Err(BridgeError::Ring(lost.to_string()))
+            }
+            Err(_) => Ok(false),
         }
     }
 

@@ -275,6 +275,12 @@ impl ConsumerBuilder {
         &self,
         not_epoch: Option<u64>,
     ) -> Result<Consumer<M>, Attempt> {
+        // A process that waits for a producer makes no GPU call: it must still learn that its
+        // context was lost meanwhile (under MPS a faulted client that lingers keeps the new
+        // producer from getting a context).
+        if let Some(l) = crate::context_lost() {
+            return Err(Attempt::Failed(OpenErrorKind::ContextLost(l)));
+        }
         match self.open_kind::<M>() {
             Ok(c) if not_epoch.is_some_and(|e| e == c.epoch()) => {
                 Err(Attempt::NotYet(OpenErrorKind::Disconnected))

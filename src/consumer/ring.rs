@@ -371,6 +371,12 @@ impl ConsumerRing {
         let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
         if Duration::from_nanos(since) >= self.wait.tick {
             self.check_producer();
+            // A consumer that only waits makes no other GPU call: it must still learn that
+            // its context was lost, and exit (under MPS a faulted client that lingers keeps
+            // every other process from getting a context).
+            if let Some(l) = crate::context_lost() {
+                return Some(Err(Fault::ContextLost(l)));
+            }
         }
         if self.map.segment().faulted() {
             return Some(Err(Fault::Corrupt(Corruption::Truncated)));
@@ -386,7 +392,12 @@ impl ConsumerRing {
                     let ring = self.map.ring();
                     let r = self.receiving();
                     if !r.core.next_is_there(&ring) {
-                        return Some(Err(Fault::Disconnected));
+                        // A producer whose context was lost is most often a fault that, under
+                        // MPS, reached this process too: if so, that is what it learns.
+                        return Some(Err(match crate::context_lost() {
+                            Some(l) => Fault::ContextLost(l),
+                            None => Fault::Disconnected,
+                        }));
                     }
                     // Our next message is there, frozen by a recount (or thawed since): not
                     // "nothing left". Closed or dead, the producer recounts no more, and one

@@ -14,7 +14,8 @@ use cudarc::driver::sys;
 
 pub use sys::CUmemGenericAllocationHandle;
 pub use sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUresult, CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle, CUresult,
+    CUstream, CUstreamCaptureMode,
 };
 
 /// A CUDA driver call that failed.
@@ -627,6 +628,20 @@ pub unsafe fn stream_create() -> DriverResult<CUstream> {
     // SAFETY: by (1); valid out-pointer.
     check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
     Ok(s)
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's stream-capture interaction mode
+/// to `mode` and returns the previous one. Relaxed, this thread's calls never invalidate a
+/// capture that another thread has in progress.
+pub fn thread_exchange_capture_mode(
+    mode: CUstreamCaptureMode,
+) -> DriverResult<CUstreamCaptureMode> {
+    let mut m = mode;
+    // SAFETY: valid in-out pointer; no context is needed.
+    check("cuThreadExchangeStreamCaptureMode", unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut m)
+    })?;
+    Ok(m)
 }
 
 /// `cuStreamDestroy_v2`.

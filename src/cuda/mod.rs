@@ -151,6 +151,7 @@ impl Context {
         driver::available().map_err(CudaError::Unavailable)?;
         let dev = driver::device(ordinal)?;
         let ctx = driver::when_mps_ready(|| driver::primary_ctx_retain(dev))?;
+        USED_BY.store(std::process::id(), Ordering::Relaxed);
         USED.fetch_or(1 << (ordinal & 63), Ordering::Relaxed);
         Ok(Arc::new(Context { dev, ordinal, ctx }))
     }
@@ -268,6 +269,92 @@ pub const MPS_READY_WAIT: std::time::Duration = driver::MPS_READY_WAIT;
 /// Devices (bit = ordinal, up to 63) whose primary context this process retained: the ones
 /// [`finish_gpu_work`] waits for.
 static USED: AtomicU64 = AtomicU64::new(0);
+/// The process that set [`USED`] (a forked child inherits the bits, not the CUDA state).
+static USED_BY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// How often [`probe`] asks the driver at most; between two asks it answers what the last
+/// one found.
+///
+/// ```
+/// assert_eq!(gpuring::cuda::PROBE_EVERY.as_millis(), 50);
+/// ```
+pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether this process's GPU context is lost, asked of the driver now: for each device whose
+/// primary context gpuring retained and that is still active, a plain event is created and
+/// queried there, and a private stream created and queried, which a faulted context refuses
+/// with its sticky error (and so latches it, see [`driver::lost`]). At most once per
+/// [`PROBE_EVERY`]; never waits for GPU work; in the relaxed capture mode, so that a stream
+/// capture in progress on another thread is left alone.
+///
+/// A process that only waits (a consumer between frames, or waiting for a restarted
+/// producer) makes no other CUDA call, so it would never see that its context was lost; under
+/// MPS such a faulted client that lingers keeps every other process from getting a context.
+/// gpuring's waits call this through [`crate::context_lost`]. Only devices used through
+/// gpuring count: a process that uses CUDA only through another library asks that library.
+///
+/// ```no_run
+/// assert!(gpuring::cuda::probe().is_none());
+/// ```
+pub fn probe() -> Option<DriverError> {
+    if let Some(e) = driver::lost() {
+        return Some(e);
+    }
+    let used = USED.load(Ordering::Relaxed);
+    // A forked child inherits USED but no usable CUDA state: it makes no driver call.
+    // Relaxed: USED_BY is stored before USED's bit (program order of `Context::new`), and a
+    // stale read only skips a probe.
+    if used == 0 || USED_BY.load(Ordering::Relaxed) != std::process::id() {
+        return None;
+    }
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // Nanoseconds since START of the last probe, plus one (0: none yet).
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1;
+    let last = LAST.load(Ordering::Relaxed);
+    // One caller per interval probes; the others answer with the latch. Relaxed: LAST only
+    // spaces the probes out, and the latch is a OnceLock (its own synchronisation).
+    if last != 0 && now.saturating_sub(last) < PROBE_EVERY.as_nanos() as u64
+        || LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+    {
+        return driver::lost();
+    }
+    for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {
+        probe_device(ordinal);
+    }
+    driver::lost()
+}
+
+/// [`probe`] for device `ordinal`. A failure that is not a sticky error of a call on the
+/// context says nothing of a loss, and is let go.
+fn probe_device(ordinal: i32) {
+    let Ok(dev) = driver::device(ordinal) else { return };
+    if !driver::primary_ctx_active(dev).unwrap_or(false) {
+        return;
+    }
+    // Active: retaining it again makes no context (should the last other holder release it
+    // just now, the retain makes one, released at once below). Not through `Context::new`,
+    // which would wait for an MPS server that is not ready.
+    let Ok(ctx) = driver::primary_ctx_retain(dev) else { return };
+    let ctx = Context { dev, ordinal, ctx };
+    let Ok(_bound) = ctx.bind() else { return };
+    use driver::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED as RELAXED;
+    let Ok(mode) = driver::thread_exchange_capture_mode(RELAXED) else { return };
+    // SAFETY: `_bound` makes the retained context current on this thread; the event and the
+    // stream are this context's and destroyed before it is released. A sticky error latches
+    // in the calls.
+    unsafe {
+        if let Ok(ev) = driver::event_create() {
+            let _ = driver::event_query(ev);
+            let _ = driver::event_destroy(ev);
+        }
+        if let Ok(s) = driver::stream_create() {
+            let _ = driver::stream_query(s);
+            let _ = driver::stream_destroy(s);
+        }
+    }
+    let _ = driver::thread_exchange_capture_mode(mode);
+}
 
 /// How long [`finish_gpu_work`] waits for a device's work before it gives up.
 ///
@@ -299,7 +386,7 @@ pub fn finish_gpu_work() -> Result<(), CudaError> {
     // A process whose context is lost exits at once: under MPS the server takes no new client
     // until it is gone, and a synchronisation of a faulted client is not known to return.
     // (In a process that also used a healthy device, that device's work is not waited for.)
-    if driver::lost().is_some() {
+    if probe().is_some() {
         return Ok(());
     }
     let used = USED.load(Ordering::Relaxed);

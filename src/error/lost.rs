@@ -102,8 +102,10 @@ impl From<crate::cuda::DriverError> for ContextLost {
 }
 
 /// Whether this process's GPU context is lost, and how: once a sticky error was seen (or the
-/// `test-support` hook fired), for good. A service's loop may ask it once per iteration; every
-/// gpuring operation asks it too.
+/// `test-support` hook fired), for good. Asks the driver too (at most once per
+/// `cuda::PROBE_EVERY`, see `cuda::probe`), so a service's loop that may sit idle, making no
+/// CUDA call, asks it once per iteration: under MPS a faulted process that lingers keeps every
+/// other one from starting. gpuring's own waits ask it at each liveness tick.
 ///
 /// ```
 /// assert!(gpuring::context_lost().is_none());
@@ -114,7 +116,7 @@ pub fn context_lost() -> Option<ContextLost> {
         return Some(l);
     }
     #[cfg(all(feature = "cuda", not(loom)))]
-    if crate::cuda::driver::lost().is_some() {
+    if crate::cuda::probe().is_some() {
         return Some(from_driver());
     }
     None
@@ -199,25 +201,48 @@ mod hook {
     /// Set once the hook fired: the loss is for good, as a sticky error's.
     static FIRED: OnceLock<ContextLost> = OnceLock::new();
 
-    /// The loss the hook made, if it fired (without counting a step).
+    /// The loss the hook made, if it fired (without counting a step): what a probe of the
+    /// driver would find (`cuda::probe`).
     pub(super) fn fired() -> Option<ContextLost> {
+        read_env();
         FIRED.get().cloned()
     }
 
+    /// Armed with 0, the loss is there at once (a wait that makes no operation finds it).
     pub(super) fn arm(n: u64) {
         FROM_ENV.get_or_init(|| ());
         LEFT.store(n, Ordering::Relaxed);
+        if n == 0 {
+            fire();
+        }
     }
 
-    #[inline]
-    pub(super) fn step() -> Result<(), ContextLost> {
+    /// Arms the countdown from `GPURING_TEST_LOSE_CONTEXT`, once.
+    fn read_env() {
         FROM_ENV.get_or_init(|| {
             if let Some(n) =
                 std::env::var("GPURING_TEST_LOSE_CONTEXT").ok().and_then(|v| v.parse().ok())
             {
                 LEFT.store(n, Ordering::Relaxed);
+                if n == 0 {
+                    fire();
+                }
             }
         });
+    }
+
+    /// The loss, made once.
+    fn fire() -> ContextLost {
+        let lost = ContextLost {
+            call: "test hook",
+            error: "CUDA_ERROR_ILLEGAL_ADDRESS (GPURING_TEST_LOSE_CONTEXT)".into(),
+        };
+        FIRED.get_or_init(|| lost).clone()
+    }
+
+    #[inline]
+    pub(super) fn step() -> Result<(), ContextLost> {
+        read_env();
         if let Some(l) = FIRED.get() {
             return Err(l.clone());
         }
@@ -230,18 +255,16 @@ mod hook {
             Ok(_) | Err(u64::MAX) => return Ok(()),
             Err(_) => {}
         }
-        let lost = ContextLost {
-            call: "test hook",
-            error: "CUDA_ERROR_ILLEGAL_ADDRESS (GPURING_TEST_LOSE_CONTEXT)".into(),
-        };
-        Err(FIRED.get_or_init(|| lost).clone())
+        Err(fire())
     }
 }
 
 /// Feature `test-support`: after `n` more gpuring operations succeed (each step of one
 /// counts: `send` is an acquire and a publish), this process's GPU
 /// context counts as lost, as after a sticky CUDA error: every later operation returns
-/// [`ContextLost`]. `GPURING_TEST_LOSE_CONTEXT=N` in the environment does the same from the
+/// [`ContextLost`]. With `n` 0 the loss is there at once: [`context_lost`] (which gpuring's
+/// waits ask at each liveness tick) reports it, as it reports a real loss that its probe of the
+/// driver finds. `GPURING_TEST_LOSE_CONTEXT=N` in the environment does the same from the
 /// process's start. For tests of what follows a loss, on machines without a GPU.
 ///
 /// ```

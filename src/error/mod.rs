@@ -197,11 +197,11 @@ impl fmt::Display for CreateErrorKind {
 /// [`Producer::wait_for_consumers`](crate::Producer::wait_for_consumers) ran out of time.
 ///
 /// ```
-/// # use gpuring::{ConsumersTimeout, Producer};
+/// # use gpuring::{ConsumersTimeout, Producer, WaitForConsumersError};
 /// # use std::time::Duration;
 /// let mut tx = Producer::builder("doc-consumers-timeout").create()?;
 /// let e = tx.wait_for_consumers(1, Duration::from_millis(10)).unwrap_err();
-/// assert_eq!((e.joined, e.wanted), (0, 1));
+/// assert_eq!(e, WaitForConsumersError::Timeout(ConsumersTimeout { joined: 0, wanted: 1 }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,6 +223,48 @@ impl fmt::Display for ConsumersTimeout {
 }
 
 impl std::error::Error for ConsumersTimeout {}
+
+/// Why [`Producer::wait_for_consumers`](crate::Producer::wait_for_consumers) returned without
+/// the consumers it waited for.
+///
+/// ```
+/// # use gpuring::{Producer, WaitForConsumersError};
+/// # use std::time::Duration;
+/// let mut tx = Producer::builder("doc-wait-for-consumers-error").create()?;
+/// match tx.wait_for_consumers(1, Duration::from_millis(10)) {
+///     Ok(joined) => println!("{joined} joined"),
+///     Err(WaitForConsumersError::Timeout(t)) => assert_eq!((t.joined, t.wanted), (0, 1)),
+///     Err(WaitForConsumersError::ContextLost(lost)) => return Err(lost.into()), // exit 75
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitForConsumersError {
+    /// The time ran out first.
+    Timeout(ConsumersTimeout),
+    /// This process's GPU context was lost while it waited: it must exit and be restarted
+    /// (under MPS a faulted process that waits on keeps every other from starting).
+    ContextLost(ContextLost),
+}
+
+impl fmt::Display for WaitForConsumersError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitForConsumersError::Timeout(t) => t.fmt(f),
+            WaitForConsumersError::ContextLost(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for WaitForConsumersError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WaitForConsumersError::Timeout(t) => Some(t),
+            WaitForConsumersError::ContextLost(e) => Some(e),
+        }
+    }
+}
 
 impl CreateErrorKind {
     /// The error below this one, for [`std::error::Error::source`].

@@ -579,7 +579,8 @@ impl<M: Memory> Producer<M> {
     /// Waits until at least `n` consumers have joined (consumers found dead meanwhile are
     /// reaped and do not count), or `timeout` passes. Messages sent before a consumer joins
     /// never reach it: a lossless job starts its consumers first and waits for them here
-    /// (README, "Startup order"). Returns how many had joined.
+    /// (README, "Startup order"). Returns how many had joined; a wait in a process whose GPU
+    /// context is lost ends with [`WaitForConsumersError::ContextLost`](crate::WaitForConsumersError).
     ///
     /// ```
     /// # use gpuring::{Consumer, Producer};
@@ -594,19 +595,27 @@ impl<M: Memory> Producer<M> {
         &mut self,
         n: usize,
         timeout: Duration,
-    ) -> Result<usize, crate::ConsumersTimeout> {
+    ) -> Result<usize, crate::WaitForConsumersError> {
+        use crate::WaitForConsumersError as E;
         let cfg = self.ring.wait_config();
         // Take out consumers already dead first: one that joined and died must not count.
         let _ = self.reap();
         let joined = wait::wait_until(None, cfg, Deadline::after(timeout), |tick| {
+            // A producer that only waits makes no GPU call: it must still learn that its
+            // context was lost (see `crate::context_lost`; at most one probe per 50 ms).
+            if let Some(lost) = crate::context_lost() {
+                return Some(Err(E::ContextLost(lost)));
+            }
             if tick {
                 // A consumer that died after joining must not count.
                 let _ = self.reap();
             }
             let joined = self.consumer_count();
-            (joined >= n).then_some(joined)
+            (joined >= n).then_some(Ok(joined))
         });
-        joined.ok_or(crate::ConsumersTimeout { joined: self.consumer_count(), wanted: n })
+        let timeout =
+            || E::Timeout(crate::ConsumersTimeout { joined: self.consumer_count(), wanted: n });
+        joined.unwrap_or_else(|| Err(timeout()))
     }
 
     /// A snapshot of every joined consumer's counters.
@@ -813,9 +822,18 @@ impl<M: Memory> Producer<M> {
         how: Waiter,
         mut done: impl FnMut(&mut Self) -> Result<bool, Fault>,
     ) -> Result<(), Fault> {
+        // A wait that polls memory words makes no GPU call: it must still learn that its
+        // context was lost (see `crate::context_lost`), at its start (a loop of short waits
+        // may never reach a tick) and at each tick.
+        if let Some(lost) = crate::context_lost() {
+            return Err(Fault::ContextLost(lost));
+        }
         let config = WaitConfig { spin: self.mem.spin(), ..self.ring.wait_config() };
         let step = |tick| {
             if tick {
+                if let Some(lost) = crate::context_lost() {
+                    return Some(Err(Fault::ContextLost(lost)));
+                }
                 if let Err(c) = self.reap() {
                     return Some(Err(Fault::Corrupt(c)));
                 }

@@ -299,6 +299,10 @@ impl ProducerRing {
         if how.gives_up_now() {
             return Err(Fault::Blocked);
         }
+        // At the start too: a loop of short waits may never reach a tick.
+        if let Some(lost) = crate::context_lost() {
+            return Err(Fault::ContextLost(lost));
+        }
         let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
         let (ring, bells) = (map.ring(), &*bells);
         // Dropped with the future if an async claim is cancelled: its time counts all the same.
@@ -308,6 +312,11 @@ impl ProducerRing {
             .wait(Some(wake), *wait, |tick| {
                 if tick {
                     stall.account();
+                    // A producer blocked on its consumers makes no GPU call: it must still
+                    // learn that its context was lost (see `crate::context_lost`).
+                    if let Some(l) = crate::context_lost() {
+                        return Some(Err(Fault::ContextLost(l)));
+                    }
                 }
                 let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
                 claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
