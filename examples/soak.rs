@@ -99,6 +99,8 @@ enum PolicyArg {
 
 const SLOT: usize = 64 << 10;
 const LIVENESS: Duration = Duration::from_millis(20);
+/// Seconds at the end of a `--supervise` run with no kills (see `orchestrate`).
+const QUIET_TAIL: f64 = 20.0;
 
 fn main() -> ExitCode {
     // The library's lifecycle events (joins, leaves, dead peers, reclaims) on stderr, filtered
@@ -124,6 +126,14 @@ fn main() -> ExitCode {
     // The rings are dropped: no kernel of ours may still run when the process exits.
     #[cfg(feature = "cuda")]
     let _ = gpuring::cuda::finish_gpu_work();
+    if args.stop_signal == StopArg::Term {
+        // To tell an exit status set after `main` (by a library's teardown) from ours.
+        eprintln!(
+            "soak: {} pid {} returns {code:?}",
+            args.role.as_deref().unwrap_or("?"),
+            std::process::id()
+        );
+    }
     code
 }
 
@@ -187,6 +197,10 @@ fn spawn(
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn");
+    if args.supervise {
+        // To match the MPS daemon's log of clients (pids) with the soak's processes.
+        println!("soak: started {role} pid {}", child.id());
+    }
     let out = child.stdout.take().expect("piped");
     let tx = lines.clone();
     std::thread::spawn(move || {
@@ -336,8 +350,11 @@ fn orchestrate(args: &Args) -> ExitCode {
     let mut next_report = Instant::now() + Duration::from_secs(30);
     while Instant::now() < end {
         let now = Instant::now();
-        // Victims: join, hold slots, get killed a little later.
-        if now >= next_kill {
+        // Victims: join, hold slots, get killed a little later. Under `--supervise`, none in
+        // the last QUIET_TAIL: the pipeline, back after the last fault, runs to the end and
+        // reports (frames verified after it, slots leaked).
+        let quiet = if args.supervise { QUIET_TAIL } else { 0.0 };
+        if now >= next_kill && remaining(now) > quiet {
             if rng.next() % 2 == 0 {
                 // Long enough to have joined (a CUDA context takes a while) and hold slots.
                 let hold = if args.memory == MemoryArg::Cuda { 400 } else { 40 };
@@ -397,7 +414,8 @@ fn orchestrate(args: &Args) -> ExitCode {
         // Victims told to stop.
         stopping.retain_mut(|(v, deadline)| match v.try_wait() {
             Ok(Some(status)) => {
-                victim_kills += ends.count(outcome(status), None, "a victim stopped") as u64;
+                let what = format!("a victim stopped (pid {})", v.id());
+                victim_kills += ends.count(outcome(status), None, &what) as u64;
                 false
             }
             _ if Instant::now() >= *deadline => {
@@ -444,7 +462,7 @@ fn orchestrate(args: &Args) -> ExitCode {
         }
         // Now and then a steady consumer dies too (or is stopped, under `--stop-signal
         // term`); a new one takes its place.
-        if rng.next() % 4000 == 0 && !steady.is_empty() {
+        if rng.next() % 4000 == 0 && !steady.is_empty() && remaining(now) > quiet {
             let k = (rng.next() as usize) % steady.len();
             if !exited[k] {
                 if args.stop_signal == StopArg::Kill {
@@ -457,7 +475,7 @@ fn orchestrate(args: &Args) -> ExitCode {
             steady[k] = spawn(args, "consumer", &name, &steady_args(k), &lines_tx);
         }
         // Producer restarts: kill (or stop) it, start a new instance under the same name.
-        if now >= next_restart && remaining(now) > 5.0 {
+        if now >= next_restart && remaining(now) > quiet.max(5.0) {
             if !producer_exited {
                 if args.stop_signal == StopArg::Kill {
                     producer_kills_ns.push(monotonic_ns());

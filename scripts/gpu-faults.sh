@@ -81,6 +81,8 @@ if [[ $parts == *" on "* || $parts == *" soak "* ]]; then
   mps_stop
 fi
 [[ $parts == *" term "* ]] && mps_soak term on --stop-signal term --kill-every-ms 150
-[[ $parts == *" supervised "* ]] && mps_soak supervised on --supervise --kill-every-ms 400 --restart-every-s 30
+# Under MPS each releaser's SIGKILL mid-kernel is a fault: a victim every 2 s gives the
+# pipeline time to come back and run between faults.
+[[ $parts == *" supervised "* ]] && mps_soak supervised on --supervise --kill-every-ms 2000 --restart-every-s 30
 [[ $parts == *" unsupervised-off "* ]] && mps_soak unsupervised-off off --kill-every-ms 400 --restart-every-s 30
 exit 0
