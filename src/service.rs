@@ -55,22 +55,6 @@ extern "C" fn on_signal(signal: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// The set of SIGTERM and SIGINT.
-fn stop_signals() -> io::Result<libc::sigset_t> {
-    // SAFETY: an all-zero `sigset_t` is valid storage; `sigemptyset` initialises it.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid for writes; the signal numbers are valid.
-    let ok = unsafe {
-        libc::sigemptyset(&mut set) == 0
-            && libc::sigaddset(&mut set, libc::SIGTERM) == 0
-            && libc::sigaddset(&mut set, libc::SIGINT) == 0
-    };
-    if !ok {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(set)
-}
-
 /// SIGTERM and SIGINT, turned into a flag that a service's loop looks at between bounded
 /// waits. One per process (the handlers are process-wide); installing it again returns the
 /// same flag.
@@ -87,13 +71,7 @@ pub struct Shutdown {
 
 impl Shutdown {
     /// Installs the handlers for SIGTERM and SIGINT, with `SA_RESTART` (gpuring's waits go on
-    /// after the handler, until their own timeout, so loops wait with a timeout). And blocks
-    /// both in the calling thread, so in every thread it starts afterwards (the CUDA driver's
-    /// included), with a thread of its own taking them (`sigwait`): a signal then never
-    /// interrupts a CUDA call, which under MPS may end the process at once (status 4, no
-    /// message). Call it first thing in `main`, before other threads start; threads started
-    /// earlier still take the signals through the handler. Processes started with
-    /// `std::process::Command` begin with no signal blocked.
+    /// after the handler, until their own timeout, so loops wait with a timeout).
     ///
     /// ```
     /// let stop = gpuring::service::Shutdown::install()?;
@@ -111,30 +89,6 @@ impl Shutdown {
                 return Err(io::Error::last_os_error());
             }
         }
-        let set = stop_signals()?;
-        // SAFETY: `set` is an initialised signal set; the old mask is not asked for (null).
-        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-        if r != 0 {
-            return Err(io::Error::from_raw_os_error(r));
-        }
-        static TAKER: std::sync::OnceLock<Result<(), io::ErrorKind>> = std::sync::OnceLock::new();
-        // Started after the block: it inherits it, and takes the pending signals itself.
-        TAKER
-            .get_or_init(|| {
-                std::thread::Builder::new()
-                    .name("gpuring-signals".into())
-                    .spawn(move || loop {
-                        let mut signal = 0;
-                        // SAFETY: `set` is initialised and blocked in this thread; valid
-                        // out-pointer.
-                        if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
-                            on_signal(signal);
-                        }
-                    })
-                    .map(|_| ())
-                    .map_err(|e| e.kind())
-            })
-            .map_err(|kind| io::Error::new(kind, "cannot start the signal thread"))?;
         Ok(Shutdown { _private: () })
     }
 
