@@ -292,7 +292,14 @@ fn receive(
                 if let Some(old) = local.take() {
                     tracing::info!(ring = %opts.ring, old_epoch = old.epoch, epoch = h.epoch, "the source ring restarted: making the ring again");
                 }
-                let Some(mut made) = create(opts, &h) else { continue };
+                let Some(mut made) = create(opts, &h) else {
+                    // A ring that cannot be made because the GPU context is lost never will
+                    // be: exit, rather than linger as a faulted MPS client.
+                    if let Some(lost) = crate::context_lost() {
+                        return Err(BridgeError::Ring(lost.to_string()));
+                    }
+                    continue;
+                };
                 while !made.consumers_joined(opts.consumers)? {
                     if stop.load(Ordering::Relaxed) {
                         return Ok(published);

@@ -301,10 +301,7 @@ pub fn probe() -> Option<DriverError> {
         return Some(e);
     }
     let used = USED.load(Ordering::Relaxed);
-    // A forked child inherits USED but no usable CUDA state: it makes no driver call.
-    // Relaxed: USED_BY is stored before USED's bit (program order of `Context::new`), and a
-    // stale read only skips a probe.
-    if used == 0 || USED_BY.load(Ordering::Relaxed) != std::process::id() {
+    if used == 0 {
         return None;
     }
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -318,6 +315,12 @@ pub fn probe() -> Option<DriverError> {
         || LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
     {
         return driver::lost();
+    }
+    // A forked child inherits USED but no usable CUDA state: it makes no driver call.
+    // Relaxed: USED_BY is stored before USED's bit (program order of `Context::new`), and a
+    // stale read only skips a probe.
+    if USED_BY.load(Ordering::Relaxed) != std::process::id() {
+        return None;
     }
     for ordinal in (0..64).filter(|i| used & (1 << i) != 0) {
         probe_device(ordinal);
