@@ -235,6 +235,7 @@ impl std::error::Error for ConsumersTimeout {}
 ///     Ok(joined) => println!("{joined} joined"),
 ///     Err(WaitForConsumersError::Timeout(t)) => assert_eq!((t.joined, t.wanted), (0, 1)),
 ///     Err(WaitForConsumersError::ContextLost(lost)) => return Err(lost.into()), // exit 75
+///     Err(e) => return Err(e.into()),
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
