@@ -164,6 +164,9 @@ pub enum Fence {
     /// The same with the words in the shared /dev/shm file, page-locked and mapped for the GPU
     /// (`cuMemHostRegister`) in each process, so the CPU can read them too.
     HostMemOp,
+    /// Both: each fence writes its device word and a host word in one `cuStreamBatchMemOp`
+    /// (the CPU can read the host word), and GPU waits poll the device word.
+    DualMemOp,
 }
 
 impl Fence {
@@ -171,6 +174,7 @@ impl Fence {
         match i {
             "1" => Fence::MemOp,
             "2" => Fence::HostMemOp,
+            "3" => Fence::DualMemOp,
             _ => Fence::Event,
         }
     }
@@ -188,7 +192,7 @@ fn words(
 ) -> (u64, u64) {
     match fence {
         Fence::Event => (0, 0),
-        Fence::MemOp => (buf + size as u64, buf + (size + 128) as u64),
+        Fence::MemOp | Fence::DualMemOp => (buf + size as u64, buf + (size + 128) as u64),
         Fence::HostMemOp => {
             let _bound = ctx.bind().unwrap();
             // SAFETY: the second page of the map, page-aligned and mapped until `sh` drops,
@@ -197,6 +201,29 @@ fn words(
                 .expect("cuMemHostRegister of the shared page");
             sh.registered.set(true);
             (dev, dev + 128)
+        }
+    }
+}
+
+/// `Fence::DualMemOp`'s host words (ready, ack), in the shared file's second page (registered
+/// here, as for `HostMemOp`); none for the other fences.
+fn mirrors(fence: Fence, sh: &Shared, ctx: &Arc<Context>) -> Option<(u64, u64)> {
+    (fence == Fence::DualMemOp).then(|| words(Fence::HostMemOp, sh, ctx, 0, 0))
+}
+
+/// Writes `value` to device word `word` on `stream`, and to host word `mirror` in the same
+/// driver call when there is one.
+///
+/// # Safety
+/// 1. Both words must stay writable from the stream's context until the writes have run.
+unsafe fn write_word(stream: &Stream, word: u64, mirror: Option<u64>, value: u64) {
+    match mirror {
+        // SAFETY: by (1).
+        None => unsafe { driver::stream_write_value64(stream.raw(), word, value) }.unwrap(),
+        // SAFETY: by (1).
+        Some(m) => {
+            unsafe { driver::stream_write_values64(stream.raw(), [(word, value), (m, value)]) }
+                .unwrap()
         }
     }
 }
@@ -211,6 +238,7 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
     let stream = Stream::new(ctx).unwrap();
     let buf = DevicePool::new(ctx, size + WORDS).unwrap();
     let (ready_word, ack_word) = words(fence, &sh, ctx, buf.ptr(), size);
+    let mirror = mirrors(fence, &sh, ctx);
     {
         let _bound = ctx.bind().unwrap();
         // SAFETY: `buf` holds size + WORDS bytes; the stream is live.
@@ -240,7 +268,7 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
                 Fence::Event => ack.wait_on(&stream).unwrap(),
                 // SAFETY: a word of `buf` or of the registered page; the consumer writes i - 1
                 // there after its read.
-                Fence::MemOp | Fence::HostMemOp => unsafe {
+                Fence::MemOp | Fence::HostMemOp | Fence::DualMemOp => unsafe {
                     driver::stream_wait_value64(stream.raw(), ack_word, i - 1).unwrap()
                 },
             }
@@ -251,8 +279,8 @@ pub fn raw_ipc(o: &Opts, ctx: &Arc<Context>, k: &Kernels, size: usize, fence: Fe
             Fence::Event => ready.record(&stream).unwrap(),
             // SAFETY: a word of `buf` or of the registered page, which outlive the stream's work
             // (synchronized below).
-            Fence::MemOp | Fence::HostMemOp => unsafe {
-                driver::stream_write_value64(stream.raw(), ready_word, i).unwrap()
+            Fence::MemOp | Fence::HostMemOp | Fence::DualMemOp => unsafe {
+                write_word(&stream, ready_word, mirror.map(|m| m.0), i)
             },
         }
         // Release: the record is issued before the consumer can see `i`.
@@ -347,7 +375,13 @@ pub fn call_costs(ctx: &Arc<Context>, stream: &Stream, k: &Kernels) -> Vec<(&'st
         let wait = per_call(stream, || unsafe {
             driver::stream_wait_value64(stream.raw(), word.ptr(), 1).unwrap()
         });
+        // SAFETY: two aligned words of `word`, alive past the synchronize in `per_call`.
+        let both = per_call(stream, || unsafe {
+            driver::stream_write_values64(stream.raw(), [(word.ptr(), 1), (word.ptr() + 8, 1)])
+                .unwrap()
+        });
         out.push(("cuStreamWriteValue64", write));
+        out.push(("cuStreamBatchMemOp (two 64-bit writes)", both));
         out.push(("cuStreamWaitValue64 (GEQ)", wait));
     }
     out
@@ -383,6 +417,7 @@ pub fn raw_consumer(
     let (mut last, mut samples) = (0u64, 0u64);
     let src: CUdeviceptr = map.ptr();
     let (ready_word, ack_word) = words(fence, &sh, &ctx, src, size);
+    let mirror = mirrors(fence, &sh, &ctx);
     loop {
         let i = loop {
             // Acquire: pairs with the producer's Release store after its ready record.
@@ -401,7 +436,7 @@ pub fn raw_consumer(
             Fence::Event => ready.wait_on(&stream).unwrap(),
             // SAFETY: a word of the mapping or the registered page; the producer writes i there
             // after its fill.
-            Fence::MemOp | Fence::HostMemOp => unsafe {
+            Fence::MemOp | Fence::HostMemOp | Fence::DualMemOp => unsafe {
                 driver::stream_wait_value64(stream.raw(), ready_word, i).unwrap()
             },
         }
@@ -413,8 +448,8 @@ pub fn raw_consumer(
             Fence::Event => ack.record(&stream).unwrap(),
             // SAFETY: a word of the mapping or the registered page, which outlive the stream's
             // work (synchronized before they are closed).
-            Fence::MemOp | Fence::HostMemOp => unsafe {
-                driver::stream_write_value64(stream.raw(), ack_word, i).unwrap()
+            Fence::MemOp | Fence::HostMemOp | Fence::DualMemOp => unsafe {
+                write_word(&stream, ack_word, mirror.map(|m| m.1), i)
             },
         }
         // Release: the ack record is issued before the producer sees `i`.
@@ -426,8 +461,10 @@ pub fn raw_consumer(
 
 /// Kernels per second the GPU runs when `procs` processes each launch `bench_read` on their own
 /// `size`-byte buffer as fast as they can, with no ring and no dependencies between them: the
-/// ceiling for a ring that runs one kernel per frame in each of `procs` processes.
-pub fn launch_ceiling(o: &Opts, procs: usize, size: usize) -> f64 {
+/// ceiling for a ring that runs one kernel per frame in each of `procs` processes. `fenced`:
+/// each kernel is followed by a `cuStreamWriteValue64` to a device word, as each frame of a
+/// ring is by one fence (a write costs the stream about what an event record does).
+pub fn launch_ceiling(o: &Opts, procs: usize, size: usize, fenced: bool) -> f64 {
     let start = std::time::SystemTime::now() + Duration::from_secs(3);
     let start_ns = start.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let children: Vec<_> = (0..procs)
@@ -435,6 +472,7 @@ pub fn launch_ceiling(o: &Opts, procs: usize, size: usize) -> f64 {
             Command::new(std::env::current_exe().unwrap())
                 .env(ROLE, format!("launcher:{start_ns}:{size}:{i}"))
                 .env("GPURING_GPU_BENCH_SECONDS", o.seconds.as_secs_f64().to_string())
+                .env("GPURING_GPU_BENCH_FENCED", if fenced { "1" } else { "0" })
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -452,7 +490,8 @@ pub fn launcher(start_ns: u128, size: usize, device: i32) -> HashMap<&'static st
     ctx.make_current().unwrap(); // the raw driver calls below run in it
     let stream = Stream::new(&ctx).unwrap();
     let k = Kernels::load(&ctx, &stream);
-    let buf = DevicePool::new(&ctx, size).unwrap();
+    let fenced = std::env::var("GPURING_GPU_BENCH_FENCED").is_ok_and(|v| v == "1");
+    let buf = DevicePool::new(&ctx, size + 256).unwrap();
     stream.synchronize().unwrap();
     let start = std::time::UNIX_EPOCH + Duration::from_nanos(start_ns as u64);
     if let Ok(d) = start.duration_since(std::time::SystemTime::now()) {
@@ -463,8 +502,113 @@ pub fn launcher(start_ns: u128, size: usize, device: i32) -> HashMap<&'static st
     while t.elapsed().as_secs_f64() < seconds {
         // SAFETY: `buf` holds `size` readable bytes and outlives the synchronize below.
         unsafe { k.read(&stream, buf.ptr(), size as u64, None) };
+        if fenced {
+            // SAFETY: a word of `buf` (after the `size` bytes read), alive past the
+            // synchronize below; the stream is live in the current context.
+            unsafe { driver::stream_write_value64(stream.raw(), buf.ptr() + size as u64, n) }
+                .unwrap();
+        }
         n += 1;
     }
     stream.synchronize().unwrap();
     HashMap::from([("kernels_per_s", n as f64 / t.elapsed().as_secs_f64())])
+}
+
+/// Frames queued per case of [`stream_op_costs`]: few enough that the driver's queue never
+/// fills while the stream is held back.
+const BACKLOG: u64 = 200;
+
+/// GPU time per frame of a stream that is never short of work: `BACKLOG` frames of
+/// `bench_read` (64 KiB) with one fence operation after each, queued while the stream waits
+/// on a host word, then let go at once; from the first read's start to the last one's, over
+/// the frames (%globaltimer, the reads' trace). This is what a ring's stream pays per frame
+/// on the GPU besides its kernels when it runs behind, whatever the CPU does.
+pub fn stream_op_costs(ctx: &Arc<Context>, k: &Kernels) -> Vec<(&'static str, f64)> {
+    const LEN: u64 = 64 << 10;
+    let stream = Stream::new(ctx).unwrap();
+    let buf = DevicePool::new(ctx, LEN as usize + 4096).unwrap();
+    let page = memmap2::MmapMut::map_anon(4096).unwrap();
+    let _bound = ctx.bind().unwrap();
+    // SAFETY: a page-aligned anonymous mapping, unregistered below before it is unmapped.
+    let host = unsafe { driver::mem_host_register(page.as_ptr() as *mut u8, 4096) }.unwrap();
+    // SAFETY: the page is mapped, 8-byte aligned, and outlives every use below.
+    let gate = unsafe { &*(page.as_ptr() as *const AtomicU64) };
+    let (hold, host_word, dev_word) = (host, host + 64, buf.ptr() + LEN);
+    // SAFETY: words of `buf` and of the registered page; the stream is live. Both words hold 1
+    // from here on, so waits for 1 on them are met.
+    unsafe {
+        driver::memset_async(buf.ptr(), 0, LEN as usize + 4096, stream.raw()).unwrap();
+        driver::stream_write_values64(stream.raw(), [(dev_word, 1), (host_word, 1)]).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let ipc = IpcEvent::new(ctx).unwrap();
+    // SAFETY: a context is current (bound above); destroyed below.
+    let plain = unsafe { driver::event_create() }.unwrap();
+    ipc.record(&stream).unwrap();
+    stream.synchronize().unwrap();
+    type Op<'a> = Box<dyn Fn() + 'a>;
+    let s = stream.raw();
+    // SAFETY (every case): the words and events live until the stream is synchronized below.
+    let cases: Vec<(&'static str, Op)> = vec![
+        ("kernel alone", Box::new(|| {})),
+        ("+ cuEventRecord (interprocess event)", Box::new(|| ipc.record(&stream).unwrap())),
+        (
+            "+ cuEventRecord (plain event, no timing)",
+            Box::new(|| unsafe { driver::event_record(plain, s).unwrap() }),
+        ),
+        (
+            "+ cuStreamWriteValue64 (device word)",
+            Box::new(|| unsafe { driver::stream_write_value64(s, dev_word, 1).unwrap() }),
+        ),
+        (
+            "+ cuStreamWriteValue64 (host word)",
+            Box::new(|| unsafe { driver::stream_write_value64(s, host_word, 1).unwrap() }),
+        ),
+        (
+            "+ cuStreamBatchMemOp (device and host word)",
+            Box::new(|| unsafe {
+                driver::stream_write_values64(s, [(dev_word, 1), (host_word, 1)]).unwrap()
+            }),
+        ),
+        (
+            "+ cuStreamWaitValue64, met (device word)",
+            Box::new(|| unsafe { driver::stream_wait_value64(s, dev_word, 1).unwrap() }),
+        ),
+        (
+            "+ cuStreamWaitValue64, met (host word)",
+            Box::new(|| unsafe { driver::stream_wait_value64(s, host_word, 1).unwrap() }),
+        ),
+        (
+            "+ cuStreamWaitEvent (completed interprocess event)",
+            Box::new(|| ipc.wait_on(&stream).unwrap()),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (round, (name, op)) in cases.iter().enumerate() {
+        let round = round as u64 + 1;
+        // SAFETY: the registered page's first word; the CPU sets it to `round` below.
+        unsafe { driver::stream_wait_value64(s, hold, round) }.unwrap();
+        let t = Instant::now();
+        for i in 0..BACKLOG {
+            // SAFETY: `buf` holds LEN readable bytes until the synchronize below.
+            unsafe { k.read_traced(&stream, buf.ptr(), LEN, None, Some(i)) };
+            op();
+        }
+        let queued_in = t.elapsed();
+        gate.store(round, Ordering::SeqCst);
+        let pairs = k.trace_pairs(&stream, 0..BACKLOG);
+        let per = (pairs[BACKLOG as usize - 1].0 - pairs[0].0) as f64 / (BACKLOG - 1) as f64;
+        let kernel = pairs.iter().map(|p| (p.1 - p.0) as f64).sum::<f64>() / BACKLOG as f64;
+        eprintln!(
+            "stream op {name}: {per:.0} ns per frame on the GPU (kernel {kernel:.0} ns; queued in \
+             {queued_in:?})"
+        );
+        out.push((*name, per));
+    }
+    // SAFETY: the stream is idle (synchronized in `trace_pairs`); made above.
+    unsafe {
+        driver::event_destroy(plain).unwrap();
+        driver::mem_host_unregister(page.as_ptr() as *mut u8).unwrap();
+    }
+    out
 }

@@ -30,6 +30,7 @@ mod ring;
 mod sharing;
 #[path = "../../src/bin/gpuring/size.rs"]
 mod size;
+mod trace;
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -238,6 +239,9 @@ fn floors_and_latency(
         rep.read_bw / 1e9
     );
     rep.calls = floors::call_costs(ctx, stream, k);
+    if floors::mem_ops_supported(ctx) {
+        rep.stream_ops = floors::stream_op_costs(ctx, k);
+    }
     for (call, ns) in &rep.calls {
         eprintln!("call {call}: {ns:.0} ns");
     }
@@ -246,6 +250,18 @@ fn floors_and_latency(
         let raw = floors::raw_ipc(o, ctx, k, size, floors::Fence::Event);
         let memop = mem_ops.then(|| floors::raw_ipc(o, ctx, k, size, floors::Fence::MemOp));
         let host = mem_ops.then(|| floors::raw_ipc(o, ctx, k, size, floors::Fence::HostMemOp));
+        if mem_ops {
+            let dual = floors::raw_ipc(o, ctx, k, size, floors::Fence::DualMemOp);
+            eprintln!(
+                "raw {size:>9} B mem-ops on device words mirrored to host words: {:.0}/s p50 {} \
+                 ns p99 {} ns (device words alone: p50 {} ns; host words: p50 {} ns)",
+                dual.round_trips,
+                dual.p50,
+                dual.p99,
+                memop.as_ref().map_or(0, |m| m.p50),
+                host.as_ref().map_or(0, |m| m.p50)
+            );
+        }
         let ring = ring::run_cell(o, k, 1, size, Policy::Block, 1, false, Duration::ZERO);
         let polled = ring::run_cell(o, k, 1, size, Policy::Block, 1, false, gpu_poll());
         let ahead = ring::run_cell(o, k, 1, size, Policy::Block, 4, true, gpu_poll());
@@ -264,9 +280,14 @@ fn floors_and_latency(
     if !o.no_matrix {
         for &n in &o.consumers {
             for &size in &o.sizes {
-                let kps = floors::launch_ceiling(o, n + 1, size);
-                eprintln!("launch ceiling {} processes {size:>9} B: {kps:.0} kernels/s", n + 1);
-                rep.ceilings.push((n + 1, size, kps));
+                let kps = floors::launch_ceiling(o, n + 1, size, false);
+                let fenced = floors::launch_ceiling(o, n + 1, size, mem_ops);
+                eprintln!(
+                    "launch ceiling {} processes {size:>9} B: {kps:.0} kernels/s, {fenced:.0} \
+                     with a fence write after each",
+                    n + 1
+                );
+                rep.ceilings.push((n + 1, size, kps, fenced));
             }
         }
     }

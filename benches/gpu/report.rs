@@ -26,11 +26,16 @@ pub struct Report {
     pub read_bw: f64,
     /// ns per driver call, in this process.
     pub calls: Vec<(&'static str, f64)>,
+    /// ns of GPU time per frame of a backlogged stream: a 64 KiB read, with each fence
+    /// operation after it (`floors::stream_op_costs`).
+    pub stream_ops: Vec<(&'static str, f64)>,
     /// Per size: the raw handoff with events, with stream memory ops (if supported), and the
     /// paced ring, 1→1.
     pub latency: Vec<LatencyRow>,
     /// (processes, size, kernels/s): the GPU's kernel rate from that many launching processes.
-    pub ceilings: Vec<(usize, usize, f64)>,
+    /// The fourth: the same with one fence write (`cuStreamWriteValue64`) after each kernel,
+    /// what a ring's process pays per frame at least.
+    pub ceilings: Vec<(usize, usize, f64, f64)>,
     pub cells: Vec<Cell>,
 }
 
@@ -83,13 +88,15 @@ impl Report {
     }
 
     /// A cell's kernels per second (one per frame in each process) as a share of the launch
-    /// ceiling measured for that many processes and that frame size.
+    /// ceiling measured for that many processes and that frame size, and of the fenced one.
     pub fn ceiling(&self, c: &Cell) -> String {
         let kernels = c.producer_fps + c.consumer_fps.iter().sum::<f64>();
-        self.ceilings
-            .iter()
-            .find(|(p, s, _)| *p == c.consumers + 1 && *s == c.size)
-            .map_or("-".into(), |(_, _, kps)| format!("{:.0}%", 100.0 * kernels / kps))
+        self.ceilings.iter().find(|(p, s, ..)| *p == c.consumers + 1 && *s == c.size).map_or(
+            "-".into(),
+            |(_, _, kps, fenced)| {
+                format!("{:.0}% / {:.0}%", 100.0 * kernels / kps, 100.0 * kernels / fenced)
+            },
+        )
     }
 
     pub fn markdown(&self) -> String {
@@ -118,6 +125,13 @@ impl Report {
                  cuStreamWaitEvent on it {:.0}.",
                 raw.opened_query_ns, raw.opened_wait_ns
             );
+        }
+        if !self.stream_ops.is_empty() {
+            s += "\n\nGPU time per frame of a stream that never waits for work (ns; a 64 KiB \
+                  read, then the fence operation named):";
+            for (op, ns) in &self.stream_ops {
+                s += &format!(" {op} {ns:.0};");
+            }
         }
         s += "\n\nPaced 1→1 handoff, publish (the fill's last block) → consumer-kernel start. \
               Raw: no ring, one buffer, IPC events (the floor), or stream memory ops on words in \
@@ -160,7 +174,7 @@ impl Report {
         s += "\nMatrix (each consumer a process reading every byte; fps per consumer is the \
               mean, min in brackets):\n\n";
         s += "| consumers | size | policy | producer fps | fps/consumer | GB/s/consumer | \
-              roofline | launch ceiling | p50 µs | p99 µs | lost | IPC opens, CPU syncs |\n\
+              roofline | launch ceiling / fenced | p50 µs | p99 µs | lost | IPC opens, CPU syncs |\n\
               |---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for c in &self.cells {
             let min = c.consumer_fps.iter().cloned().fold(f64::INFINITY, f64::min);
@@ -258,8 +272,11 @@ impl Report {
         let ceilings: Vec<String> = self
             .ceilings
             .iter()
-            .map(|(p, sz, k)| {
-                format!("{{\"processes\": {p}, \"size\": {sz}, \"kernels_per_s\": {k:.0}}}")
+            .map(|(p, sz, k, f)| {
+                format!(
+                    "{{\"processes\": {p}, \"size\": {sz}, \"kernels_per_s\": {k:.0}, \
+                     \"fenced_kernels_per_s\": {f:.0}}}"
+                )
             })
             .collect();
         s += &format!("  \"launch_ceilings\": [{}],\n", ceilings.join(", "));

@@ -14,6 +14,7 @@ use gpuring::RecvError;
 use gpuring::{Consumer, Policy, Producer};
 
 use crate::kernels::{percentiles, Kernels};
+use crate::trace::Recorder;
 use crate::{child_result, Opts, ROLE};
 
 /// Counts of IPC opens/closes (and VMM imports) and CPU syncs made by this process so far.
@@ -115,16 +116,21 @@ pub fn run_cell(
     let mut seq = 0u64;
     // Time spent in acquire, the fill launch and publish (ns, measured frames only).
     let mut spent = [0u64; 3];
+    let mut rec = Recorder::new(k);
     let mut publish = |tx: &mut gpuring::GpuProducer, phase: u8| {
+        let c0 = rec.now();
         let t0 = Instant::now();
         let slot = tx.acquire().expect("acquire");
         let t1 = Instant::now();
+        let c1 = rec.now();
         // SAFETY: the slot holds `size` writable bytes until published; its stream is the
         // producer's one stream, as the fill ticket needs.
         unsafe { k.fill(slot.stream(), slot.ptr(), size as u64, seq) };
         let t2 = Instant::now();
+        let c2 = rec.now();
         slot.publish(size, &[phase, 0, 0, 0, 0, 0, 0, 0]).expect("publish");
         if phase == 1 {
+            rec.push(seq, [c0, c1, c2, rec.now()]);
             let t3 = Instant::now();
             spent[0] += (t1 - t0).as_nanos() as u64;
             spent[1] += (t2 - t1).as_nanos() as u64;
@@ -149,6 +155,7 @@ pub fn run_cell(
     let producer_fps = frames as f64 / t0.elapsed().as_secs_f64();
     let (opens1, syncs1) = counters();
     drop(tx);
+    rec.write(k, &Stream::new(k.context()).unwrap(), "fill.tsv");
     let mut cell = Cell {
         consumers: n,
         size,
@@ -189,11 +196,14 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
     let (mut frames, mut lost) = (0u64, 0u64);
     let mut start: Option<(Instant, u64, u64)> = None;
     let mut spent = [0u64; 3];
+    let mut rec = Recorder::new(&k);
     loop {
+        let c0 = rec.now();
         let t0 = Instant::now();
         match rx.recv() {
             Ok(slot) => {
                 let t1 = Instant::now();
+                let c1 = rec.now();
                 assert_eq!(slot.len(), size, "frame length");
                 let measured = slot.header()[0] == 1;
                 if measured {
@@ -204,12 +214,17 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
                     lost += slot.lag();
                 }
                 let sample = measured.then_some(frames);
+                let frame = k.tracing().then_some(slot.seq());
                 // SAFETY: the slot's `len` bytes are readable on its stream until released,
                 // and the release is queued after this kernel.
-                unsafe { k.read(slot.stream(), slot.ptr(), slot.len() as u64, sample) };
+                unsafe {
+                    k.read_traced(slot.stream(), slot.ptr(), slot.len() as u64, sample, frame)
+                };
                 let t2 = Instant::now();
+                let (c2, seq) = (rec.now(), slot.seq());
                 drop(slot);
                 if measured {
+                    rec.push(seq, [c0, c1, c2, rec.now()]);
                     let t3 = Instant::now();
                     spent[0] += (t1 - t0).as_nanos() as u64;
                     spent[1] += (t2 - t1).as_nanos() as u64;
@@ -226,6 +241,9 @@ pub fn consumer(name: &str, size: usize, device: i32) -> HashMap<&'static str, f
     rx.stream().synchronize().unwrap();
     let seconds = t0.elapsed().as_secs_f64();
     let (p50, p99) = percentiles(k.latencies(rx.stream(), frames));
+    let index = std::env::var(ROLE).unwrap_or_default();
+    let index = index.rsplit(':').next().unwrap_or("0");
+    rec.write(&k, rx.stream(), &format!("read-{index}.tsv"));
     HashMap::from([
         ("frames", frames as f64),
         ("seconds", seconds),

@@ -852,6 +852,34 @@ pub unsafe fn stream_write_value64(
     })
 }
 
+/// `cuStreamBatchMemOp_v2` of 64-bit writes: when `stream` reaches it (after its earlier work,
+/// with a memory barrier), writes each `(addr, value)` of `writes`, in one driver call. A
+/// fence that must reach both a device word (for GPU waits, which poll it in the GPU's own
+/// memory) and a host word (for the CPU) writes both so.
+///
+/// # Safety
+/// 1. `stream` must be live in the current context; every `addr` must be an 8-byte aligned
+///    word writable from it (device memory, or host memory registered for the device) until
+///    the writes have run.
+pub unsafe fn stream_write_values64<const N: usize>(
+    stream: CUstream,
+    writes: [(CUdeviceptr, u64); N],
+) -> DriverResult<()> {
+    let mut ops = writes.map(|(address, value)| {
+        // SAFETY: a plain-data union, all zeroes is a valid value of it.
+        let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        op.writeValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64;
+        op.writeValue.address = address;
+        op.writeValue.__bindgen_anon_1.value64 = value;
+        op.writeValue.flags = 0;
+        op
+    });
+    // SAFETY: by (1); `ops` holds `writes.len()` initialised operations for the call's length.
+    check("cuStreamBatchMemOp_v2", unsafe {
+        sys::cuStreamBatchMemOp_v2(stream, ops.len() as u32, ops.as_mut_ptr(), 0)
+    })
+}
+
 /// `cuStreamWaitValue64_v2` with `CU_STREAM_WAIT_VALUE_GEQ`: work queued on `stream` after it
 /// waits until the device word at `addr` is at least `value`.
 ///
