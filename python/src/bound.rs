@@ -20,6 +20,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::ffi::c_int;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -41,9 +42,35 @@ struct Owner {
 
 impl Owner {
     fn current() -> Owner {
-        Owner { thread: std::thread::current().id(), pid: std::process::id() }
+        Owner { thread: std::thread::current().id(), pid: pid() }
     }
 }
+
+/// This process's id, remembered once the fork handlers are in place (0: not remembered).
+/// `after_fork_in_child` forgets it, so a forked child asks again.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id: a `getpid` system call the first time after start or fork, then a load.
+/// Every slot and tensor asks, several times per message.
+fn pid() -> u32 {
+    // Relaxed (both): a plain cache of a value that only changes across fork(), whose child
+    // handler clears it before the child returns from fork().
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id();
+            // Remembered only if the child handler will clear it: without the handlers a
+            // forked child would take the parent's id for its own.
+            if HANDLERS.get() == Some(&0) {
+                PID.store(pid, Ordering::Relaxed);
+            }
+            pid
+        }
+        pid => pid,
+    }
+}
+
+/// What `pthread_atfork` returned, once called (0: the handlers are registered).
+static HANDLERS: OnceLock<c_int> = OnceLock::new();
 
 /// A value to drop on another thread than the one that let go of it.
 struct Owed(Box<dyn FnOnce()>);
@@ -108,8 +135,7 @@ struct ForkLocks {
 /// thread holds; the longest hold is a thread ending while values freed for it are queued (a
 /// CUDA producer among them waits up to 5 s for its consumers).
 pub fn register_fork_handlers() -> std::io::Result<()> {
-    static REGISTERED: OnceLock<c_int> = OnceLock::new();
-    let rc = *REGISTERED.get_or_init(|| {
+    let rc = *HANDLERS.get_or_init(|| {
         // SAFETY: the handlers are plain functions that take no arguments, never unwind, and
         // live as long as the process (CPython never unloads an extension module).
         unsafe {
@@ -156,6 +182,8 @@ extern "C" fn after_fork_in_parent() {
 /// child has the same `ThreadId` and would otherwise drop them at its first `drain`. `dead`
 /// is kept: it names the parent's threads, which own nothing the child may drop.
 extern "C" fn after_fork_in_child() {
+    // Relaxed: the child has this one thread until the handler returns.
+    PID.store(0, Ordering::Relaxed);
     if let Some(mut locks) = FORK_LOCKS.try_with(|slot| slot.borrow_mut().take()).ok().flatten() {
         std::mem::forget(std::mem::take(&mut locks.state.owed));
         drop(locks);
@@ -197,6 +225,8 @@ fn under_dead_lock(f: impl FnOnce()) {
 /// Drops `value`, which `owner` may touch: now on its thread, queued from another thread,
 /// under the lock once its thread ended, never in a forked child.
 fn drop_on<T: 'static>(owner: Owner, value: T) {
+    // The system call, not the cache: a child forked without the fork handlers (a raw
+    // `_Fork()`, say) must not drop the parent's values. Once per value, not per use.
     if owner.pid != std::process::id() {
         std::mem::forget(value); // the parent's: leave its entries and rings alone
         return;
@@ -304,17 +334,39 @@ impl<T: 'static> ThreadBound<T> {
     }
 
     fn check(&self) -> PyResult<()> {
-        let me = Owner::current();
-        if me == self.owner {
-            drain();
-            return Ok(());
-        }
-        let why = if me.pid != self.owner.pid {
-            "this gpuring object was made before fork(): open a new one in this process"
-        } else {
-            "gpuring consumers, producers and their slots are used on the thread that made them"
-        };
-        Err(PyRuntimeError::new_err(why))
+        check_owner(self.owner)
+    }
+}
+
+/// Ok on `owner`'s thread (after dropping what was queued for it); `RuntimeError` elsewhere.
+fn check_owner(owner: Owner) -> PyResult<()> {
+    let me = Owner::current();
+    if me == owner {
+        drain();
+        return Ok(());
+    }
+    let why = if me.pid != owner.pid {
+        "this gpuring object was made before fork(): open a new one in this process"
+    } else {
+        "gpuring consumers, producers and their slots are used on the thread that made them"
+    };
+    Err(PyRuntimeError::new_err(why))
+}
+
+/// The thread (and process) that made an object, to check it is used there even after the
+/// object's bound values are gone (a released slot).
+#[derive(Clone, Copy)]
+pub struct Here(Owner);
+
+impl Here {
+    /// This thread.
+    pub fn new() -> Here {
+        Here(Owner::current())
+    }
+
+    /// Ok on that thread; `RuntimeError` elsewhere, as [`ThreadBound::get`].
+    pub fn check(&self) -> PyResult<()> {
+        check_owner(self.0)
     }
 }
 

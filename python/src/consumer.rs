@@ -353,18 +353,35 @@ impl Consumer {
         shared.ok_or_else(|| error(format!("consumer of {:?} is closed", self.name)))
     }
 
-    /// One receive attempt without the GIL: `Ok(None)` if nothing came in `wait`.
+    /// One receive attempt: `Ok(None)` if nothing came in `wait`. On a host ring, a message
+    /// already waiting is taken with the GIL held: that look never waits, and letting go of
+    /// the GIL and taking it back would cost more than it. A CUDA message's placing can wait
+    /// (for its ready fence within `gpu_poll`, or to map a pool the producer added), so a
+    /// CUDA receive, and every wait, runs without the GIL.
     fn receive(&self, py: Python<'_>, wait: Option<Duration>) -> PyResult<Option<Slot>> {
         let shared = self.shared()?;
-        // SAFETY: the closure runs on this thread, and the consumer's graph is bound to it.
-        let job = unsafe { SameThread::new(shared.clone()) };
-        let got = py.detach(move || {
-            let shared = job.into_inner();
-            // SAFETY: as above: handed straight back to this thread.
-            unsafe { SameThread::new(Held::try_new(shared, |s| s.recv(wait))) }
-        });
-        match got.into_inner() {
-            Ok(held) => Ok(Some(Slot::new(held, self.wanted.clone(), self.device))),
+        let detached = |wait| {
+            // SAFETY: the closure runs on this thread, and the consumer's graph is bound to it.
+            let job = unsafe { SameThread::new(shared.clone()) };
+            let got = py.detach(move || {
+                let shared = job.into_inner();
+                // SAFETY: as above: handed straight back to this thread.
+                unsafe { SameThread::new(Held::try_new(shared, |s| s.recv(wait))) }
+            });
+            got.into_inner()
+        };
+        let got = if self.device.is_some() {
+            detached(wait)
+        } else {
+            match Held::try_new(shared.clone(), |s| s.recv(None)) {
+                Err(RecvTimeoutError::Timeout) if wait.is_some_and(|w| !w.is_zero()) => {
+                    detached(wait)
+                }
+                got => got,
+            }
+        };
+        match got {
+            Ok(held) => Ok(Some(Slot::new(held, self.wanted, self.device))),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => {
                 let ended = self.shared()?.consumer().ended();

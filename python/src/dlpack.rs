@@ -6,20 +6,22 @@
 //! its tensor is freed. An export keeps its slot held (`keep`), so a tensor never outlives
 //! the bytes it points to. A capsule nobody took is deleted by its destructor.
 //!
+//! A capsule is single-use, so every `__dlpack__` makes one: a single allocation (the box,
+//! with the shape and strides in fixed arrays from the slot's cached layout) besides the
+//! capsule object itself.
+//!
 //! Read-only: the legacy form has no read-only flag (DLPack 1.0's versioned form has one),
 //! so nothing here can say that the memory is shared and must not be written. torch and CuPy
 //! make writable tensors of it, numpy read-only arrays. The rule is on `Slot`'s doc and in
 //! docs/python.md.
 
-use std::any::Any;
 use std::ffi::c_void;
 
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::{ffi, Bound};
 
-use crate::bound::ThreadBound;
-use crate::layout::Layout;
+use crate::layout::{Layout, MAX_DIMS};
 
 /// `kDLCPU`.
 pub const CPU: i32 = 1;
@@ -57,40 +59,38 @@ struct DLManagedTensor {
     deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
-/// What keeps an export's bytes valid: dropped when the tensor is freed, on the consumer's
-/// thread whichever thread frees the tensor. Never read; held for its `Drop`.
-pub type Keep = ThreadBound<Box<dyn Any>>;
-
-/// One export. `repr(C)` with `managed` first, so a pointer to it is a pointer to `managed`.
+/// One export, in one allocation. `repr(C)` with `managed` first, so a pointer to it is a
+/// pointer to `managed`.
 #[repr(C)]
-struct Export {
-    /// Invariant: `dl_tensor.shape` and `.strides` point into `shape` and `strides` below,
-    /// which are never resized.
+struct Export<K> {
+    /// Invariant: `dl_tensor.shape` and `.strides` point into `shape` and `strides` below
+    /// (the box never moves).
     managed: DLManagedTensor,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
-    keep: Keep,
+    shape: [i64; MAX_DIMS],
+    strides: [i64; MAX_DIMS],
+    /// What keeps the bytes valid: never read, held for its `Drop`, which runs on whichever
+    /// thread frees the tensor (hence `Send`).
+    keep: K,
 }
 
 const NAME: &std::ffi::CStr = c"dltensor";
 
 /// A `"dltensor"` capsule of `layout` at `data` on device (`device_type`, `device_id`),
 /// keeping `keep` until the tensor is freed.
-pub fn capsule<'py>(
+pub fn capsule<'py, K: Send + 'static>(
     py: Python<'py>,
     data: u64,
     device: (i32, i32),
     layout: &Layout,
-    keep: Keep,
+    keep: K,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let shape: Vec<i64> = layout.shape.iter().map(|d| *d as i64).collect();
-    let strides = layout.strides();
-    let mut export = Box::new(Export {
+    let (shape, strides) = layout.arrays();
+    let raw = Box::into_raw(Box::new(Export {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: data as *mut c_void,
                 device: DLDevice { device_type: device.0, device_id: device.1 },
-                ndim: shape.len() as i32,
+                ndim: layout.shape().len() as i32,
                 dtype: DLDataType {
                     code: layout.dtype.code(),
                     bits: layout.dtype.bits(),
@@ -101,19 +101,21 @@ pub fn capsule<'py>(
                 byte_offset: 0,
             },
             manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete),
+            deleter: Some(delete::<K>),
         },
         shape,
         strides,
         keep,
-    });
-    // The vectors' buffers do not move when the box does, and are never resized.
-    export.managed.dl_tensor.shape = export.shape.as_mut_ptr();
-    export.managed.dl_tensor.strides = export.strides.as_mut_ptr();
-    let raw = Box::into_raw(export);
+    }));
+    // SAFETY: `raw` is the allocation just made, which nothing else refers to yet; its arrays
+    // stay where they are until the box is freed.
+    unsafe {
+        (*raw).managed.dl_tensor.shape = (&raw mut (*raw).shape).cast();
+        (*raw).managed.dl_tensor.strides = (&raw mut (*raw).strides).cast();
+    }
     // SAFETY: `raw` is a live `Export` whose first field is the `DLManagedTensor` (repr(C));
     // the name is a static C string; `destroy` matches the capsule destructor signature.
-    let capsule = unsafe { ffi::PyCapsule_New(raw.cast(), NAME.as_ptr(), Some(destroy)) };
+    let capsule = unsafe { ffi::PyCapsule_New(raw.cast(), NAME.as_ptr(), Some(destroy::<K>)) };
     if capsule.is_null() {
         // SAFETY: the capsule was not created, so we still own `raw`.
         drop(unsafe { Box::from_raw(raw) });
@@ -126,18 +128,18 @@ pub fn capsule<'py>(
 /// The DLPack deleter: called once, by the consumer that took the tensor (or by `destroy`).
 ///
 /// # Safety
-/// `m` must be a `DLManagedTensor` made by [`capsule`], not deleted before.
-unsafe extern "C" fn delete(m: *mut DLManagedTensor) {
-    // SAFETY: by the contract, `m` is the first field of a boxed `Export` we leaked. Dropping
-    // it on any thread is fine: `keep` defers its value to the consumer's thread.
-    drop(unsafe { Box::from_raw(m.cast::<Export>()) });
+/// `m` must be a `DLManagedTensor` made by [`capsule`] with this `K`, not deleted before.
+unsafe extern "C" fn delete<K: Send>(m: *mut DLManagedTensor) {
+    // SAFETY: by the contract, `m` is the first field of a boxed `Export<K>` we leaked.
+    // Dropping it on any thread is fine: `keep` is `Send`.
+    drop(unsafe { Box::from_raw(m.cast::<Export<K>>()) });
 }
 
 /// The capsule destructor: deletes the tensor unless a consumer took it.
 ///
 /// # Safety
-/// Called by Python with a capsule made by [`capsule`].
-unsafe extern "C" fn destroy(capsule: *mut ffi::PyObject) {
+/// Called by Python with a capsule made by [`capsule`] with this `K`.
+unsafe extern "C" fn destroy<K: Send>(capsule: *mut ffi::PyObject) {
     // SAFETY: `capsule` is a live capsule; a taken one was renamed "used_dltensor", which
     // makes IsValid false without setting an error.
     if unsafe { ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) } != 1 {
@@ -146,5 +148,5 @@ unsafe extern "C" fn destroy(capsule: *mut ffi::PyObject) {
     // SAFETY: valid with this name, so the pointer is the `DLManagedTensor` we stored.
     let m = unsafe { ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr()) }.cast::<DLManagedTensor>();
     // SAFETY: nobody took it, so nobody deleted it: we do, once.
-    unsafe { delete(m) };
+    unsafe { delete::<K>(m) };
 }

@@ -1,7 +1,8 @@
 //! The consumer behind a `gpuring.Consumer` ([`Reader`]: a consumer of either memory kind,
 //! `gpuring::any`, and the stream it reads on), and a received message kept together with the
 //! consumer it borrows ([`Held`]), so that Python objects (which cannot borrow) can hold it.
-//! All of it is bound to the consumer's thread (`crate::bound`).
+//! All of it is bound to the consumer's thread (`crate::bound`). The consumer also keeps the
+//! layout its messages were last viewed in ([`LayoutCache`]).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -10,12 +11,16 @@ use gpuring::any::{AnyConsumer, AnyReadSlot};
 use gpuring::cuda::Stream;
 use gpuring::{ConsumerBuilder, OpenError, RecvTimeoutError};
 
+use crate::layout::LayoutCache;
+
 /// A consumer, and what it reads on.
 pub struct Reader {
     rx: AnyConsumer,
     /// CUDA rings: the consumer's stream `S`, the caller's or the legacy default stream
     /// (PyTorch's default). Ready waits and releases go on it. None for host rings.
     on: Option<Stream>,
+    /// The last layout its slots resolved (they mostly share one).
+    layouts: LayoutCache,
 }
 
 impl Reader {
@@ -27,7 +32,7 @@ impl Reader {
         // SAFETY: the caller's stream (a live stream of the consumer's device, kept alive
         // while the consumer is used, as documented), or the null stream.
         let on = rx.context().map(|ctx| unsafe { Stream::from_raw(ctx, raw) });
-        Ok(Rc::new(Reader { rx, on }))
+        Ok(Rc::new(Reader { rx, on, layouts: LayoutCache::default() }))
     }
 
     /// Receives, waiting at most `wait` (None: try once, and `Timeout` if nothing is waiting).
@@ -69,5 +74,10 @@ impl Held {
     /// The consumer's stream (CUDA only).
     pub fn stream(&self) -> Option<&Stream> {
         self.borrow_owner().stream()
+    }
+
+    /// The consumer's layout cache.
+    pub fn layouts(&self) -> &LayoutCache {
+        &self.borrow_owner().layouts
     }
 }

@@ -1,7 +1,13 @@
 //! How a message's bytes are viewed: element type and C-order shape. From the slot's `view`,
 //! else the consumer's `dtype`/`shape` arguments, else the tensor header at the start of the
 //! user header (`gpuring::tensor`), else a 1-D `uint8` array of the message's bytes.
+//!
+//! A resolved [`Layout`] holds its shape and strides in fixed arrays, ready for DLPack and the
+//! buffer protocol, and a consumer keeps the last one it resolved ([`LayoutCache`]): a ring's
+//! messages mostly share one layout, so an export neither parses the tensor header nor
+//! computes strides again.
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 
 use gpuring::tensor::{DType, TensorHeader};
@@ -9,20 +15,44 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+/// The most dimensions a layout has (the tensor header's limit, which `Wanted` keeps too).
+pub const MAX_DIMS: usize = TensorHeader::MAX_DIMS;
+
 /// What the user asked for: either part may be left to the header or to the default.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Wanted {
     pub dtype: Option<DType>,
-    /// Invariant: at most one `-1` (inferred), every other entry >= 0.
-    pub shape: Option<Vec<i64>>,
+    shape: Option<Dims>,
 }
 
-/// A resolved layout.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A requested shape, in place (a slot copies its consumer's `Wanted`: no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Dims {
+    /// Invariant: at most `MAX_DIMS`.
+    ndim: u8,
+    /// Invariant: of the first `ndim`, at most one `-1` (inferred), every other entry >= 0;
+    /// the rest are 0.
+    dims: [i64; MAX_DIMS],
+}
+
+impl Dims {
+    fn get(&self) -> &[i64] {
+        &self.dims[..self.ndim as usize]
+    }
+}
+
+/// A resolved layout: element type, C-order shape and strides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub dtype: DType,
-    /// Invariant: the product of the dims times the element size is the message's length.
-    pub shape: Vec<u64>,
+    /// Invariant: at most `MAX_DIMS`.
+    ndim: u8,
+    /// Invariant: the first `ndim` entries are >= 0, and their product times the element size
+    /// is the message's length and fits in an i64; the rest are 0.
+    shape: [i64; MAX_DIMS],
+    /// C-order strides of `shape`, in elements (each fits: it divides the product above, or
+    /// is 0).
+    strides: [i64; MAX_DIMS],
 }
 
 impl Wanted {
@@ -30,19 +60,24 @@ impl Wanted {
     /// or None; `shape` a sequence of ints, one of which may be -1, or None.
     pub fn from_args(dtype: Option<&Bound<'_, PyAny>>, shape: Option<Vec<i64>>) -> PyResult<Self> {
         let dtype = dtype.filter(|d| !d.is_none()).map(parse_dtype).transpose()?;
-        if let Some(shape) = &shape {
-            if shape.iter().filter(|d| **d == -1).count() > 1 || shape.iter().any(|d| *d < -1) {
-                return Err(PyValueError::new_err(format!(
-                    "shape {shape:?}: dimensions must be >= 0, with at most one -1"
-                )));
+        let shape = match shape {
+            None => None,
+            Some(shape) => {
+                if shape.iter().filter(|d| **d == -1).count() > 1 || shape.iter().any(|d| *d < -1) {
+                    return Err(PyValueError::new_err(format!(
+                        "shape {shape:?}: dimensions must be >= 0, with at most one -1"
+                    )));
+                }
+                if shape.len() > MAX_DIMS {
+                    return Err(PyValueError::new_err(format!(
+                        "shape {shape:?}: at most {MAX_DIMS} dimensions"
+                    )));
+                }
+                let mut dims = [0; MAX_DIMS];
+                dims[..shape.len()].copy_from_slice(&shape);
+                Some(Dims { ndim: shape.len() as u8, dims })
             }
-            if shape.len() > TensorHeader::MAX_DIMS {
-                return Err(PyValueError::new_err(format!(
-                    "shape {shape:?}: at most {} dimensions",
-                    TensorHeader::MAX_DIMS
-                )));
-            }
-        }
+        };
         Ok(Wanted { dtype, shape })
     }
 
@@ -62,7 +97,7 @@ impl Wanted {
                         h.dtype, h.shape, h.nbytes()
                     )));
                 }
-                return Layout { dtype: h.dtype, shape: h.shape }.checked();
+                return Layout::new(h.dtype, &h.shape);
             }
         }
         let dtype = match self.dtype {
@@ -76,15 +111,70 @@ impl Wanted {
             )));
         }
         let elements = (len / size) as u64;
-        let shape = match &self.shape {
-            None => vec![elements],
-            Some(dims) => infer(dims, elements).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "shape {dims:?} of {dtype} does not fit a message of {len} bytes"
-                ))
-            })?,
+        match &self.shape {
+            None => Layout::new(dtype, &[elements]),
+            Some(dims) => {
+                let dims = dims.get();
+                let shape = infer(dims, elements).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "shape {dims:?} of {dtype} does not fit a message of {len} bytes"
+                    ))
+                })?;
+                Layout::new(dtype, &shape)
+            }
+        }
+    }
+
+    /// The bytes of a user header that resolving this depends on: none when a dtype is given
+    /// (the header is not read), else the tensor header that starts it (or the bytes that say
+    /// there is none). The frame number or whatever else follows does not count.
+    fn header_key<'h>(&self, header: &'h [u8]) -> &'h [u8] {
+        if self.dtype.is_some() {
+            return &[];
+        }
+        let end = if header.starts_with(&TensorHeader::MAGIC) {
+            // Past MAX_DIMS the header is refused for its first 8 bytes alone.
+            8 + 8 * header.get(7).map_or(0, |n| (*n as usize).min(MAX_DIMS))
+        } else {
+            TensorHeader::MAGIC.len()
         };
-        Layout { dtype, shape }.checked()
+        &header[..end.min(header.len())]
+    }
+}
+
+/// The longest [`Wanted::header_key`]: a tensor header of `MAX_DIMS` dimensions.
+const KEY_MAX: usize = 8 + 8 * MAX_DIMS;
+
+/// The layout a consumer resolved last, with what it was resolved from. Bound to the
+/// consumer's thread, as the consumer is.
+#[derive(Default)]
+pub struct LayoutCache(RefCell<Option<Cached>>);
+
+struct Cached {
+    wanted: Wanted,
+    len: usize,
+    /// Invariant: at most `KEY_MAX`.
+    key_len: u8,
+    key: [u8; KEY_MAX],
+    layout: Layout,
+}
+
+impl LayoutCache {
+    /// `wanted.resolve(header, len)`, from the cache when the last resolve was of the same
+    /// request, length and tensor header. Errors are not kept: they are reported each time.
+    pub fn resolve(&self, wanted: &Wanted, header: &[u8], len: usize) -> PyResult<Layout> {
+        let key = wanted.header_key(header);
+        if let Some(c) = &*self.0.borrow() {
+            if c.len == len && c.wanted == *wanted && &c.key[..c.key_len as usize] == key {
+                return Ok(c.layout);
+            }
+        }
+        let layout = wanted.resolve(header, len)?;
+        let mut cached =
+            Cached { wanted: *wanted, len, key_len: key.len() as u8, key: [0; KEY_MAX], layout };
+        cached.key[..key.len()].copy_from_slice(key);
+        *self.0.borrow_mut() = Some(cached);
+        Ok(layout)
     }
 }
 
@@ -142,32 +232,53 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 }
 
 impl Layout {
-    /// Refuses shapes whose strides would not fit in the i64 that DLPack and Python use (a
-    /// header may say `(0, 2**63, 4)` of an empty message).
-    fn checked(self) -> PyResult<Layout> {
-        let fits = self
-            .shape
+    /// `dtype` elements in C-order `shape`. Refuses more than `MAX_DIMS` dimensions, and
+    /// shapes whose strides would not fit in the i64 that DLPack and Python use (a header may
+    /// say `(0, 2**63, 4)` of an empty message).
+    pub fn new(dtype: DType, shape: &[u64]) -> PyResult<Layout> {
+        let fits = shape
             .iter()
             .filter(|d| **d > 0)
-            .try_fold(self.dtype.size() as i64, |n, d| n.checked_mul(i64::try_from(*d).ok()?));
-        match fits {
-            Some(_) => Ok(self),
-            None => Err(PyValueError::new_err(format!("shape {:?} is too large", self.shape))),
+            .try_fold(dtype.size() as i64, |n, d| n.checked_mul(i64::try_from(*d).ok()?));
+        if fits.is_none() || shape.len() > MAX_DIMS {
+            return Err(PyValueError::new_err(format!("shape {shape:?} is too large")));
         }
+        let mut layout =
+            Layout { dtype, ndim: shape.len() as u8, shape: [0; MAX_DIMS], strides: [0; MAX_DIMS] };
+        let mut stride = 1i64;
+        for (i, d) in shape.iter().enumerate().rev() {
+            // Fits (checked above): every dim, and every suffix product, is at most the
+            // product of the positive dims, or 0.
+            layout.shape[i] = *d as i64;
+            layout.strides[i] = stride;
+            stride *= *d as i64;
+        }
+        Ok(layout)
     }
 
     /// `len` bytes, as a 1-D `uint8` array.
     pub fn bytes(len: usize) -> Layout {
-        Layout { dtype: DType::U8, shape: vec![len as u64] }
+        let mut layout =
+            Layout { dtype: DType::U8, ndim: 1, shape: [0; MAX_DIMS], strides: [0; MAX_DIMS] };
+        // A length in memory is at most isize::MAX.
+        layout.shape[0] = len as i64;
+        layout.strides[0] = 1;
+        layout
+    }
+
+    /// The shape, outermost first.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape[..self.ndim as usize]
     }
 
     /// C-order strides, in elements.
-    pub fn strides(&self) -> Vec<i64> {
-        let mut strides = vec![1i64; self.shape.len()];
-        for i in (0..self.shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * self.shape[i + 1] as i64;
-        }
-        strides
+    pub fn strides(&self) -> &[i64] {
+        &self.strides[..self.ndim as usize]
+    }
+
+    /// The shape and strides arrays whole (entries past `shape().len()` are 0), for DLPack.
+    pub fn arrays(&self) -> ([i64; MAX_DIMS], [i64; MAX_DIMS]) {
+        (self.shape, self.strides)
     }
 
     /// The `__cuda_array_interface__` typestr; bfloat16 has none.
@@ -251,7 +362,41 @@ mod tests {
 
     #[test]
     fn strides_are_c_order() {
-        let l = Layout { dtype: DType::U8, shape: vec![1080, 1920, 4] };
-        assert_eq!(l.strides(), vec![1920 * 4, 4, 1]);
+        Python::initialize();
+        let l = Layout::new(DType::U8, &[1080, 1920, 4]).unwrap();
+        assert_eq!(l.shape(), [1080, 1920, 4]);
+        assert_eq!(l.strides(), [1920 * 4, 4, 1]);
+        assert_eq!(Layout::new(DType::U8, &[]).unwrap().strides(), [0i64; 0]);
+        assert!(Layout::new(DType::U8, &[0, 1 << 63, 4]).is_err());
+        assert!(Layout::new(DType::U8, &[1; MAX_DIMS + 1]).is_err());
+        assert_eq!(Layout::bytes(7), Layout::new(DType::U8, &[7]).unwrap());
+    }
+
+    /// The cache answers for the same request, length and tensor header whatever follows
+    /// that header, and resolves again when any of them changes.
+    #[test]
+    fn the_cache_keys_on_what_the_layout_depends_on() {
+        Python::initialize();
+        let frame = |n: u64, dims: &[u64]| {
+            let mut header = [0u8; 64];
+            let used = TensorHeader::new(DType::U8, dims).write(&mut header).unwrap();
+            header[used..used + 8].copy_from_slice(&n.to_le_bytes());
+            header
+        };
+        let cache = LayoutCache::default();
+        let any = Wanted::default();
+        let l = cache.resolve(&any, &frame(1, &[2, 3, 4]), 24).unwrap();
+        assert_eq!(l.shape(), [2, 3, 4]);
+        // The frame number after the tensor header is not part of the key.
+        assert_eq!(any.header_key(&frame(1, &[2, 3, 4])), any.header_key(&frame(2, &[2, 3, 4])));
+        assert_eq!(cache.resolve(&any, &frame(2, &[2, 3, 4]), 24).unwrap(), l);
+        // Another tensor header, length or request: resolved anew.
+        assert_eq!(cache.resolve(&any, &frame(3, &[6, 4]), 24).unwrap().shape(), [6, 4]);
+        assert!(cache.resolve(&any, &frame(3, &[6, 4]), 25).is_err());
+        let flat = Wanted { dtype: Some(DType::U8), shape: None };
+        assert_eq!(flat.header_key(&frame(3, &[6, 4])), [0u8; 0]);
+        assert_eq!(cache.resolve(&flat, &frame(3, &[6, 4]), 24).unwrap().shape(), [24]);
+        // No tensor header: the bytes.
+        assert_eq!(cache.resolve(&any, &[0u8; 64], 24).unwrap(), Layout::bytes(24));
     }
 }

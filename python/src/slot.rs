@@ -19,7 +19,7 @@
 
 use std::cell::RefCell;
 use std::ffi::c_int;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use gpuring::cuda::Stream;
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyValueError};
@@ -27,11 +27,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use pyo3::{ffi, IntoPyObjectExt};
 
-use crate::bound::ThreadBound;
-use crate::dlpack::{self, Keep};
+use crate::bound::{Here, ThreadBound};
+use crate::dlpack;
 use crate::errors::{ring_error, ReleasedError};
 use crate::held::Held;
 use crate::layout::{Layout, Wanted};
+
+/// A held message, shared by its slot and every DLPack export made from it: the message is
+/// released when the last of them lets go. Bound to the consumer's thread: used elsewhere it
+/// raises `RuntimeError`, and freed elsewhere (the last holder a tensor freed on a worker
+/// thread, say) it is released at that thread's next gpuring call. An export takes a
+/// reference (an atomic increment), not a binding of its own.
+type Shared = Arc<ThreadBound<Claim>>;
 
 /// A held message, and the streams other than the consumer's that it was exported to.
 pub struct Claim {
@@ -79,7 +86,7 @@ fn cuda_array_interface<'py>(
     stream: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
+    d.set_item("shape", PyTuple::new(py, layout.shape())?)?;
     d.set_item("typestr", layout.typestr()?)?;
     d.set_item("data", (ptr, false))?;
     d.set_item("strides", py.None())?;
@@ -100,12 +107,16 @@ fn cuda_array_interface<'py>(
 /// CuPy and Numba arrays are writable.
 #[pyclass(module = "gpuring")]
 pub struct Slot {
-    /// None once released and no export needs it any more. Bound to the consumer's thread:
-    /// a slot used elsewhere raises `RuntimeError`, and one freed elsewhere releases its
-    /// message at that thread's next gpuring call.
-    claim: ThreadBound<Option<Rc<Claim>>>,
+    /// None once released and no buffer or CUDA array interface needs it any more (DLPack
+    /// exports hold their own references).
+    claim: Option<Shared>,
     released: bool,
+    /// The consumer's thread, for the check above once `claim` is gone.
+    here: Here,
+    /// The consumer's `dtype` and `shape`.
     wanted: Wanted,
+    /// The layout `view` chose, if it was called (boxed: rarely set).
+    view: Option<Box<Layout>>,
     /// `__cuda_array_interface__` was read: hold until this object is freed.
     cai_read: bool,
     /// Live buffer-protocol exports.
@@ -121,41 +132,68 @@ pub struct Slot {
 
 impl Slot {
     pub fn new(held: Held, wanted: Wanted, device: Option<i32>) -> Slot {
+        let m = held.message();
+        let (seq, timestamp_ns, lag, len) = (m.seq(), m.timestamp_ns(), m.lag(), m.len());
+        let claim = Claim { held, joins: RefCell::new(Vec::new()) };
         Slot {
-            seq: held.message().seq(),
-            timestamp_ns: held.message().timestamp_ns(),
-            lag: held.message().lag(),
-            len: held.message().len(),
+            seq,
+            timestamp_ns,
+            lag,
+            len,
             memory: if device.is_some() { "cuda" } else { "host" },
             device: device.unwrap_or(0),
-            claim: ThreadBound::new(Some(Rc::new(Claim { held, joins: RefCell::new(Vec::new()) }))),
+            claim: Some(Arc::new(ThreadBound::new(claim))),
             released: false,
+            here: Here::new(),
             wanted,
+            view: None,
             cai_read: false,
             buffers: 0,
         }
     }
 
-    /// The claim, unless released.
-    fn live(&self) -> PyResult<&Rc<Claim>> {
-        match (self.claim.get()?, self.released) {
-            (Some(c), false) => Ok(c),
-            _ => Err(ReleasedError::new_err(format!(
-                "message {} was released: tensors must be made before release()",
-                self.seq
-            ))),
+    /// The claim, unless released; on another thread than the consumer's, `RuntimeError`.
+    fn live(&self) -> PyResult<&Claim> {
+        self.live_shared().map(|(_, claim)| claim)
+    }
+
+    /// [`live`](Self::live), with the reference to it that exports share.
+    fn live_shared(&self) -> PyResult<(&Shared, &Claim)> {
+        match (&self.claim, self.released) {
+            (Some(shared), false) => Ok((shared, shared.get()?)),
+            _ => {
+                // Another thread (or a forked child) is told so first, released or not.
+                self.here.check()?;
+                Err(ReleasedError::new_err(format!(
+                    "message {} was released: tensors must be made before release()",
+                    self.seq
+                )))
+            }
+        }
+    }
+
+    /// The layout exports use: `view`'s, else the consumer's, resolved once per layout (the
+    /// consumer keeps the last one).
+    fn layout_of(&self, claim: &Claim) -> PyResult<Layout> {
+        match &self.view {
+            Some(layout) => Ok(**layout),
+            None => {
+                let header = claim.held.message().header();
+                claim.held.layouts().resolve(&self.wanted, header, self.len)
+            }
         }
     }
 
     fn layout(&self) -> PyResult<Layout> {
-        let claim = self.live()?;
-        self.wanted.resolve(claim.held.message().header(), self.len)
+        self.layout_of(self.live()?)
     }
 
-    /// Drops the claim once nothing of ours needs it.
+    /// Drops the slot's reference to the claim once nothing of ours needs it; the message is
+    /// released when no DLPack export holds it either.
     fn settle(&mut self) {
         if self.released && self.buffers == 0 && !self.cai_read {
-            self.claim.clear(); // on another thread: done at the owner's next call
+            // If it was the last reference and this is another thread: at the owner's next call.
+            self.claim = None;
         }
     }
 
@@ -228,7 +266,7 @@ impl Slot {
     /// Shape the exports use (see `view`).
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.layout()?.shape)
+        PyTuple::new(py, self.layout()?.shape())
     }
 
     /// Whether `release()` was called.
@@ -249,8 +287,8 @@ impl Slot {
         shape: Option<Vec<i64>>,
     ) -> PyResult<PyRefMut<'py, Self>> {
         let wanted = Wanted::from_args(dtype, shape)?;
-        wanted.resolve(slf.live()?.held.message().header(), slf.len)?;
-        slf.wanted = wanted;
+        let layout = wanted.resolve(slf.live()?.held.message().header(), slf.len)?;
+        slf.view = Some(Box::new(layout));
         Ok(slf)
     }
 
@@ -261,12 +299,18 @@ impl Slot {
         self.settle();
     }
 
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, PyTuple>) -> bool {
+    // Positional parameters rather than `*args`: no tuple is made per `with` block.
+    #[pyo3(signature = (_exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &mut self,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
         self.release();
         false
     }
@@ -277,16 +321,20 @@ impl Slot {
     /// CUDA ring, work on `stream` (a CUDA stream handle; None or 1 for the legacy default
     /// stream, -1 for no ordering at all) is ordered after the producer's writes, and the
     /// release waits for work queued on it.
+    //
+    // Each call makes a new capsule (one is single-use), in one allocation, from the layout
+    // the consumer already resolved; for the consumer's own stream nothing is queued.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
         py: Python<'py>,
         stream: Option<i64>,
-        max_version: Option<(u32, u32)>,
+        max_version: Option<&Bound<'py, PyAny>>,
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = max_version; // we export the unversioned form, which every consumer accepts
+        // Not read: we export the unversioned form, which every consumer accepts.
+        let _ = max_version;
         if copy == Some(true) {
             return Err(PyBufferError::new_err("gpuring exports without copying (copy=True)"));
         }
@@ -294,15 +342,14 @@ impl Slot {
         if dl_device.is_some_and(|d| d != device) {
             return Err(PyBufferError::new_err(format!("the message is on device {device:?}")));
         }
-        let layout = self.layout()?;
-        let claim = self.live()?;
+        let (shared, claim) = self.live_shared()?;
+        let layout = self.layout_of(claim)?;
         if self.is_cuda() {
             self.order_stream(claim, stream)?;
         } else if stream.is_some() {
             return Err(PyBufferError::new_err("a host message has no stream: pass stream=None"));
         }
-        let keep = Keep::new(Box::new(claim.clone()) as Box<dyn std::any::Any>);
-        dlpack::capsule(py, claim.held.message().ptr(), device, &layout, keep)
+        dlpack::capsule(py, claim.held.message().ptr(), device, &layout, Arc::clone(shared))
     }
 
     /// __dlpack_device__() -> (device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host.
@@ -361,8 +408,8 @@ impl Slot {
                 "__cuda_array_interface__: a host message (use the buffer protocol or DLPack)",
             ));
         }
-        let layout = self.layout()?;
         let claim = self.live()?;
+        let layout = self.layout_of(claim)?;
         let stream = claim.held.stream().map(|s| stream_number(s.raw() as u64));
         let d = cuda_array_interface(py, claim.held.message().ptr(), &layout, stream)?;
         self.cai_read = true;
@@ -389,24 +436,24 @@ impl Slot {
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("messages are read-only"));
         }
-        let message = this.live()?.held.message();
-        let (data, len) = (message.ptr(), message.len());
+        let claim = this.live()?;
+        let (data, len) = (claim.held.message().ptr(), claim.held.message().len());
         // Typed (format, shape, strides) when the requester takes a format and a shape;
         // else plain bytes, one dimension.
         let has = |f: c_int| flags & f == f;
         let typed = has(ffi::PyBUF_FORMAT) && has(ffi::PyBUF_ND);
-        let layout = if typed { this.layout()? } else { Layout::bytes(len) };
+        let layout = if typed { this.layout_of(claim)? } else { Layout::bytes(len) };
         // Our buffers are C-contiguous: Fortran order only where the two agree (1-D).
-        let multi = layout.shape.iter().filter(|d| **d > 1).count() > 1;
+        let multi = layout.shape().iter().filter(|d| **d > 1).count() > 1;
         if has(ffi::PyBUF_F_CONTIGUOUS) && !has(ffi::PyBUF_C_CONTIGUOUS) && multi {
             return Err(PyBufferError::new_err("messages are C-contiguous, not Fortran"));
         }
         let format = if typed { layout.format()?.as_ptr() } else { std::ptr::null() };
         let item = layout.dtype.size() as isize;
         // shape, then strides in bytes; freed in __releasebuffer__.
-        let mut dims: Vec<isize> = layout.shape.iter().map(|d| *d as isize).collect();
+        let mut dims: Vec<isize> = layout.shape().iter().map(|d| *d as isize).collect();
         dims.extend(layout.strides().iter().map(|s| *s as isize * item));
-        let ndim = layout.shape.len();
+        let ndim = layout.shape().len();
         let dims = Box::into_raw(dims.into_boxed_slice()).cast::<isize>();
         // SAFETY: `view` is valid by the contract; every pointer stored stays valid until
         // __releasebuffer__ (the message is held while `buffers` > 0, `dims` is freed there,
@@ -452,31 +499,43 @@ impl Slot {
 
 impl Slot {
     /// Orders work on DLPack stream `stream` after the message's writes, and the release
-    /// after that work (through `Claim::joins`).
+    /// after that work (through `Claim::joins`). Queues nothing for the consumer's own stream,
+    /// for `-1`, or for a stream this message was already exported to.
     fn order_stream(&self, claim: &Claim, stream: Option<i64>) -> PyResult<()> {
         let s = claim.held.stream().expect("a CUDA message has the consumer's stream");
-        let x = match stream {
-            Some(-1) => return Ok(()), // the caller orders its reads itself
-            None => 1,
-            Some(x) if x < 0 => {
-                return Err(PyValueError::new_err(format!("stream {x}: not a CUDA stream")))
-            }
-            Some(x) => stream_number(x as u64),
+        let Some(x) = stream_to_order(stream, stream_number(s.raw() as u64))? else {
+            return Ok(());
         };
-        if x == stream_number(s.raw() as u64) {
-            return Ok(()); // `S` itself: the ready wait and the release are already there
+        let mut joins = claim.joins.borrow_mut();
+        if joins.iter().any(|j| stream_number(j.raw() as u64) == x) {
+            // Already waits for `S` as it was after the ready wait: nothing more to order.
+            return Ok(());
         }
         let raw = x as usize as gpuring::cuda::driver::CUstream;
-        // SAFETY: DLPack's contract: `stream` is a live stream of the consumer's device that
-        // outlives its reads of this message (the release waits for it before `S` records).
+        // SAFETY: DLPack's contract, as `Stream::from_raw` needs it: `stream` is a live stream
+        // of the consumer's device that stays live until this message's release (which waits
+        // for it before `S` records).
         let theirs = unsafe { Stream::from_raw(s.context(), raw) };
         theirs.wait_for(s).map_err(|e| ring_error("", &e))?;
-        let mut joins = claim.joins.borrow_mut();
-        if !joins.iter().any(|j| j.raw() == theirs.raw()) {
-            joins.push(theirs); // one join per stream, however many exports
-        }
+        joins.push(theirs); // one join per stream, however many exports
         Ok(())
     }
+}
+
+/// The stream (DLPack numbering) that an export with DLPack argument `stream` must order
+/// after the message's writes, when the consumer's stream is `ours`: None when nothing is to
+/// be queued: `ours` itself (the ready wait and the release are already there), or `-1` (the
+/// caller orders its reads itself). None and 0 name the legacy default stream, 1.
+fn stream_to_order(stream: Option<i64>, ours: u64) -> PyResult<Option<u64>> {
+    let x = match stream {
+        Some(-1) => return Ok(None),
+        None => 1,
+        Some(x) if x < 0 => {
+            return Err(PyValueError::new_err(format!("stream {x}: not a CUDA stream")))
+        }
+        Some(x) => stream_number(x as u64),
+    };
+    Ok((x != ours).then_some(x))
 }
 
 #[cfg(test)]
@@ -485,13 +544,31 @@ mod tests {
 
     use super::*;
 
+    /// torch passes its current stream; when that is the consumer's, an export queues nothing.
+    #[test]
+    fn exports_on_the_consumers_stream_order_nothing() {
+        Python::initialize();
+        let order = |stream, ours| stream_to_order(stream, ours).unwrap();
+        // The legacy default stream, however it is spelled, on a default consumer.
+        assert_eq!(order(None, 1), None);
+        assert_eq!(order(Some(1), 1), None);
+        assert_eq!(order(Some(0), 1), None);
+        // The consumer's own stream; and -1, which orders nothing.
+        assert_eq!(order(Some(0x5000), 0x5000), None);
+        assert_eq!(order(Some(-1), 1), None);
+        // Another stream waits.
+        assert_eq!(order(Some(0x5000), 1), Some(0x5000));
+        assert_eq!(order(None, 0x5000), Some(1));
+        assert!(stream_to_order(Some(-2), 1).is_err());
+    }
+
     /// The dict torch, CuPy and Numba read: `data`'s flag must be False (torch refuses True:
     /// "the read only flag is not supported, should always be False").
     #[test]
     fn cuda_array_interface_is_what_torch_cupy_and_numba_accept() {
         Python::initialize();
         Python::attach(|py| {
-            let layout = Layout { dtype: DType::F32, shape: vec![64, 32] };
+            let layout = Layout::new(DType::F32, &[64, 32]).unwrap();
             let d = cuda_array_interface(py, 0x7f00_dead_0000, &layout, Some(1)).unwrap();
             let get = |k: &str| d.get_item(k).unwrap().unwrap_or_else(|| panic!("no {k}"));
             assert_eq!(get("data").extract::<(u64, bool)>().unwrap(), (0x7f00_dead_0000, false));
@@ -505,7 +582,7 @@ mod tests {
             let d = cuda_array_interface(py, 1, &Layout::bytes(8), None).unwrap();
             assert!(d.get_item("stream").unwrap().unwrap().is_none());
             // bfloat16 has no typestr: TypeError, not a dict with a wrong type.
-            let bf16 = Layout { dtype: DType::BF16, shape: vec![4] };
+            let bf16 = Layout::new(DType::BF16, &[4]).unwrap();
             assert!(cuda_array_interface(py, 1, &bf16, None).is_err());
         });
     }
