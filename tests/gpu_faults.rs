@@ -504,3 +504,90 @@ fn an_idle_consumer_learns_that_its_context_was_lost() {
     assert!(gpuring::context_lost().is_none());
     drop(tx);
 }
+
+/// A producer killed while its consumer's stream waits on a ready fence it will never write
+/// (memory fences): the consumer is told `Disconnected`, and on leaving it raises the dead
+/// producer's ready words itself, so that its stream's waits end and it closes its mappings
+/// cleanly (its lifecycle log says so) instead of leaving its GPU work to process exit
+/// (docs/gpu.md, "A dead producer's ready words"). The producer's stream is held back by a
+/// wait on a host word nobody sets, not by a running kernel: under MPS, killing a process
+/// while its kernel runs can take the other clients down with it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_producer_killed_with_waits_posted_leaves_its_consumer_free() {
+    const TEST: &str = "a_producer_killed_with_waits_posted_leaves_its_consumer_free";
+    match role().as_deref() {
+        Some("producer") => {
+            let mut tx = Producer::builder(&env::<String>("RING"))
+                .capacity(2)
+                .slot_size(LEN as usize)
+                .fence(Fence::Memory)
+                .liveness_interval(Duration::from_millis(20))
+                .create_gpu(0)
+                .unwrap();
+            let k = PatternKernels::get(tx.context()).unwrap();
+            wait_for_consumers(&tx, 1);
+            let ctx = tx.context().clone();
+            let slot = tx.acquire().unwrap();
+            let page = memmap2::MmapMut::map_anon(4096).unwrap();
+            let _bound = ctx.bind().unwrap();
+            // SAFETY: a page-aligned mapping that outlives this process's GPU work (the
+            // process is killed below with the page still mapped and registered).
+            let gate = unsafe { driver::mem_host_register(page.as_ptr() as *mut u8, 4096) };
+            // SAFETY: the gate word is registered above and never set, so the stream stops
+            // here; the slot holds LEN bytes and is ours until publish.
+            unsafe {
+                driver::stream_wait_value64(slot.stream().raw(), gate.unwrap(), 1).unwrap();
+                k.fill(slot.stream(), slot.ptr(), LEN, 0).unwrap();
+            }
+            slot.publish(LEN as usize, b"").unwrap();
+            // The consumer takes the message and posts its wait meanwhile; then we die with
+            // the fill and the ready write still queued behind the gate.
+            std::thread::sleep(Duration::from_secs(1));
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            unreachable!("killed");
+        }
+        Some("consumer") => {
+            log_lifecycle_to(&env::<String>("LOG"));
+            let b = Consumer::builder(&env::<String>("RING")).gpu_poll(Duration::ZERO);
+            let rx: GpuConsumer = b.open_in_timeout(Duration::from_secs(60)).unwrap();
+            let m = rx.recv().unwrap();
+            let k = PatternKernels::get(rx.context()).unwrap();
+            let bad = MismatchCounter::new(rx.stream()).unwrap();
+            // SAFETY: the bytes stay mapped until we leave; our stream reads them after the
+            // ready wait (which only our leaving ends, since the producer dies).
+            unsafe { k.check(m.stream(), m.ptr(), m.len() as u64, 0, bad.ptr(), 0) }.unwrap();
+            assert!(!rx.stream().is_idle().unwrap(), "our stream should wait on the ready fence");
+            drop(m);
+            let t = Instant::now();
+            loop {
+                match rx.recv_timeout(Duration::from_secs(20)) {
+                    Err(gpuring::RecvTimeoutError::Disconnected) => break,
+                    Err(e) => panic!("after the producer died: {e}"),
+                    Ok(m) => panic!("message {} after the producer died", m.seq()),
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(20));
+            std::mem::forget(bad); // its read would wait for the stream we leave
+            drop(rx);
+            return;
+        }
+        _ => {}
+    }
+    let name = unique_name("waits-posted");
+    let log = std::env::temp_dir().join(format!("{name}.log")).display().to_string();
+    let _ = std::fs::remove_file(&log);
+    let env = [("RING", name.clone()), ("LOG", log.clone())];
+    let mut producer = spawn(TEST, "producer", &env);
+    let consumer = spawn(TEST, "consumer", &env);
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let status = producer.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "the producer ended otherwise: {status}");
+    }
+    expect_success(consumer, "the consumer");
+    let events = read_log(&log);
+    let closed = events.iter().any(|e| e.what.contains("consumer mappings closed"));
+    assert!(closed, "the consumer left its GPU work to exit instead: {events:?}");
+}
