@@ -881,12 +881,14 @@ pub unsafe fn stream_write_values64<const N: usize>(
 }
 
 /// `cuStreamWaitValue64_v2` with `CU_STREAM_WAIT_VALUE_GEQ`: work queued on `stream` after it
-/// waits until the device word at `addr` is at least `value`.
+/// waits until the device word at `addr` passes `value` in the driver's cyclic sense,
+/// `(int64_t)(*addr - value) >= 0`: a word more than 2^63 above `value` counts as below it
+/// (`u64::MAX` is below 1).
 ///
 /// # Safety
 /// 1. `stream` must be live in the current context; `addr` must be an 8-byte aligned device
 ///    word readable from it until the wait has run, and something must eventually write a
-///    value `>= value` there, or the stream never proceeds.
+///    value that passes `value` as above there, or the stream never proceeds.
 pub unsafe fn stream_wait_value64(
     stream: CUstream,
     addr: CUdeviceptr,

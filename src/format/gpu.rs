@@ -138,8 +138,8 @@ pub struct GpuSlotLine {
     /// Memory fences: `seq + 1` of the last message in this buffer whose writes are complete,
     /// written by the producer's GPU (`cuStreamWriteValue64`, after the writes, with a
     /// system-wide memory barrier) and polled by the CPU of both sides, or waited on by a
-    /// consumer's GPU (`cuStreamWaitValue64`, greater or equal). Only grows while one producer
-    /// owns the segment.
+    /// consumer's GPU (`cuStreamWaitValue64`, greater or equal, cyclically: see
+    /// `driver::stream_wait_value64`). Only grows while one producer owns the segment.
     pub ready_done: AtomicU64,
 }
 

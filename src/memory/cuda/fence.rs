@@ -48,7 +48,8 @@ impl Signal<'_> {
 
 /// Makes work queued on `stream` from now on run after the work `signal` marks: nothing if it
 /// completed (seen at once or within the `poll` window), else a GPU-side wait on the event or the word
-/// (`cuStreamWaitValue64`, greater or equal).
+/// (`cuStreamWaitValue64`, greater or equal in the driver's cyclic sense: see
+/// `driver::stream_wait_value64`).
 ///
 /// # Safety
 /// 1. `Signal::Word`'s word must be an 8-byte word readable from `ctx`'s device until the

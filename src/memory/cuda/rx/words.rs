@@ -21,7 +21,11 @@ use crate::shm::view::MappedRing;
 /// so that GPU waits on them end: never a real value (`seq + 1` stays far below it). The
 /// memory the waits guard stays mapped: our imports hold it (VMM by design; legacy IPC
 /// imports outlive their exporter too, as tests/gpu_peers.rs's kills check).
-const PRODUCER_DIED: u64 = u64::MAX;
+///
+/// 2^62, not `u64::MAX`: `cuStreamWaitValue64`'s GEQ compares cyclically, waiting until
+/// `(int64_t)(*word - value) >= 0`, so `u64::MAX` reads as below every value waited for and
+/// the waits never ended. 2^62 is at or above any `seq + 1` below 2^62 in that comparison too.
+const PRODUCER_DIED: u64 = 1 << 62;
 
 /// Memory word fences: the segment, page-locked for our device, and what we waited for.
 ///
@@ -71,7 +75,8 @@ impl WordsRx {
     ) -> Result<(), Fault> {
         let cpu = &map.gpu().buffers[m.buffer].ready_done;
         // Relaxed: only compared; the set-by-a-leaver value publishes nothing.
-        if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
+        // `>=`: an older build raised such words to u64::MAX.
+        if cpu.load(Ordering::Relaxed) >= PRODUCER_DIED {
             return Err(Fault::Disconnected);
         }
         // Relaxed: read by our own leave, after our threads are done with us.
@@ -84,7 +89,7 @@ impl WordsRx {
         // PRODUCER_DIED for done: not a frame either.
         // Relaxed: only compared.
         let cpu = &map.gpu().buffers[m.buffer].ready_done;
-        if cpu.load(Ordering::Relaxed) == PRODUCER_DIED {
+        if cpu.load(Ordering::Relaxed) >= PRODUCER_DIED {
             return Err(Fault::Disconnected);
         }
         Ok(())
@@ -153,7 +158,8 @@ impl WordsRx {
             // Relaxed (all): nothing is published with these; GPUs poll the word over PCIe.
             let want = awaited.load(Ordering::Relaxed);
             let seen = line.ready_done.load(Ordering::Relaxed);
-            if want != 0 && seen < want {
+            // Above PRODUCER_DIED: an older build's u64::MAX, which no GPU wait takes for done.
+            if want != 0 && (seen < want || seen > PRODUCER_DIED) {
                 // From the value seen only: a late write of the dying context that completed
                 // the message meanwhile wins.
                 let _ = line.ready_done.compare_exchange(
