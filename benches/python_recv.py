@@ -9,6 +9,10 @@ RGBA frames, lossless), and one consumer at a time reads it:
   tensor    Python: `with slot: t = from_dlpack(slot)`; the tensor lives until the next
             frame's replaces it, so it outlives the release (the usual loop)
   del       Python: `with slot: t = from_dlpack(slot); del t`: the tensor is freed first
+  direct    as `tensor`, with the capsule handed to torch's importer itself,
+            `torch._C._from_dlpack(slot.__dlpack__())`, skipping the wrapper that looks up the
+            current stream by device (torch only; the consumer's stream is the default one, so
+            nothing changes in the ordering)
 
 `from_dlpack` is `torch.from_dlpack`, or `numpy.from_dlpack` where torch is missing (host
 rings only). Each loop is timed two ways, in microseconds per frame:
@@ -43,12 +47,13 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LOOPS = ("rust", "release", "tensor", "del")
+LOOPS = ("rust", "release", "tensor", "del", "direct")
 TITLES = {
     "rust": "Rust recv + drop",
     "release": "Python recv + release",
     "tensor": "Python recv + tensor (`with slot: t = ...`)",
     "del": "Python recv + tensor, del t before release",
+    "direct": "Python recv + tensor through torch._C._from_dlpack",
 }
 
 from_dlpack = None  # torch.from_dlpack or numpy.from_dlpack, chosen in main()
@@ -94,7 +99,21 @@ def loop_del(get, n):
     return k
 
 
-PY_LOOPS = {"release": loop_release, "tensor": loop_tensor, "del": loop_del}
+def loop_direct(get, n):
+    k = 0
+    while k < n:
+        slot = get()
+        if slot is None:
+            break
+        with slot:
+            t = import_capsule(slot.__dlpack__())  # noqa: F841
+        k += 1
+    return k
+
+
+import_capsule = None  # torch._C._from_dlpack, with torch
+
+PY_LOOPS = {"release": loop_release, "tensor": loop_tensor, "del": loop_del, "direct": loop_direct}
 
 
 def python_run(args, name, loop, producer):
@@ -179,7 +198,7 @@ def repetition(args, rep):
 
 
 def main():
-    global from_dlpack
+    global from_dlpack, import_capsule
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin-dir", type=pathlib.Path, default=ROOT / "target" / "release" / "examples",
                     help="where pipeline and recv_loop are (a bundle's bin/)")
@@ -215,17 +234,34 @@ def main():
     if lib == "torch":
         import torch
         from_dlpack = torch.from_dlpack
+        import_capsule = torch._C._from_dlpack
         if args.memory != "host" and torch.cuda.is_available():
             torch.zeros(1, device="cuda").sum().item()  # CUDA initialised before any clock
         version = f"torch {torch.__version__}"
     else:
         import numpy
         from_dlpack = numpy.from_dlpack
+        args.loops = [loop for loop in args.loops if loop != "direct"]
         version = f"numpy {numpy.__version__}"
     # As scripts/mps.sh starts it: with CUDA_MPS_PIPE_DIRECTORY set.
     mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
     print(f"gpuring {gpuring.__version__}, {version}, Python {sys.version.split()[0]}, "
           f"MPS {mps}, {args.width}x{args.height} RGBA, capacity {args.capacity}", flush=True)
+
+    floor = {}
+    if lib == "torch" and args.memory != "host" and torch.cuda.is_available():
+        # torch importing its own CUDA tensor's capsule: what any DLPack source pays at least.
+        x = torch.zeros(args.width * args.height * 4, dtype=torch.uint8, device="cuda")
+        for what, f in (("torch.from_dlpack(tensor)", lambda: torch.from_dlpack(x)),
+                        ("torch._C._from_dlpack(tensor.__dlpack__())",
+                         lambda: torch._C._from_dlpack(x.__dlpack__()))):
+            for _ in range(args.warmup):
+                f()
+            t0 = time.perf_counter_ns()
+            for _ in range(args.frames):
+                f()
+            floor[what] = (time.perf_counter_ns() - t0) / 1e3 / args.frames
+            print(f"torch floor: {what}: {floor[what]:.2f} µs", flush=True)
 
     runs = []
     for rep in range(args.reps):
@@ -250,7 +286,7 @@ def main():
         print(f"| {TITLES[loop]} | {s['free_us']:.2f} | {s['backlog_us']:.2f} |")
     extra = {}
     if "release" in args.loops:
-        for loop in ("tensor", "del"):
+        for loop in ("tensor", "del", "direct"):
             if loop in args.loops:
                 extra[loop] = {"free_us": over(loop, 0), "backlog_us": over(loop, 1)}
                 print(f"| tensor over bare receive ({loop}) | {extra[loop]['free_us']:+.2f} | "
@@ -264,7 +300,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"config": {k: str(v) if isinstance(v, pathlib.Path) else v
                                   for k, v in vars(args).items()} | {"lib": lib},
-                       "median": summary, "over_bare": extra, "runs": runs}, f, indent=1)
+                       "median": summary, "over_bare": extra, "torch_floor_us": floor,
+                       "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -220,8 +220,8 @@ unsafe fn write_word(stream: &Stream, word: u64, mirror: Option<u64>, value: u64
     match mirror {
         // SAFETY: by (1).
         None => unsafe { driver::stream_write_value64(stream.raw(), word, value) }.unwrap(),
-        // SAFETY: by (1).
         Some(m) => {
+            // SAFETY: by (1).
             unsafe { driver::stream_write_values64(stream.raw(), [(word, value), (m, value)]) }
                 .unwrap()
         }
@@ -548,34 +548,39 @@ pub fn stream_op_costs(ctx: &Arc<Context>, k: &Kernels) -> Vec<(&'static str, f6
     stream.synchronize().unwrap();
     type Op<'a> = Box<dyn Fn() + 'a>;
     let s = stream.raw();
-    // SAFETY (every case): the words and events live until the stream is synchronized below.
     let cases: Vec<(&'static str, Op)> = vec![
         ("kernel alone", Box::new(|| {})),
         ("+ cuEventRecord (interprocess event)", Box::new(|| ipc.record(&stream).unwrap())),
         (
             "+ cuEventRecord (plain event, no timing)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe { driver::event_record(plain, s).unwrap() }),
         ),
         (
             "+ cuStreamWriteValue64 (device word)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe { driver::stream_write_value64(s, dev_word, 1).unwrap() }),
         ),
         (
             "+ cuStreamWriteValue64 (host word)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe { driver::stream_write_value64(s, host_word, 1).unwrap() }),
         ),
         (
             "+ cuStreamBatchMemOp (device and host word)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe {
                 driver::stream_write_values64(s, [(dev_word, 1), (host_word, 1)]).unwrap()
             }),
         ),
         (
             "+ cuStreamWaitValue64, met (device word)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe { driver::stream_wait_value64(s, dev_word, 1).unwrap() }),
         ),
         (
             "+ cuStreamWaitValue64, met (host word)",
+            // SAFETY: the words and events live until the stream is synchronized below.
             Box::new(|| unsafe { driver::stream_wait_value64(s, host_word, 1).unwrap() }),
         ),
         (
