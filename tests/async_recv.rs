@@ -377,3 +377,29 @@ fn a_waiter_that_empties_the_doorbell_passes_the_wake_on() {
         assert_eq!(got.unwrap(), b"two");
     });
 }
+
+/// The same relay after the producer is gone: its drop removes every consumer's doorbell file
+/// right after its closing knock, so the relay must reach the doorbell without its file (a
+/// task sharing the consumer otherwise slept until its liveness tick instead of seeing the
+/// end).
+#[test]
+fn the_wake_is_passed_on_after_the_producer_is_gone() {
+    let (mut tx, rx) = ring("async-relay-end");
+    let rx = std::sync::Arc::new(rx);
+    runtime().block_on(async {
+        let b = tokio::spawn({
+            let rx = rx.clone();
+            async move { rx.recv_async().await.map(|m| m.to_vec()) }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await; // B parks and awaits its doorbell
+        }
+        assert!(!b.is_finished());
+        tx.send(b"one", b"").unwrap();
+        drop(tx); // knocks, then removes the doorbell files
+        rx.disarm_doorbell(); // another waiter empties the doorbell...
+        assert_eq!(&*rx.try_recv().unwrap(), b"one"); // ...and takes the message
+        let got = in_time("the task whose knocks were emptied", b).await.unwrap();
+        assert!(matches!(got, Err(RecvError::Disconnected)), "B sees the end: {got:?}");
+    });
+}

@@ -30,8 +30,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use rustix::io::Errno;
 use rustix::net::{
-    recv, sendto, socket_with, AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags,
-    SocketType,
+    connect, recv, send, sendto, socket_with, AddressFamily, RecvFlags, SendFlags, SocketAddrUnix,
+    SocketFlags, SocketType,
 };
 
 use super::dir::RingDir;
@@ -81,6 +81,11 @@ pub fn new_token() -> io::Result<u64> {
 #[derive(Debug)]
 pub struct Doorbell {
     socket: OwnedFd,
+    /// A second socket, connected to `socket` when it was bound: [`ring`](Self::ring) sends on
+    /// it. A connected datagram socket holds its peer, not the path, so it still rings after
+    /// the file is removed (the producer's drop removes every consumer's doorbell file while
+    /// tasks sharing a consumer may still relay a wake to each other).
+    ringer: OwnedFd,
     /// Where it is bound.
     at: SocketAddrUnix,
     /// Its file; holds the directory open, which `at` may need (a `/proc/self/fd` path).
@@ -108,7 +113,11 @@ impl Doorbell {
         let socket = datagram_socket()?;
         let file = bind_in(dir, file, &socket, socket_mode(ring_mode))?;
         let at = file.address()?;
-        Ok(Doorbell { socket, at, file })
+        let ringer = datagram_socket()?;
+        // Right after the bind, so `at` still names our socket (a later bind at the same name
+        // would replace the file, not this connection).
+        connect(&ringer, &at)?;
+        Ok(Doorbell { socket, ringer, at, file })
     }
 
     /// Its file's name in the ring directory.
@@ -116,9 +125,13 @@ impl Doorbell {
         self.file.file()
     }
 
-    /// Rings itself (from its own socket), as [`Knocker::knock`] would.
+    /// Rings itself, as [`Knocker::knock`] would, even once its file is gone. Never blocks;
+    /// a full queue has rung it already.
     pub fn ring(&self) {
-        let _ = sendto(&self.socket, &[1], SendFlags::DONTWAIT, &self.at);
+        match send(&self.ringer, &[1], SendFlags::DONTWAIT) {
+            Ok(_) | Err(Errno::AGAIN) => {}
+            Err(e) => tracing::debug!(file = %self.file(), error = %e, "cannot ring a doorbell"),
+        }
     }
 
     /// Reads and drops up to [`QUIET_MAX`] waiting datagrams. Returns how many there were.
@@ -198,6 +211,16 @@ mod tests {
         assert_eq!(bell.quiet(), 0);
         bell.ring();
         assert_eq!(bell.quiet(), 1, "a doorbell rings itself");
+    }
+
+    #[test]
+    fn a_doorbell_rings_itself_after_its_file_is_removed() {
+        let (dir, token) = (temp(), new_token().unwrap());
+        let file = consumer_file("doorbell-unlinked", epoch(), token);
+        let bell = Doorbell::bind(&dir, &file, 0o600).unwrap();
+        std::fs::remove_file(dir.display(&file)).unwrap();
+        bell.ring();
+        assert_eq!(bell.quiet(), 1, "the ring reaches the socket without its file");
     }
 
     #[test]
