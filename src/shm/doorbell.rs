@@ -86,9 +86,7 @@ pub struct Doorbell {
     /// the file is removed (the producer's drop removes every consumer's doorbell file while
     /// tasks sharing a consumer may still relay a wake to each other).
     ringer: OwnedFd,
-    /// Where it is bound.
-    at: SocketAddrUnix,
-    /// Its file; holds the directory open, which `at` may need (a `/proc/self/fd` path).
+    /// Its file, removed on drop.
     file: SocketFile,
 }
 
@@ -117,7 +115,7 @@ impl Doorbell {
         // Right after the bind, so `at` still names our socket (a later bind at the same name
         // would replace the file, not this connection).
         connect(&ringer, &at)?;
-        Ok(Doorbell { socket, ringer, at, file })
+        Ok(Doorbell { socket, ringer, file })
     }
 
     /// Its file's name in the ring directory.
