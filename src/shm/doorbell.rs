@@ -30,8 +30,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use rustix::io::Errno;
 use rustix::net::{
-    connect, recv, send, sendto, socket_with, AddressFamily, RecvFlags, SendFlags, SocketAddrUnix,
-    SocketFlags, SocketType,
+    connect, getpeername, getsockname, recv, send, sendto, socket_with, AddressFamily, RecvFlags,
+    SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
 use super::dir::RingDir;
@@ -84,9 +84,14 @@ pub struct Doorbell {
     /// A second socket, connected to `socket` when it was bound: [`ring`](Self::ring) sends on
     /// it. A connected datagram socket holds its peer, not the path, so it still rings after
     /// the file is removed (the producer's drop removes every consumer's doorbell file while
-    /// tasks sharing a consumer may still relay a wake to each other).
-    ringer: OwnedFd,
-    /// Its file, removed on drop.
+    /// tasks sharing a consumer may still relay a wake to each other). `None` if it could not
+    /// be connected to `socket` (a mode without owner bits, no fd left, the file taken over
+    /// before the connect): `ring` then sends by path, as a knock does.
+    ringer: Option<OwnedFd>,
+    /// Where it is bound.
+    at: SocketAddrUnix,
+    /// Its file, removed on drop; holds the directory open, which `at` may need (a
+    /// `/proc/self/fd` path).
     file: SocketFile,
 }
 
@@ -111,11 +116,14 @@ impl Doorbell {
         let socket = datagram_socket()?;
         let file = bind_in(dir, file, &socket, socket_mode(ring_mode))?;
         let at = file.address()?;
-        let ringer = datagram_socket()?;
-        // Right after the bind, so `at` still names our socket (a later bind at the same name
-        // would replace the file, not this connection).
-        connect(&ringer, &at)?;
-        Ok(Doorbell { socket, ringer, file })
+        let ringer = match connected_to(&socket, &at) {
+            Ok(ringer) => Some(ringer),
+            Err(e) => {
+                tracing::debug!(file = %file.file(), error = %e, "a doorbell rings itself by path");
+                None
+            }
+        };
+        Ok(Doorbell { socket, ringer, at, file })
     }
 
     /// Its file's name in the ring directory.
@@ -126,7 +134,11 @@ impl Doorbell {
     /// Rings itself, as [`Knocker::knock`] would, even once its file is gone. Never blocks;
     /// a full queue has rung it already.
     pub fn ring(&self) {
-        match send(&self.ringer, &[1], SendFlags::DONTWAIT) {
+        let sent = match &self.ringer {
+            Some(ringer) => send(ringer, &[1], SendFlags::DONTWAIT),
+            None => sendto(&self.socket, &[1], SendFlags::DONTWAIT, &self.at),
+        };
+        match sent {
             Ok(_) | Err(Errno::AGAIN) => {}
             Err(e) => tracing::debug!(file = %self.file(), error = %e, "cannot ring a doorbell"),
         }
@@ -176,6 +188,19 @@ impl Knocker {
     pub fn knock(&self, at: &SocketAddrUnix) {
         let _ = sendto(&self.socket, &[1], SendFlags::DONTWAIT, at);
     }
+}
+
+/// A new datagram socket connected to `socket`, bound at `at`. Fails if `at` names another
+/// socket by the time of the connect (a later bind at the same name replaced the file): both
+/// sockets keep the unique temporary name `socket` was bound at, so the peer's name says whose
+/// it is.
+fn connected_to(socket: &OwnedFd, at: &SocketAddrUnix) -> io::Result<OwnedFd> {
+    let ringer = datagram_socket()?;
+    connect(&ringer, at)?;
+    if getpeername(&ringer)? != Some(getsockname(socket)?) {
+        return Err(io::Error::new(io::ErrorKind::AlreadyExists, "doorbell file taken over"));
+    }
+    Ok(ringer)
 }
 
 fn datagram_socket() -> io::Result<OwnedFd> {
