@@ -1,6 +1,6 @@
 // Run: cargo run --release --example pipeline -- [--consumers 3] [--seconds 5] [--fps 60]
 //                                                  [--memory auto|host|cuda] [--external N]
-//                                                  [--sharing legacy|vmm] [--fence events|memory]
+//                                                  [--sharing legacy|vmm] [--fence auto|events|memory]
 //                                                  [--name NAME] [--dir DIR]
 //
 // The main job: one producer generates synthetic video frames (1920x1080 RGBA by default) into
@@ -97,10 +97,11 @@ struct Args {
     /// How CUDA memory reaches the consumers: legacy IPC handles, or VMM (fds, uid-checked).
     #[arg(long, value_enum, default_value_t = SharingArg::Legacy)]
     sharing: SharingArg,
-    /// How CUDA consumers wait for frames and the producer for releases: IPC events, or words
-    /// in device memory (legacy sharing across containers needs `memory`: an IPC event does
-    /// not open where the consumer has its own /dev/shm).
-    #[arg(long, value_enum, default_value_t = FenceArg::Events)]
+    /// How CUDA consumers wait for frames and the producer for releases: `auto` (memory words
+    /// where the GPU can use 64-bit stream memory operations, else events), IPC `events`, or
+    /// `memory` words in the ring's segment (legacy sharing across containers needs memory
+    /// words: an IPC event does not open where the consumer has its own /dev/shm).
+    #[arg(long, value_enum, default_value_t = FenceArg::Auto)]
     fence: FenceArg,
     /// Ring name (default: pipeline-PID; required with `--role`).
     #[arg(long)]
@@ -147,6 +148,7 @@ enum SharingArg {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum FenceArg {
+    Auto,
     Events,
     Memory,
 }
@@ -298,10 +300,11 @@ fn producer_in<M: Timed>(args: &Args, why_host: &str) -> ExitCode {
         SharingArg::Vmm => builder.sharing(gpuring::Sharing::Vmm(gpuring::PeerPolicy::SameUid)),
     };
     #[cfg(feature = "cuda")]
-    let builder = match args.fence {
-        FenceArg::Events => builder,
-        FenceArg::Memory => builder.fence(gpuring::Fence::Memory),
-    };
+    let builder = builder.fence(match args.fence {
+        FenceArg::Auto => gpuring::Fence::Auto,
+        FenceArg::Events => gpuring::Fence::Events,
+        FenceArg::Memory => gpuring::Fence::Memory,
+    });
     let made = builder
         .create_in::<M>()
         .map_err(|e| e.to_string())

@@ -381,6 +381,7 @@ class Producer:
     it may map) or "vmm" (memory handed out by file descriptor to processes of this uid only, or
     also of the uids in `allow_uids` and the groups in `allow_gids`; a refused consumer gets
     `PermissionError`). `fence` (CUDA rings): how GPU work is ordered across processes:
+    "auto" (memory words where the GPU can use 64-bit stream memory operations, else events),
     "events" (interprocess CUDA events) or "memory" (sequence words in the ring's segment; no
     IPC event is made, so it works for consumers in containers with their own /dev/shm or pid
     namespace, where events do not: docs/containers.md); VMM sharing always fences with memory
@@ -406,7 +407,7 @@ class Producer:
         max_consumers: int | None = None,
         spares: int | None = None,
         sharing: Literal["legacy", "vmm"] = "legacy",
-        fence: Literal["events", "memory"] = "events",
+        fence: Literal["auto", "events", "memory"] = "auto",
         allow_uids: list[int] | None = None,
         allow_gids: list[int] | None = None,
         permissions: int | None = None,

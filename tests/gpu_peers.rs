@@ -45,7 +45,7 @@ impl Mode {
 
     fn setup(self, b: ProducerBuilder) -> ProducerBuilder {
         match self {
-            Mode::Legacy => b,
+            Mode::Legacy => b.fence(Fence::Events),
             Mode::LegacyMemoryFence => b.fence(Fence::Memory),
             Mode::Vmm => b.sharing(Sharing::Vmm(PeerPolicy::SameUid)),
         }

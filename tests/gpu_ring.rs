@@ -83,8 +83,9 @@ fn produce(tx: &mut GpuProducer, frames: u64, len: u64) {
 /// the fence disabled (test-only switch) the same run must tear frames, which shows the check
 /// can see it. `poll` is both sides' `gpu_poll`: 0 puts every wait on the GPU; a window longer
 /// than the reader's kernel makes the producer see the release complete on the CPU instead.
+/// [`fence_run_with`] on interprocess events.
 fn fence_run(test: &str, unfenced: bool, poll: Duration) {
-    fence_run_with(test, unfenced, poll, |b| b)
+    fence_run_with(test, unfenced, poll, |b| b.fence(gpuring::Fence::Events))
 }
 
 /// A producer builder set for VMM sharing (fds, memory-word fences, no IPC handle).
@@ -159,6 +160,23 @@ fn release_fence_holds_when_completion_is_seen_on_the_cpu() {
 fn memory_fence_prevents_torn_frames() {
     let test = "memory_fence_prevents_torn_frames";
     fence_run_with(test, false, Duration::ZERO, |b| b.fence(gpuring::Fence::Memory));
+}
+
+/// The default fence and polling (`Fence::Auto`, `DEFAULT_GPU_POLL`, under which a consumer
+/// whose stream runs dry hands its wait to the GPU at once): memory words on a device with
+/// 64-bit stream memory operations, and every frame whole.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_default_fence_is_memory_words_where_the_device_has_them() {
+    let test = "the_default_fence_is_memory_words_where_the_device_has_them";
+    if role().is_none() {
+        let tx = Producer::builder(&unique_name("auto-fence")).create_gpu(0).unwrap();
+        let dev = gpuring::cuda::driver::device(0).unwrap();
+        let memops = gpuring::cuda::driver::can_use_64_bit_stream_mem_ops(dev).unwrap();
+        let want = if memops { gpuring::Fence::Memory } else { gpuring::Fence::Events };
+        assert_eq!(tx.fence(), want, "64-bit stream memory operations: {memops}");
+    }
+    fence_run_with(test, false, gpuring::DEFAULT_GPU_POLL, |b| b);
 }
 
 #[test]

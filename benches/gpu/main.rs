@@ -87,11 +87,11 @@ pub struct Opts {
     /// The rings' `gpu_poll` window, producer and consumers, in µs (default: the library's).
     #[arg(long, value_parser = parse_us)]
     gpu_poll: Option<Duration>,
-    /// The rings' fence: `events` or `memory`.
-    #[arg(long, default_value = "events")]
+    /// The rings' fence: `auto` (the library's default), `events` or `memory`.
+    #[arg(long, default_value = "auto")]
     fence: String,
     /// How the rings share their memory: `legacy` (IPC handles; `--fence` picks events
-    /// or memory words) or `vmm` (fds, memory-word fences).
+    /// or memory words, or lets the library pick) or `vmm` (fds, memory-word fences).
     #[arg(long, default_value = "legacy")]
     sharing: String,
     /// Compare the sharing modes (paced, legacy then VMM per cell, as ratios) instead of the
@@ -167,6 +167,11 @@ fn main() {
     let stream = Stream::new(&ctx).unwrap();
     let k = kernels::Kernels::load(&ctx, &stream);
     let mut rep = report::Report::new(&o);
+    if o.fence == "auto" {
+        // What `Fence::Auto` picks on this device, as the library decides it.
+        let words = o.sharing == "vmm" || floors::mem_ops_supported(&ctx);
+        rep.fence = format!("auto ({})", if words { "memory" } else { "events" });
+    }
 
     rep.timer_step = k.timer_step(&stream);
     if o.peers {
@@ -204,9 +209,10 @@ fn main() {
 /// The rings' fence for this run.
 pub fn fence(o: &Opts) -> gpuring::Fence {
     match o.fence.as_str() {
+        "auto" => gpuring::Fence::Auto,
         "memory" => gpuring::Fence::Memory,
         "events" => gpuring::Fence::Events,
-        other => panic!("unknown fence {other} (events or memory)"),
+        other => panic!("unknown fence {other} (auto, events or memory)"),
     }
 }
 

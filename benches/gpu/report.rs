@@ -17,7 +17,8 @@ pub struct Report {
     pub capacity: u32,
     /// The rings' `gpu_poll` window, ns.
     pub gpu_poll_ns: u128,
-    /// The rings' fence (`events` or `memory`).
+    /// The rings' fence (`events` or `memory`; `auto (memory)` or `auto (events)`: the default,
+    /// and what it picked).
     pub fence: String,
     pub timer_step: u64,
     /// Bytes read + written per second by a device-to-device copy.

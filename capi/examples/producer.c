@@ -2,7 +2,7 @@
  * messages of varying length, each the test pattern of its sequence number, with a tensor
  * header (uint8[len]) and the sequence number after it in the user header.
  *
- *   producer NAME CONSUMERS MESSAGES [host|cuda [events|memory]]
+ *   producer NAME CONSUMERS MESSAGES [host|cuda [auto|events|memory]]
  *
  * Host memory: the pattern is written through the slot's pointer. CUDA (built with
  * -DGPURING_EXAMPLE_CUDA, linked with -lcuda): it is copied host-to-device on the slot's
@@ -20,21 +20,23 @@
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s NAME CONSUMERS MESSAGES [host|cuda [events|memory]]\n", argv[0]);
+    fprintf(stderr, "usage: %s NAME CONSUMERS MESSAGES [host|cuda [auto|events|memory]]\n", argv[0]);
     return 2;
   }
   const char *name = argv[1];
   long consumers = atol(argv[2]);
   uint64_t messages = strtoull(argv[3], NULL, 10);
   int cuda = argc > 4 && strcmp(argv[4], "cuda") == 0;
-  int fence_memory = argc > 5 && strcmp(argv[5], "memory") == 0;
+  gpuring_fence fence = GPURING_FENCE_AUTO;
+  if (argc > 5 && strcmp(argv[5], "memory") == 0) fence = GPURING_FENCE_MEMORY;
+  if (argc > 5 && strcmp(argv[5], "events") == 0) fence = GPURING_FENCE_EVENTS;
 
   gpuring_producer_options o = gpuring_producer_options_default();
   o.slot_size = SLOT;
   o.capacity = CAPACITY;
   o.header_size = 64;
   o.memory = cuda ? GPURING_MEMORY_CUDA : GPURING_MEMORY_HOST;
-  o.fence_memory = fence_memory;
+  o.fence = fence;
   gpuring_producer *tx = NULL;
   CHECK(gpuring_producer_create(name, &o, &tx));
   for (int waited_ms = 0; gpuring_producer_consumer_count(tx) < consumers; waited_ms++) {

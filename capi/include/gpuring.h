@@ -191,12 +191,11 @@ typedef struct gpuring_producer_options {
   // if set, else /dev/shm. Consumers must name the same directory, as they see it. Default
   // NULL.
   const char *dir;
-  // Nonzero: CUDA rings fence with sequence words in the ring's segment, which every
-  // process page-locks, instead of interprocess CUDA events; no IPC event is made, so
-  // consumers in containers with their own /dev/shm or pid namespace can read the ring.
-  // Needs 64-bit stream memory operations. Default 0 (events). VMM sharing always fences
-  // so, whatever this says. A `uint32_t` flag like `vmm`; refused for host memory.
-  uint32_t fence_memory;
+  // A `gpuring_fence`: how CUDA rings order GPU work across processes. Default AUTO (memory
+  // words where the GPU can use 64-bit stream memory operations, else events). VMM sharing
+  // always fences with memory words, whatever this says. MEMORY is refused for host memory;
+  // host rings ignore AUTO and EVENTS.
+  uint32_t fence;
 } gpuring_producer_options;
 
 #ifdef __cplusplus

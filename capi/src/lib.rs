@@ -82,6 +82,21 @@ pub enum gpuring_memory {
     GPURING_MEMORY_CUDA = 2,
 }
 
+/// How a CUDA ring orders GPU work across processes (`gpuring_producer_options.fence`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum gpuring_fence {
+    /// Memory words where the producer's GPU can use 64-bit stream memory operations, else
+    /// interprocess events.
+    GPURING_FENCE_AUTO = 0,
+    /// Sequence words in the ring's segment, which every process page-locks: no IPC event is
+    /// made, so consumers in containers with their own /dev/shm or pid namespace can read the
+    /// ring. Needs 64-bit stream memory operations.
+    GPURING_FENCE_MEMORY = 1,
+    /// Interprocess CUDA events: every process must see the producer's /dev/shm.
+    GPURING_FENCE_EVENTS = 2,
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }

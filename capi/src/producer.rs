@@ -13,8 +13,8 @@ use gpuring::{
 
 use crate::gpuring_status::*;
 use crate::{
-    create_status, cuda_failure, fail, gpuring_memory, gpuring_status, guard, memory_of, open_args,
-    ring_dir, timeout,
+    create_status, cuda_failure, fail, gpuring_fence, gpuring_memory, gpuring_status, guard,
+    memory_of, open_args, ring_dir, timeout,
 };
 
 /// What the producer does when a consumer falls a ring behind: the delivery mode of consumers
@@ -60,12 +60,11 @@ pub struct gpuring_producer_options {
     /// if set, else /dev/shm. Consumers must name the same directory, as they see it. Default
     /// NULL.
     pub dir: *const c_char,
-    /// Nonzero: CUDA rings fence with sequence words in the ring's segment, which every
-    /// process page-locks, instead of interprocess CUDA events; no IPC event is made, so
-    /// consumers in containers with their own /dev/shm or pid namespace can read the ring.
-    /// Needs 64-bit stream memory operations. Default 0 (events). VMM sharing always fences
-    /// so, whatever this says. A `uint32_t` flag like `vmm`; refused for host memory.
-    pub fence_memory: u32,
+    /// A `gpuring_fence`: how CUDA rings order GPU work across processes. Default AUTO (memory
+    /// words where the GPU can use 64-bit stream memory operations, else events). VMM sharing
+    /// always fences with memory words, whatever this says. MEMORY is refused for host memory;
+    /// host rings ignore AUTO and EVENTS.
+    pub fence: u32,
 }
 
 /// The defaults: 8 slots of 65536 bytes, 64 bytes of header, auto memory on GPU 0, Block.
@@ -83,7 +82,7 @@ pub extern "C" fn gpuring_producer_options_default() -> gpuring_producer_options
         vmm: 0,
         file_mode: 0,
         dir: std::ptr::null(),
-        fence_memory: 0,
+        fence: gpuring_fence::GPURING_FENCE_AUTO as u32,
     }
 }
 
@@ -162,9 +161,13 @@ pub unsafe extern "C" fn gpuring_producer_create(
         if o.vmm != 0 {
             b = b.sharing(Sharing::Vmm(PeerPolicy::SameUid));
         }
-        if o.fence_memory != 0 {
-            b = b.fence(Fence::Memory);
-        }
+        let fence = match o.fence {
+            0 => Fence::Auto,
+            1 => Fence::Memory,
+            2 => Fence::Events,
+            other => return fail(GPURING_INVALID_ARGUMENT, format!("fence {other}")),
+        };
+        b = b.fence(fence);
         // SAFETY: `dir` is null or a C string, valid for the call, by the caller's contract.
         if let Some(dir) = unsafe { ring_dir(o.dir) } {
             b = b.dir(dir);
@@ -175,10 +178,10 @@ pub unsafe extern "C" fn gpuring_producer_create(
             0 => gpuring::cuda::available().is_ok(),
             other => return fail(GPURING_INVALID_ARGUMENT, format!("memory {other}")),
         };
-        if !cuda && o.fence_memory != 0 {
+        if !cuda && fence == Fence::Memory {
             return fail(
                 GPURING_INVALID_ARGUMENT,
-                "fence_memory orders CUDA work; a host ring has no GPU fences",
+                "GPURING_FENCE_MEMORY orders CUDA work; a host ring has no GPU fences",
             );
         }
         let kind = if cuda { MemoryKind::Cuda } else { MemoryKind::Host };

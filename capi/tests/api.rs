@@ -226,20 +226,22 @@ fn nonzero_flags_are_true() {
             unsafe { gpuring_producer_free(p) };
         }
     }
-    // So is `fence_memory`.
-    for (fence, refused) in [(0, false), (1, true), (2, true), (0xFF, true), (u32::MAX, true)] {
+    // `fence` is an enum: AUTO and EVENTS make a host ring, MEMORY is refused for one, and a
+    // value that names no fence is refused as such.
+    let cases = [(0, None), (1, Some("orders CUDA work")), (2, None), (3, Some("fence 3"))];
+    for (fence, refused) in cases.into_iter().chain([(u32::MAX, Some("fence 4294967295"))]) {
         let mut o = gpuring_producer_options_default();
         o.memory = gpuring_memory::GPURING_MEMORY_HOST as u32;
         o.slot_size = 64;
-        o.fence_memory = fence;
+        o.fence = fence;
         let mut p = null_mut();
         // SAFETY: valid name, options and out-pointer.
         let s = unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) };
-        if refused {
-            assert_eq!(s, GPURING_INVALID_ARGUMENT, "fence_memory = {fence:#x}");
-            assert!(last_error().contains("fence_memory orders CUDA work"), "{}", last_error());
+        if let Some(why) = refused {
+            assert_eq!(s, GPURING_INVALID_ARGUMENT, "fence = {fence:#x}");
+            assert!(last_error().contains(why), "{}", last_error());
         } else {
-            assert_eq!(s, GPURING_OK, "fence_memory = 0: {}", last_error());
+            assert_eq!(s, GPURING_OK, "fence = {fence}: {}", last_error());
             // SAFETY: made above.
             unsafe { gpuring_producer_free(p) };
         }
@@ -279,19 +281,24 @@ fn nonzero_flags_are_true() {
     unsafe { gpuring_producer_free(p) };
 }
 
-/// `fence_memory` makes a CUDA ring that fences with memory words, and the default one with
-/// events, as the segment records them. Skipped without a usable CUDA GPU.
+/// `fence` reaches a CUDA ring: MEMORY fences with memory words, EVENTS with events, and the
+/// default, AUTO, with memory words where the device can use 64-bit stream memory operations,
+/// as the segment records them. Skipped without a usable CUDA GPU.
 #[test]
-fn fence_memory_reaches_a_cuda_ring() {
+fn the_fence_reaches_a_cuda_ring() {
     if let Err(why) = gpuring::cuda::available() {
-        eprintln!("fence_memory_reaches_a_cuda_ring: skipped (no usable CUDA GPU: {why})");
+        eprintln!("the_fence_reaches_a_cuda_ring: skipped (no usable CUDA GPU: {why})");
         return;
     }
-    for (fence_memory, recorded) in [(0, "events"), (1, "memory")] {
-        let n = name(&format!("fence{fence_memory}"));
+    let dev = gpuring::cuda::driver::device(0).unwrap();
+    let memops = gpuring::cuda::driver::can_use_64_bit_stream_mem_ops(dev).unwrap();
+    let auto = if memops { "memory" } else { "events" };
+    let default = gpuring_producer_options_default().fence;
+    for (fence, recorded) in [(default, auto), (1, "memory"), (2, "events")] {
+        let n = name(&format!("fence{fence}"));
         let mut o = gpuring_producer_options_default();
         o.memory = gpuring_memory::GPURING_MEMORY_CUDA as u32;
-        o.fence_memory = fence_memory;
+        o.fence = fence;
         let mut p = null_mut();
         // SAFETY: valid name, options and out-pointer.
         let s = unsafe { gpuring_producer_create(n.as_ptr(), &o, &mut p) };

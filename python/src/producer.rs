@@ -18,7 +18,7 @@ use crate::kind::outgoing;
 
 /// Producer(name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0,
 ///          policy="block", max_consumers=None, spares=None, sharing="legacy",
-///          fence="events", allow_uids=None, allow_gids=None, permissions=None, dir=None)
+///          fence="auto", allow_uids=None, allow_gids=None, permissions=None, dir=None)
 ///
 /// Creates ring `name` and publishes into it. `memory`: "cuda" (slots on GPU `device`),
 /// "host", or "auto" (CUDA where a GPU is usable). `policy`: the delivery mode of consumers
@@ -30,7 +30,8 @@ use crate::kind::outgoing;
 /// handles in the ring, which any process that can read it may map) or "vmm" (memory handed
 /// out by file descriptor to processes of this uid only, or also of the uids in `allow_uids`
 /// and the groups in `allow_gids`; a refused consumer gets `PermissionError`). `fence` (CUDA
-/// rings): how GPU work is ordered across processes: "events" (interprocess CUDA events) or
+/// rings): how GPU work is ordered across processes: "auto" (memory words where the GPU can use
+/// 64-bit stream memory operations, else events), "events" (interprocess CUDA events) or
 /// "memory" (sequence words in the ring's segment; no IPC event is made, so consumers in
 /// containers with their own /dev/shm or pid namespace can read the ring). VMM sharing always
 /// fences with memory words, whatever `fence` says. `dir`: the directory (a `str` or
@@ -56,7 +57,7 @@ impl Drop for Producer {
 #[pymethods]
 impl Producer {
     #[new]
-    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", fence="events", allow_uids=None, allow_gids=None, permissions=None, dir=None))]
+    #[pyo3(signature = (name, slot_size, *, capacity=8, header_size=64, memory="auto", device=0, policy="block", max_consumers=None, spares=None, sharing="legacy", fence="auto", allow_uids=None, allow_gids=None, permissions=None, dir=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -126,16 +127,12 @@ impl Producer {
                 "sharing=\"vmm\" shares CUDA memory: use memory=\"cuda\" (or \"auto\" on a GPU machine)",
             ));
         }
-        let fence = match fence {
-            "events" => Fence::Events,
-            "memory" => Fence::Memory,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "fence={other:?}: use \"events\" or \"memory\""
-                )))
-            }
-        };
-        if !cuda && fence != Fence::Events {
+        let fence = Fence::from_name(fence).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "fence={fence:?}: use \"auto\", \"events\" or \"memory\""
+            ))
+        })?;
+        if !cuda && fence == Fence::Memory {
             return Err(PyValueError::new_err(
                 "fence=\"memory\" orders CUDA work: use memory=\"cuda\" (or \"auto\" on a GPU machine)",
             ));

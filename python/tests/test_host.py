@@ -413,7 +413,7 @@ def test_open_errors(ring_name):
 def test_cuda_only_arguments_are_refused_on_a_host_ring(ring_name):
     """`fence` and `sharing` are checked like the other names; a CUDA-only value on a host ring
     is refused before anything is made, and the default fence is accepted."""
-    with pytest.raises(ValueError, match='fence="ipc": use "events" or "memory"'):
+    with pytest.raises(ValueError, match='fence="ipc": use "auto", "events" or "memory"'):
         gpuring.Producer(ring_name, 64, memory="host", fence="ipc")
     with pytest.raises(ValueError, match='fence="memory" orders CUDA work'):
         gpuring.Producer(ring_name, 64, memory="host", fence="memory")

@@ -75,9 +75,13 @@ pub use crate::consumer::{GpuConsumer, GpuReadSlot};
 #[doc(no_inline)]
 pub use crate::producer::{GpuProducer, GpuWriteSlot};
 
-/// Default for `gpu_poll` on both builders (CUDA rings): how long the CPU polls a pending
-/// event (`cuEventQuery`, ~50 ns) before it hands the wait to the GPU (`cuStreamWaitEvent`).
-/// See docs/performance.md for the measurements behind the value.
+/// Default for `gpu_poll` on both builders (CUDA rings). A consumer polls a pending ready
+/// fence (a load of a memory word, or `cuEventQuery` of an event, ~50 ns) for at most this
+/// long, and only while its stream still has work queued, before it hands the wait to the GPU
+/// (`cuStreamWaitValue64` or `cuStreamWaitEvent`): a wait the CPU saw end costs the GPU
+/// nothing, and a stream with nothing left to run loses no time to a GPU-side wait. A producer
+/// spins this long on a pending release fence before it yields. See docs/performance.md for
+/// the measurements behind the value.
 ///
 /// ```
 /// use std::time::Duration;
@@ -93,21 +97,14 @@ pub(crate) struct TxSettings {
     pub device: i32,
     /// How long `acquire` spins on a pending GPU event before it yields.
     pub gpu_poll: Duration,
-    /// Order GPU work with memory words (`Fence::Memory`) rather than events.
-    pub memory_fence: bool,
+    /// Order GPU work with memory words (`Some(true)`: `Fence::Memory`), with events
+    /// (`Some(false)`: `Fence::Events`), or with memory words where the device can use them
+    /// (`None`: `Fence::Auto`).
+    pub memory_fence: Option<bool>,
     /// Test support: do not wait for consumers' release events (`unfenced_for_tests`).
     pub unfenced: bool,
     /// VMM sharing (`Sharing::Vmm`) and whom it serves; `None`: legacy IPC.
     pub vmm: Option<crate::shm::fdpass::PeerPolicy>,
-}
-
-impl TxSettings {
-    /// Whether the fences are memory words in the segment: with `Fence::Memory`, and always
-    /// with VMM sharing.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn words(&self) -> bool {
-        self.memory_fence || self.vmm.is_some()
-    }
 }
 
 impl Default for TxSettings {
@@ -115,7 +112,7 @@ impl Default for TxSettings {
         TxSettings {
             device: 0,
             gpu_poll: DEFAULT_GPU_POLL,
-            memory_fence: false,
+            memory_fence: None,
             unfenced: false,
             vmm: None,
         }

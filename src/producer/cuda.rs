@@ -90,17 +90,23 @@ impl ProducerBuilder {
         self
     }
 
-    /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Events`]; see
+    /// CUDA rings: how GPU work is ordered across processes. Default [`Fence::Auto`]: memory
+    /// words where the device can use 64-bit stream memory operations, else events; see
     /// [`Fence`], and docs/containers.md for which works where.
     ///
     /// ```no_run
     /// use gpuring::{Fence, Producer};
     ///
-    /// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+    /// // Interprocess events, for consumers on a device without 64-bit stream memory ops.
+    /// let tx = Producer::builder("cam0").fence(Fence::Events).create_gpu(0)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fence(mut self, fence: Fence) -> Self {
-        self.kind.memory_fence = fence == Fence::Memory;
+        self.kind.memory_fence = match fence {
+            Fence::Auto => None,
+            Fence::Events => Some(false),
+            Fence::Memory => Some(true),
+        };
         self
     }
 
@@ -216,6 +222,18 @@ impl Producer<Cuda> {
     /// ```
     pub fn sharing_name(&self) -> &'static str {
         self.mem().sharing_name()
+    }
+
+    /// The fence this ring uses: [`Fence::Events`] or [`Fence::Memory`], never
+    /// [`Fence::Auto`], which the create resolved (VMM sharing always fences with memory).
+    ///
+    /// ```no_run
+    /// # let tx = gpuring::Producer::builder("cam0").create_gpu(0)?;
+    /// println!("{:?} fences", tx.fence()); // Memory on any GPU of the last years
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fence(&self) -> Fence {
+        self.mem().fence()
     }
 
     /// Adds an allocation the caller owns (a decoder's output surfaces, say) to the pool table.

@@ -44,8 +44,9 @@ struct BenchResult {
     /// How CUDA memory was shared: "legacy" or "vmm" ("legacy" for host memory, which shares
     /// the segment itself).
     sharing: String,
-    /// How the CUDA ring's GPU work was ordered across processes: "events" or "memory" (always
-    /// "memory" with VMM sharing); null for host memory, which has no GPU fences.
+    /// How the CUDA ring's GPU work was ordered across processes, as its segment says: "events"
+    /// or "memory" (always "memory" with VMM sharing; what `--fence auto` picked); null for
+    /// host memory, which has no GPU fences.
     fence: Option<&'static str>,
     policy: &'static str,
     /// The consumers' delivery mode.
@@ -87,10 +88,11 @@ pub struct Options {
     /// uid-checked; see docs/gpu.md, "Sharing modes").
     #[arg(long, default_value = "legacy", value_parser = ["legacy", "vmm"])]
     pub sharing: String,
-    /// How CUDA rings order GPU work across processes: events (interprocess CUDA events) or
+    /// How CUDA rings order GPU work across processes: auto (memory where the device can use
+    /// 64-bit stream memory operations, else events), events (interprocess CUDA events) or
     /// memory (sequence words in the ring's segment; works for consumers in containers with
     /// their own /dev/shm, see docs/containers.md). VMM sharing always fences with memory.
-    #[arg(long, default_value = "events", value_parser = ["events", "memory"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "events", "memory"])]
     pub fence: String,
     /// Consumer processes.
     #[arg(long, default_value_t = 2)]
@@ -228,24 +230,18 @@ fn run_in<M: Payload>(
     if memory == "host" && o.sharing != "legacy" {
         return Err("--sharing vmm shares CUDA memory: use --memory cuda".into());
     }
-    if memory == "host" && o.fence != "events" {
+    if memory == "host" && o.fence == "memory" {
         return Err("--fence memory fences CUDA work: use --memory cuda".into());
     }
     #[cfg(feature = "cuda")]
     let builder =
         builder.sharing(gpuring::Sharing::from_name(&o.sharing).expect("checked by clap"));
     #[cfg(feature = "cuda")]
-    let builder = match o.fence.as_str() {
-        "memory" => builder.fence(gpuring::Fence::Memory),
-        _ => builder.fence(gpuring::Fence::Events),
-    };
-    let fence = match (memory, o.sharing.as_str(), o.fence.as_str()) {
-        ("host", _, _) => None,
-        (_, "vmm", _) | (_, _, "memory") => Some("memory"),
-        _ => Some("events"),
-    };
+    let builder = builder.fence(gpuring::Fence::from_name(&o.fence).expect("checked by clap"));
     let err = |e: gpuring::CreateError| format!("creating the bench ring: {e}");
     let mut tx = builder.create_in::<M>().map_err(err)?;
+    // The fence in use, as the segment says (what `auto` picked).
+    let fence = gpuring::inspect::status(&name).ok().and_then(|s| s.cuda).map(|c| c.fence);
     let w = M::writer(&tx).map_err(|e| format!("preparing the pattern writer: {e}"))?;
     // Publishes message `seq` (the test pattern, `len` bytes), `phase` in the user header.
     let publish = |tx: &mut Producer<M>, seq: u64, phase: u8| -> Result<(), String> {

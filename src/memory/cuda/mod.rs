@@ -57,35 +57,62 @@ impl Memory for Cuda {
 
 /// How a CUDA ring orders the GPU work of its processes: the producer's writes before a
 /// consumer's reads, and those reads before the producer rewrites the slot. Chosen by the
-/// producer ([`ProducerBuilder::fence`](crate::ProducerBuilder::fence)); consumers follow the segment. Either way a wait whose
-/// work already completed is skipped, and a pending one is first polled on the CPU for
-/// `gpu_poll`. docs/containers.md says which works in which container layout: events need
-/// every process to see the producer's /dev/shm, memory fences only the ring directory.
+/// producer ([`ProducerBuilder::fence`](crate::ProducerBuilder::fence)); consumers follow the
+/// segment. Either way a wait whose work already completed is skipped, and a pending one is
+/// first polled on the CPU (see [`DEFAULT_GPU_POLL`](crate::DEFAULT_GPU_POLL)).
+/// docs/containers.md says which works in which container layout: events need every process
+/// to see the producer's /dev/shm, memory fences only the ring directory.
 ///
 /// ```no_run
 /// use gpuring::{Fence, Producer};
 ///
-/// assert_eq!(Fence::default(), Fence::Events);
-/// let tx = Producer::builder("cam0").fence(Fence::Memory).create_gpu(0)?;
+/// assert_eq!(Fence::default(), Fence::Auto);
+/// let tx = Producer::builder("cam0").fence(Fence::Events).create_gpu(0)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fence {
+    /// [`Memory`](Self::Memory) where the producer's device can use 64-bit stream memory
+    /// operations (every GPU of compute capability 7.0 or later on a current driver), else
+    /// [`Events`](Self::Events). Memory words hand a frame over in fewer GPU operations, make
+    /// no interprocess event, and work in every container layout that shares the ring
+    /// directory; docs/performance.md has the measurements behind the choice.
+    #[default]
+    Auto,
     /// Interprocess CUDA events: `cuEventRecord`, then `cuStreamWaitEvent` in the other
     /// process. Works on every CUDA device that supports legacy IPC, between processes that
     /// see the same /dev/shm (the driver opens an event through a file there): a consumer in a
     /// container with its own /dev/shm cannot open them, and its open says so. Legacy sharing
     /// only.
-    #[default]
     Events,
     /// Sequence words in the ring's segment, which every process page-locks for its device
     /// (`cuMemHostRegister`): `cuStreamWriteValue64` after the work, `cuStreamWaitValue64`
     /// (greater or equal) before the dependent work, and plain loads on the CPU (skipped
     /// waits, `gpu_poll`, run-ahead). No IPC event is made, so it works wherever the ring
     /// directory is shared, containers with their own /dev/shm included. Needs 64-bit stream
-    /// memory operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`). VMM sharing
-    /// always fences so.
+    /// memory operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`) on every
+    /// process's device. VMM sharing always fences so.
     Memory,
+}
+
+impl Fence {
+    /// The fence named `name` on command lines and in the Python and C bindings: "auto",
+    /// "events" or "memory".
+    ///
+    /// ```
+    /// use gpuring::Fence;
+    ///
+    /// assert_eq!(Fence::from_name("memory"), Some(Fence::Memory));
+    /// assert_eq!(Fence::from_name("event"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Fence> {
+        match name {
+            "auto" => Some(Fence::Auto),
+            "events" => Some(Fence::Events),
+            "memory" => Some(Fence::Memory),
+            _ => None,
+        }
+    }
 }
 
 /// How a CUDA ring's memory and fences reach its consumers. Chosen by the producer
@@ -151,10 +178,9 @@ impl Sharing {
 }
 
 /// What device `ordinal` lacks, if anything, of what every process using a ring needs of its
-/// device: 64-bit stream memory operations where the fences are memory words (`words`: with
-/// `Fence::Memory`, and always with VMM sharing), and fd-shared `cuMemCreate` memory for VMM
-/// sharing. The
-/// producer asks it of its device at create, a consumer of the device it reads on at open.
+/// device: 64-bit stream memory operations where the fences are memory words (`words`), and
+/// fd-shared `cuMemCreate` memory for VMM sharing. The producer asks it of its device at
+/// create, a consumer of the device it reads on at open.
 fn lacks(ordinal: i32, vmm: bool, words: bool) -> Result<Option<&'static str>, DriverError> {
     let dev = driver::device(ordinal)?;
     if words && !driver::can_use_64_bit_stream_mem_ops(dev)? {

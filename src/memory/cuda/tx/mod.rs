@@ -26,7 +26,7 @@ use super::{lacks, Leakable};
 use crate::cuda::driver::{self, CUdeviceptr};
 use crate::cuda::{Context, CudaError, DevicePool, DriverError, Stream};
 use crate::error::{CreateErrorKind, Fault, PublishError, RegisterError};
-use crate::format::gpu::{pool_state, store_uuid, MAX_POOLS};
+use crate::format::gpu::{fence_kind, pool_state, store_uuid, MAX_POOLS};
 use crate::memory::{Closed, ProducerSide, Readers, TxSettings};
 use crate::ring::lease;
 use crate::shm::view::MappedRing;
@@ -120,7 +120,7 @@ impl CudaTx {
         store_uuid(&tables.header.device_uuid, uuid);
         let share = TxShare::start(map, settings)?;
         let pool = share.alloc(ctx, stride * buffers)?;
-        let fences = TxFences::new(ctx, map, settings.words(), buffers)?;
+        let fences = TxFences::new(ctx, map, words(ctx, settings)?, buffers)?;
         let mut side = CudaTx {
             name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
@@ -214,6 +214,16 @@ impl CudaTx {
         self.share.name()
     }
 
+    /// The fence in use: [`Fence::Events`](super::Fence::Events) or
+    /// [`Fence::Memory`](super::Fence::Memory), never `Auto`.
+    pub(crate) fn fence(&self) -> super::Fence {
+        if self.fences.kind() == fence_kind::MEMORY {
+            super::Fence::Memory
+        } else {
+            super::Fence::Events
+        }
+    }
+
     /// Registers `pool`, allocated by the user, as the next pool.
     pub(crate) fn register(
         &mut self,
@@ -268,12 +278,23 @@ impl CudaTx {
     }
 }
 
+/// Whether the fences are memory words: with `Fence::Memory`, always with VMM sharing, and with
+/// `Fence::Auto` where `ctx`'s device can use 64-bit stream memory operations.
+fn words(ctx: &Context, settings: &TxSettings) -> Result<bool, DriverError> {
+    match (settings.vmm.is_some(), settings.memory_fence) {
+        (true, _) | (false, Some(true)) => Ok(true),
+        (false, Some(false)) => Ok(false),
+        (false, None) => driver::can_use_64_bit_stream_mem_ops(driver::device(ctx.ordinal())?),
+    }
+}
+
 /// Refuses settings this build cannot honour, before the segment exists: VMM sharing needs a
 /// device that shares `cuMemCreate` memory by fd; memory fences (`Fence::Memory`, and always
 /// with VMM) need 64-bit stream memory operations.
 fn check_settings(ctx: &Context, settings: &TxSettings) -> Result<(), CreateErrorKind> {
     let vmm = settings.vmm.is_some();
-    let lack = lacks(ctx.ordinal(), vmm, settings.words());
+    let words = words(ctx, settings).map_err(|e| unavailable(e.into()))?;
+    let lack = lacks(ctx.ordinal(), vmm, words);
     if let Some(lack) = lack.map_err(|e| unavailable(e.into()))? {
         let what = if vmm { "Sharing::Vmm" } else { "Fence::Memory" };
         return Err(CreateErrorKind::MemoryUnavailable {
