@@ -119,9 +119,9 @@ impl ConsumerBuilder {
         self
     }
 
-    /// CUDA rings: how long `recv` polls a frame's ready event on the CPU (`cuEventQuery`)
-    /// before it makes the stream wait for it on the GPU instead. A frame that completes within
-    /// the window is read with no GPU-side wait at all. Default
+    /// CUDA rings: how long `recv` polls a frame's ready fence on the CPU (a load of its ready
+    /// word, or `cuEventQuery`) before it makes the stream wait for it on the GPU instead. A
+    /// frame that completes within the window is read with no GPU-side wait at all. Default
     /// [`DEFAULT_GPU_POLL`](crate::DEFAULT_GPU_POLL).
     ///
     /// ```no_run

@@ -76,12 +76,10 @@ pub use crate::consumer::{GpuConsumer, GpuReadSlot};
 pub use crate::producer::{GpuProducer, GpuWriteSlot};
 
 /// Default for `gpu_poll` on both builders (CUDA rings). A consumer polls a pending ready
-/// fence (a load of a memory word, or `cuEventQuery` of an event, ~50 ns) for at most this
-/// long, and only while its stream still has work queued, before it hands the wait to the GPU
-/// (`cuStreamWaitValue64` or `cuStreamWaitEvent`): a wait the CPU saw end costs the GPU
-/// nothing, and a stream with nothing left to run loses no time to a GPU-side wait. A producer
-/// spins this long on a pending release fence before it yields. See docs/performance.md for
-/// the measurements behind the value.
+/// fence (a load of a memory word, or `cuEventQuery` of an event, ~50 ns) for this long before
+/// it hands the wait to the GPU (`cuStreamWaitValue64` or `cuStreamWaitEvent`): a wait the CPU
+/// saw end costs the GPU nothing. A producer spins this long on a pending release fence before
+/// it yields. See docs/performance.md for the measurements behind the value.
 ///
 /// ```
 /// use std::time::Duration;

@@ -1,33 +1,18 @@
 //! The one GPU-side ordering step both sides take: make a stream's next work run after the work
 //! another process signalled, as cheaply as possible: nothing if the signal is already there
 //! (seen within a short CPU poll), else one GPU-side wait.
-//!
-//! The poll ends early when the stream runs dry. While the stream still has work queued, a
-//! poll costs the GPU nothing and a wait it spares would cost the stream a GPU operation per
-//! frame; once the stream is idle, every microsecond of polling is a microsecond the next
-//! kernel starts later than a GPU-side wait would let it, and that wait costs an idle stream
-//! nothing. So a consumer that keeps up hands the wait to the GPU at once (the hop is the GPU's
-//! own), and one that is behind skips it.
 
 use std::time::{Duration, Instant};
 
 use crate::cuda::driver::{self, CUdeviceptr, DriverError};
 use crate::cuda::{Context, IpcEvent, Stream};
 
-/// How many looks at the signal per look at the stream: a stream query is a driver call
-/// (~0.1 µs), a look at a word one load.
-const LOOKS_PER_STREAM_QUERY: u32 = 16;
-
-/// Asks `done` at least once, and again until `window` has passed or, between looks, `idle`
-/// says the stream waiting on it has run dry (asked after the first look, then every
-/// [`LOOKS_PER_STREAM_QUERY`] looks). Returns whether `done` said yes.
+/// Asks `done` at least once, and again until `window` has passed. Returns whether it said yes.
 fn poll_until_done(
     mut done: impl FnMut() -> Result<bool, DriverError>,
-    mut idle: impl FnMut() -> Result<bool, DriverError>,
     window: Duration,
 ) -> Result<bool, DriverError> {
     let start = Instant::now();
-    let mut looks = 0u32;
     loop {
         if done()? {
             return Ok(true);
@@ -35,10 +20,6 @@ fn poll_until_done(
         if start.elapsed() >= window {
             return Ok(false);
         }
-        if looks % LOOKS_PER_STREAM_QUERY == 0 && idle()? {
-            return Ok(false);
-        }
-        looks = looks.wrapping_add(1);
         std::hint::spin_loop();
     }
 }
@@ -66,8 +47,7 @@ impl Signal<'_> {
 }
 
 /// Makes work queued on `stream` from now on run after the work `signal` marks: nothing if it
-/// completed (seen at once, or within the `poll` window while `stream` still has work queued),
-/// else a GPU-side wait on the event or the word
+/// completed (seen at once or within the `poll` window), else a GPU-side wait on the event or the word
 /// (`cuStreamWaitValue64`, greater or equal in the driver's cyclic sense: see
 /// `driver::stream_wait_value64`).
 ///
@@ -83,7 +63,7 @@ pub(crate) unsafe fn order_after(
     // An event with no poll window goes straight to `wait_if_pending`, which queries it once
     // itself; a word is one load, always worth a look first.
     let look = !poll.is_zero() || matches!(signal, Signal::Word { .. });
-    if look && poll_until_done(|| signal.is_done(), || stream.is_idle(), poll)? {
+    if look && poll_until_done(|| signal.is_done(), poll)? {
         return Ok(());
     }
     let (device, value) = match signal {
