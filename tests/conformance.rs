@@ -155,7 +155,7 @@ impl Kind for Host {
     const DRAINS_AFTER_EXIT: bool = true;
 }
 
-/// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over the default `Fence::Events`, `VMM`
+/// CUDA memory; `MEMORY_FENCE` picks `Fence::Memory` over `Fence::Events`, `VMM`
 /// the VMM sharing (fds and memory-word fences, no IPC handle) over legacy IPC.
 #[cfg(feature = "cuda")]
 struct Cuda<const MEMORY_FENCE: bool, const VMM: bool>;

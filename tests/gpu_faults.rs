@@ -246,11 +246,13 @@ fn teardown_closes_before_it_leaves_and_frees_after_everyone() {
     let log = std::env::temp_dir().join(format!("{name}.log")).display().to_string();
     let _ = std::fs::remove_file(&log);
     log_lifecycle_to(&log);
-    // Block: `check_all` asserts that no message is lost.
+    // Block: `check_all` asserts that no message is lost. Events: the steps logged below are
+    // the release events' (memory words have no imports to drop).
     let mut tx = Producer::builder(&name)
         .capacity(4)
         .slot_size(LEN as usize)
         .policy(Policy::Block)
+        .fence(Fence::Events)
         .create_gpu(0)
         .unwrap();
     let k = PatternKernels::get(tx.context()).unwrap();
@@ -406,10 +408,12 @@ fn a_consumer_with_a_damaged_release_event_is_evicted() {
         _ => {}
     }
     let name = unique_name("evict");
+    // Events: the damage is to the victim's release event handles.
     let mut tx = Producer::builder(&name)
         .capacity(4)
         .slot_size(LEN as usize)
         .policy(Policy::Block)
+        .fence(Fence::Events)
         .create_gpu(0)
         .unwrap();
     let k = PatternKernels::get(tx.context()).unwrap();

@@ -162,9 +162,8 @@ fn memory_fence_prevents_torn_frames() {
     fence_run_with(test, false, Duration::ZERO, |b| b.fence(gpuring::Fence::Memory));
 }
 
-/// The default fence and polling (`Fence::Auto`, `DEFAULT_GPU_POLL`, under which a consumer
-/// whose stream runs dry hands its wait to the GPU at once): memory words on a device with
-/// 64-bit stream memory operations, and every frame whole.
+/// The default fence and polling (`Fence::Auto`, `DEFAULT_GPU_POLL`): memory words on a device
+/// with 64-bit stream memory operations, and every frame whole.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_default_fence_is_memory_words_where_the_device_has_them() {
@@ -211,7 +210,16 @@ fn without_release_fence_frames_tear() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn steady_state_opens_nothing_and_never_syncs() {
-    steady_state("steady_state_opens_nothing_and_never_syncs", |b| b);
+    let test = "steady_state_opens_nothing_and_never_syncs";
+    steady_state(test, |b| b.fence(gpuring::Fence::Events));
+}
+
+/// The same with memory fences: no event is ever opened, nothing else either.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn memory_fenced_steady_state_opens_nothing_and_never_syncs() {
+    let test = "memory_fenced_steady_state_opens_nothing_and_never_syncs";
+    steady_state(test, |b| b.fence(gpuring::Fence::Memory));
 }
 
 /// The same in VMM sharing, where no process makes any legacy IPC call at all (no handle
@@ -517,7 +525,18 @@ fn memory_kind_and_device_are_checked() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn consumers_join_and_leave_mid_stream() {
-    const TEST: &str = "consumers_join_and_leave_mid_stream";
+    churn("consumers_join_and_leave_mid_stream", gpuring::Fence::Events);
+}
+
+/// The same with memory fences: each occupant writes the release words of its generation's
+/// bank, which the producer must not confuse with the last occupant's late writes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn memory_fenced_consumers_join_and_leave_mid_stream() {
+    churn("memory_fenced_consumers_join_and_leave_mid_stream", gpuring::Fence::Memory);
+}
+
+fn churn(test: &str, fence: gpuring::Fence) {
     const FRAMES: u64 = 20_000;
     const LEN: u64 = 1 << 20;
     match role().as_deref() {
@@ -559,12 +578,12 @@ fn consumers_join_and_leave_mid_stream() {
         }
         _ => {
             let name = unique_name("churn");
-            let b = Producer::builder(&name).capacity(4).slot_size(LEN as usize);
+            let b = Producer::builder(&name).capacity(4).slot_size(LEN as usize).fence(fence);
             let mut tx = b.create_gpu(0).unwrap();
             let vars = [("RING", name)];
-            let steady: Vec<_> = (0..2).map(|_| spawn(TEST, "steady", &vars)).collect();
+            let steady: Vec<_> = (0..2).map(|_| spawn(test, "steady", &vars)).collect();
             wait_for_consumers(&tx, 2);
-            let churn = spawn(TEST, "churn", &vars);
+            let churn = spawn(test, "churn", &vars);
             produce(&mut tx, FRAMES, LEN);
             drop(tx);
             for c in steady {

@@ -96,6 +96,19 @@ typedef enum gpuring_start {
   GPURING_START_OLDEST = 2,
 } gpuring_start;
 
+// How a CUDA ring orders GPU work across processes (`gpuring_producer_options.fence`).
+typedef enum gpuring_fence {
+  // Memory words where the producer's GPU can use 64-bit stream memory operations, else
+  // interprocess events.
+  GPURING_FENCE_AUTO = 0,
+  // Sequence words in the ring's segment, which every process page-locks: no IPC event is
+  // made, so consumers in containers with their own /dev/shm or pid namespace can read the
+  // ring. Needs 64-bit stream memory operations.
+  GPURING_FENCE_MEMORY = 1,
+  // Interprocess CUDA events: every process must see the producer's /dev/shm.
+  GPURING_FENCE_EVENTS = 2,
+} gpuring_fence;
+
 // A consumer of a ring. Not thread-safe: use it (and its messages) from one thread at a time.
 //
 // Invariants: `rx` owns a leaked `Box` (a raw pointer, because messages borrow `*rx`); `held`

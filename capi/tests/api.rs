@@ -1,7 +1,7 @@
 //! The C API's error paths, called as C would (through the `extern "C"` functions), in host
 //! memory: null arguments, bad enum values, one slot at a time, a failed publish ending its
 //! slot, a consumer freed with a message out, the tensor header, and option flags read as
-//! "nonzero = true". Where a GPU is usable, also that `fence_memory` reaches a CUDA ring.
+//! "nonzero = true". Where a GPU is usable, also that `fence` reaches a CUDA ring.
 
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};

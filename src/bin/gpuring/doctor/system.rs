@@ -289,8 +289,9 @@ pub fn memlock() -> Check {
     let show = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), mib);
     let value = json!({ "soft_bytes": lim.current, "hard_bytes": lim.maximum });
     let finding = format!(
-        "memlock limit {} (hard {}); it bounds page-locked host memory: gpuring pins only a VMM \
-         ring's fence words (a few pages), pinned frame buffers (cuMemHostRegister, torch \
+        "memlock limit {} (hard {}); it bounds page-locked host memory: gpuring pins only the \
+         segments of CUDA rings with memory fences (descriptors and fence words, well under \
+         1 MiB each), pinned frame buffers (cuMemHostRegister, torch \
          pin_memory) count more",
         show(lim.current),
         show(lim.maximum)

@@ -177,9 +177,16 @@ impl CudaRx {
         let placed = place(settings.device, load_uuid(&tables.header.device_uuid), &Driver)?;
         // The producer's device has what the ring needs; the one we read on may be another.
         if let Some(lack) = lacks(placed.own, vmm, words).map_err(cuda_err)? {
+            // What would fit instead: event fences need nothing of the device, VMM does.
+            let instead = if vmm {
+                ""
+            } else {
+                ", or have the producer fence with events (Fence::Events, `--fence events`)"
+            };
             return Err(OpenErrorKind::MemoryUnavailable {
                 reason: format!(
-                    "this ring needs {lack}, which device {} does not support; read on device {}",
+                    "this ring needs {lack}, which device {} does not support; read on device \
+                     {}{instead}",
                     placed.own, placed.ring
                 ),
             });

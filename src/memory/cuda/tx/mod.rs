@@ -120,7 +120,16 @@ impl CudaTx {
         store_uuid(&tables.header.device_uuid, uuid);
         let share = TxShare::start(map, settings)?;
         let pool = share.alloc(ctx, stride * buffers)?;
-        let fences = TxFences::new(ctx, map, words(ctx, settings)?, buffers)?;
+        let words = words(ctx, settings)?;
+        let fences = match TxFences::new(ctx, map, words, buffers) {
+            // `Fence::Auto` chose words, which could not be set up (the segment could not be
+            // page-locked for the device): events need nothing of the kind.
+            Err(e) if words && settings.memory_fence.is_none() && settings.vmm.is_none() => {
+                tracing::warn!(ring = %map.segment().name().ring(), error = %e, "memory fences unavailable: fencing with events");
+                TxFences::new(ctx, map, false, buffers)?
+            }
+            made => made?,
+        };
         let mut side = CudaTx {
             name: map.segment().name().ring().to_owned(),
             ctx: ctx.clone(),
