@@ -13,6 +13,8 @@ RGBA frames, lossless), and one consumer at a time reads it:
             `torch._C._from_dlpack(slot.__dlpack__())`, skipping the wrapper that looks up the
             current stream by device (torch only; the consumer's stream is the default one, so
             nothing changes in the ordering)
+  torch     as `tensor`, with gpuring's own `slot.torch()`, which does what `direct` does and
+            orders torch's current stream as `torch.from_dlpack` does (torch only)
 
 `from_dlpack` is `torch.from_dlpack`, or `numpy.from_dlpack` where torch is missing (host
 rings only). Each loop is timed two ways, in microseconds per frame:
@@ -47,13 +49,14 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LOOPS = ("rust", "release", "tensor", "del", "direct")
+LOOPS = ("rust", "release", "tensor", "del", "direct", "torch")
 TITLES = {
     "rust": "Rust recv + drop",
     "release": "Python recv + release",
     "tensor": "Python recv + tensor (`with slot: t = ...`)",
     "del": "Python recv + tensor, del t before release",
     "direct": "Python recv + tensor through torch._C._from_dlpack",
+    "torch": "Python recv + slot.torch()",
 }
 
 from_dlpack = None  # torch.from_dlpack or numpy.from_dlpack, chosen in main()
@@ -112,9 +115,22 @@ def loop_direct(get, n):
     return k
 
 
+def loop_torch(get, n):
+    k = 0
+    while k < n:
+        slot = get()
+        if slot is None:
+            break
+        with slot:
+            t = slot.torch()  # noqa: F841
+        k += 1
+    return k
+
+
 import_capsule = None  # torch._C._from_dlpack, with torch
 
-PY_LOOPS = {"release": loop_release, "tensor": loop_tensor, "del": loop_del, "direct": loop_direct}
+PY_LOOPS = {"release": loop_release, "tensor": loop_tensor, "del": loop_del, "direct": loop_direct,
+            "torch": loop_torch}
 
 
 def python_run(args, name, loop, producer):
@@ -242,7 +258,7 @@ def main():
     else:
         import numpy
         from_dlpack = numpy.from_dlpack
-        args.loops = [loop for loop in args.loops if loop != "direct"]
+        args.loops = [loop for loop in args.loops if loop not in ("direct", "torch")]
         version = f"numpy {numpy.__version__}"
     # As scripts/mps.sh starts it: with CUDA_MPS_PIPE_DIRECTORY set.
     mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
@@ -287,7 +303,7 @@ def main():
         print(f"| {TITLES[loop]} | {s['free_us']:.2f} | {s['backlog_us']:.2f} |")
     extra = {}
     if "release" in args.loops:
-        for loop in ("tensor", "del", "direct"):
+        for loop in ("tensor", "del", "direct", "torch"):
             if loop in args.loops:
                 extra[loop] = {"free_us": over(loop, 0), "backlog_us": over(loop, 1)}
                 print(f"| tensor over bare receive ({loop}) | {extra[loop]['free_us']:+.2f} | "

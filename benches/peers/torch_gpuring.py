@@ -5,7 +5,7 @@ For each frame size and consumer count this runs benches/peers/torch_mp.py's ben
 floor: a Queue of CUDA tensors from a pool the producer keeps alive), then the same job
 through a gpuring CUDA ring: the producer fills a pool tensor on the GPU exactly as torch_mp
 does and publishes it with `Producer.send` (a device-to-device copy into the slot, no CPU
-sync); each consumer takes `torch.from_dlpack(slot)` (zero-copy), reads every byte with the
+sync); each consumer takes `slot.torch()` (zero-copy, what `torch.from_dlpack(slot)` makes), reads every byte with the
 same kernel (a sum over int64 words), syncs, and releases. Frames/s per consumer is reported
 for both, with gpuring's as a ratio to the floor.
 
@@ -42,7 +42,7 @@ def consumer(k, name, frames_out, ready):
         with slot:
             if start is None:
                 start = time.perf_counter()
-            t = torch.from_dlpack(slot)
+            t = slot.torch()
             checksum ^= int(t.view(torch.int64).sum().item())  # reads every byte, then syncs
             del t
         n += 1

@@ -30,6 +30,7 @@ mod layout;
 mod producer;
 mod sigterm;
 mod slot;
+mod torch;
 
 /// The ring directory of a `dir=` argument: the library's default (`GPURING_DIR`, else
 /// `/dev/shm`) when None, made absolute now, so that the `dir` property and the SIGTERM

@@ -352,6 +352,21 @@ impl Slot {
         dlpack::capsule(py, claim.held.message().ptr(), device, &layout, Arc::clone(shared))
     }
 
+    /// torch() -> torch.Tensor
+    ///
+    /// The message as a torch tensor, without a copy: the tensor `torch.from_dlpack(slot)`
+    /// makes, ordered as it orders it (on a CUDA ring, torch's current stream of the message's
+    /// device waits for the producer's writes, and the release waits for the work queued
+    /// there), at a fraction of its cost: torch's own DLPack import is called directly.
+    /// Raises `ImportError` without torch.
+    fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let torch = crate::torch::get(py)?;
+        let stream =
+            if self.is_cuda() { Some(torch.current_stream(py, self.device)?) } else { None };
+        let capsule = self.__dlpack__(py, stream, None, None, None)?;
+        torch.tensor(py, capsule)
+    }
+
     /// __dlpack_device__() -> (device_type, device_id): (2, ordinal) for CUDA, (1, 0) for host.
     fn __dlpack_device__(&self) -> (i32, i32) {
         if self.is_cuda() {

@@ -126,11 +126,11 @@ def test_another_stream_is_ordered_after_the_write_and_before_the_release(ring_n
     assert bad == [], f"messages read before their write finished or after reuse: {bad}"
 
 
-def read_slow_messages(tx, rx, count, size):
+def read_slow_messages(tx, rx, count, size, tensor=torch.from_dlpack):
     """Has producer `tx` write `count` pattern messages of `size` bytes with slow kernels on a
-    side stream, reads each on a stream of ours, and returns the sequence numbers of those
-    that were not exact: read before their write finished, or rewritten before our reads of
-    them were done."""
+    side stream, reads each on a stream of ours as `tensor(slot)`, and returns the sequence
+    numbers of those that were not exact: read before their write finished, or rewritten
+    before our reads of them were done."""
     tx.p.stdin.write(f"slow {count}\n")
     tx.p.stdin.flush()
     consume = torch.cuda.Stream()
@@ -139,7 +139,7 @@ def read_slow_messages(tx, rx, count, size):
         with torch.cuda.stream(consume):
             with rx.recv(timeout=30) as slot:
                 assert slot.seq == seq
-                t = torch.from_dlpack(slot)  # torch passes `consume` as the DLPack stream
+                t = tensor(slot)  # torch passes `consume` as the DLPack stream
                 twice = t.clone()
                 if not torch.equal(t, expected_words(seq, size // 8)):
                     bad.append(seq)
@@ -169,6 +169,28 @@ def test_memory_fences_order_every_message_exactly(ring_name, producer):
         with rx.recv(timeout=10) as slot:
             assert (slot.dtype, slot.shape) == ("float32", (64, 32))
             assert torch.equal(torch.from_dlpack(slot), src)
+
+
+def test_slot_torch_is_ordered_on_torchs_current_stream(ring_name, producer):
+    """`slot.torch()` on the default fence: the same tensor as `torch.from_dlpack(slot)`, and
+    every message written by slow kernels reads back exact on torch's current stream (a side
+    stream of ours), none rewritten before our reads are done (capacity 2)."""
+    size = 64 << 20
+    tx = producer(size, capacity=2, fence="auto")
+    rx = gpuring.Consumer(ring_name, start="next")
+    assert tx.ask("wait 1") == "ok"
+    bad = read_slow_messages(tx, rx, 20, size, tensor=lambda slot: slot.torch())
+    assert bad == [], f"messages read before their write finished or after reuse: {bad}"
+    assert tx.ask("randn 3") == "20"
+    torch.manual_seed(3)
+    src = torch.randn(64, 32, device="cuda")
+    with rx.recv(timeout=10) as slot:
+        t = slot.torch()
+        assert (t.dtype, tuple(t.shape), t.device.type) == (torch.float32, (64, 32), "cuda")
+        assert t.data_ptr() == torch.from_dlpack(slot).data_ptr() == slot.ptr
+        assert torch.equal(t, src)
+    with pytest.raises(gpuring.ReleasedError):
+        slot.torch()
 
 
 def test_a_tensor_holds_its_message_after_release(ring_name, producer):

@@ -34,6 +34,21 @@ def test_round_trip_takes_type_and_shape_from_the_tensor_header(ring_name):
     assert slot.released
 
 
+def test_slot_torch_makes_the_tensor_from_dlpack_makes(ring_name):
+    torch = pytest.importorskip("torch", reason="slot.torch() needs torch")
+    tx = gpuring.Producer(ring_name, 4096, memory="host", capacity=4)
+    rx = gpuring.Consumer(ring_name, start="next")
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    tx.send(a)
+    with rx.recv(timeout=5) as slot:
+        t = slot.torch()
+        assert (t.dtype, tuple(t.shape), t.device.type) == (torch.float32, (2, 3, 4), "cpu")
+        assert t.data_ptr() == torch.from_dlpack(slot).data_ptr()
+        assert torch.equal(t, torch.from_numpy(a))
+    with pytest.raises(gpuring.ReleasedError):
+        slot.torch()
+
+
 def test_explicit_layouts_override_the_header(ring_name):
     tx = gpuring.Producer(ring_name, 4096, memory="host")
     rx = gpuring.Consumer(ring_name, start="next", dtype="uint8", shape=(-1, 4))
