@@ -51,19 +51,27 @@ def gpu(path):
     return out
 
 
-def table(kind, files, read):
+def table(kind, files, read, side_of=lambda f: os.path.basename(f).split("-")[1]):
+    """One row per figure: each side's median over its rounds, and each side's over old's."""
     sides = {}
+    names = []
     for f in files:
-        side = os.path.basename(f).split("-")[1]
+        side = side_of(f)
+        if side not in names:
+            names.append(side)
         for k, v in read(f).items():
             sides.setdefault(k, {}).setdefault(side, []).append(v)
-    print(f"\n### {kind}: median of each side's rounds, new/old\n")
-    print("| figure | old | new | new/old |")
-    print("|---|---|---|---|")
+    names.sort(key=lambda n: (n != "old", n != "new", n))
+    others = [n for n in names if n != "old"]
+    print(f"\n### {kind}: median of each side's rounds, and its ratio to old's\n")
+    print("| figure | " + " | ".join(names) + " | " + " | ".join(f"{n}/old" for n in others) + " |")
+    print("|---" * (1 + len(names) + len(others)) + "|")
     for k in sorted(sides):
-        o = statistics.median(sides[k].get("old", [float("nan")]))
-        n = statistics.median(sides[k].get("new", [float("nan")]))
-        print(f"| {k} | {o:,.0f} | {n:,.0f} | {n / o if o else float('nan'):.3f} |")
+        med = {n: statistics.median(sides[k].get(n, [float("nan")])) for n in names}
+        o = med.get("old", float("nan"))
+        ratios = [f"{med[n] / o:.3f}" if o else "nan" for n in others]
+        print(f"| {k} | " + " | ".join(f"{med[n]:,.0f}" for n in names) + " | " +
+              " | ".join(ratios) + " |")
 
 
 def main():
@@ -74,6 +82,10 @@ def main():
     gpus = sorted(glob.glob(os.path.join(d, "gpu-*.json")))
     if gpus:
         table("GPU bench (MPS on)", gpus, gpu)
+    hops = sorted(glob.glob(os.path.join(d, "hop-mps-off-*.json")))
+    if hops:
+        table("GPU bench floors and hop (MPS off)", hops, gpu,
+              lambda f: os.path.basename(f)[len("hop-mps-off-"):-len(".json")])
 
 
 if __name__ == "__main__":

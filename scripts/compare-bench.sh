@@ -5,8 +5,11 @@
 #   gpu  - gpu_bench --consumers 1,4 --sizes 64K,8M --policies block, MPS on, A B A B
 # OLD and NEW are folders holding `host` (the host bench binary) and `gpu_bench`, both built
 # with `cargo build --release --features cuda,test-support --example gpu_bench --bench host`.
-# Usage: scripts/compare-bench.sh OLD NEW [host] [gpu] [ROUNDS]   Results: $OUT/compare/.
+#   hop  - gpu_bench --no-matrix (the floors and the paced hop), MPS off, old then new
+# Usage: scripts/compare-bench.sh OLD NEW [host] [gpu] [hop] [ROUNDS]   Results: $OUT/compare/.
 # Then: python3 scripts/compare-bench.py $OUT/compare   (the ratios new/old).
+# GPU_SIDES (default "old new") lists the gpu runs of a round; a side may add one bench flag
+# after a "+", as in "old+fence=memory" (old binaries, --fence memory), to isolate one change.
 set -uo pipefail
 old=$1 new=$2; shift 2
 rounds=2; what=""
@@ -25,17 +28,26 @@ if [[ $what == *host* ]]; then
     done
   done
 fi
+if [[ $what == *hop* ]]; then
+  for side in old new; do
+    dir=$old; [ $side = new ] && dir=$new
+    timeout 120 "$dir/gpu_bench" --no-matrix --consumers 1 --sizes 64K,8M --label "hop-mps-off-$side" \
+      --json "$R/hop-mps-off-$side.json" --md "$R/hop-mps-off-$side.md" > "$R/hop-mps-off-$side.log" 2>&1
+    echo "hop (MPS off) $side exit $? ($(date +%T))"
+  done
+fi
 if [[ $what == *gpu* ]]; then
   # shellcheck source=scripts/mps.sh
   . "$(dirname "$0")/mps.sh"
   mps_start
   for i in $(seq "$rounds"); do
-    for side in old new; do
-      dir=$old; [ $side = new ] && dir=$new
-      timeout 150 "$dir/gpu_bench" --consumers 1,4 --sizes 64K,8M --policies block \
+    for side in ${GPU_SIDES:-old new}; do
+      dir=$old; [ "${side%%+*}" = new ] && dir=$new
+      flag=(); [[ $side == *+* ]] && { f=${side#*+}; flag=("--${f%%=*}" "${f#*=}"); }
+      timeout 150 "$dir/gpu_bench" --consumers 1,4 --sizes 64K,8M --policies block "${flag[@]}" \
         --label "$side-$i" --json "$R/gpu-$side-$i.json" --md "$R/gpu-$side-$i.md" \
         > "$R/gpu-$side-$i.log" 2>&1
-      echo "gpu $side $i exit $?"
+      echo "gpu $side $i exit $? ($(date +%T))"
     done
   done
   mps_stop
