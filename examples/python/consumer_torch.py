@@ -49,7 +49,7 @@ def main():
         mean, std = MEAN, STD
         for slot in rx:  # ends when the producer closes the ring
             with slot:  # released at the end of the block (after the work queued on it)
-                frame = torch.from_dlpack(slot)  # zero-copy: uint8[H, W, 4] on the GPU
+                frame = slot.torch()  # zero-copy: uint8[H, W, 4] on the GPU (= torch.from_dlpack)
                 if mean.device != frame.device:
                     mean, std = MEAN.to(frame.device), STD.to(frame.device)
                 x = (frame.float() / 255.0 - mean) / std  # the "inference" work

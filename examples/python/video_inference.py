@@ -140,7 +140,7 @@ def consumer(args, k):
         memory = rx.memory
         for slot in rx:
             with slot:
-                img = torch.from_dlpack(slot)  # uint8[H, W, 3] in the producer's GPU memory
+                img = slot.torch()  # uint8[H, W, 3] in the producer's GPU memory
                 x = img.permute(2, 0, 1).unsqueeze(0).half().div_(255)
                 x = torch.nn.functional.interpolate(x, size=(224, 224), mode="bilinear")
                 logits = model((x - mean) / std)
