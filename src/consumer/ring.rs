@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::ConsumerBuilder;
 use crate::doorbells::{BellCell, ConsumerBells};
@@ -12,6 +12,7 @@ use crate::format::header::{CLOSED_DONE, CLOSED_LOST};
 use crate::format::{MemoryKind, Params};
 use crate::memory::Member;
 use crate::ring::{park, ConsumerCore, JoinError, Leave, Left, Pinned, RingCorrupt};
+use crate::shm::clock::{self, Tick};
 use crate::shm::doorbell::Doorbell;
 use crate::shm::ns::Namespaces;
 use crate::shm::process::ProcessId;
@@ -55,7 +56,8 @@ pub(crate) struct ConsumerRing {
     /// When the producer's liveness was last checked, in nanoseconds since `opened`.
     /// Relaxed (every access): it only paces the checks.
     last_check: AtomicU64,
-    opened: Instant,
+    /// When it opened, on the coarse clock of the liveness ticks.
+    opened: Tick,
     wait: WaitConfig,
     /// Whether [`ConsumerRing::leave`] (or `step_aside`) ran.
     left: bool,
@@ -172,7 +174,7 @@ impl ConsumerRing {
             producer,
             producer_dead: AtomicBool::new(false),
             last_check: AtomicU64::new(0),
-            opened: Instant::now(),
+            opened: Tick::now(),
             wait: WaitConfig { spin: b.spin, tick: b.liveness },
             left: false,
             builder: b.clone(),
@@ -343,7 +345,7 @@ impl ConsumerRing {
 
     /// Nanoseconds since it opened.
     fn since_opened(&self) -> u64 {
-        self.opened.elapsed().as_nanos() as u64
+        Tick::now().nanos_since(self.opened)
     }
 
     /// Whether the producer still runs (checked now).
@@ -369,7 +371,7 @@ impl ConsumerRing {
         // Once per liveness interval whatever happens, errors included: a consumer that gets
         // an error at every call must still learn that the segment was truncated.
         let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
-        if Duration::from_nanos(since) >= self.wait.tick {
+        if clock::due(Duration::from_nanos(since), self.wait.tick) {
             self.check_producer();
             // A consumer that only waits makes no other GPU call: it must still learn that
             // its context was lost, and exit (under MPS a faulted client that lingers keeps

@@ -12,6 +12,7 @@ use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
 use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
 use crate::ring::{audit, lease, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
+use crate::shm::clock::{self, Tick};
 use crate::shm::view::MappedRing;
 use crate::shm::wait::{self, Deadline, WaitConfig};
 use crate::shm::waiter::{Waiter, WakeOn};
@@ -30,7 +31,7 @@ pub(crate) struct ProducerRing {
     table_seen: (u64, u64),
     /// When the table was last reaped: it is reaped at least once per liveness interval while
     /// the producer acquires, blocked or not.
-    last_reap: Instant,
+    last_reap: Tick,
     /// Its doorbell, and the addresses of parked consumers' doorbells.
     bells: ProducerBells,
 }
@@ -217,7 +218,7 @@ impl ProducerRing {
             closed: false,
             cut: false,
             table_seen: (0, 0),
-            last_reap: Instant::now(),
+            last_reap: Tick::now(),
             bells: ProducerBells::bind(&dir, &b.name, params.epoch, b.mode, params.max_consumers),
         };
         let extra = init(prepared, &ring.map)?;
@@ -279,7 +280,7 @@ impl ProducerRing {
             return Some(Err(Fault::Corrupt(Corruption::Truncated)));
         }
         if table_moved(&self.map.ring(), &mut self.table_seen)
-            || self.last_reap.elapsed() >= self.wait.tick
+            || clock::due(self.last_reap.elapsed(), self.wait.tick)
         {
             if let Err(c) = self.reap_with(on_free) {
                 return Some(Err(c.into()));
@@ -330,7 +331,7 @@ impl ProducerRing {
     /// Reaps the consumer table and audits the next claim's buffers (`look_after`), telling the memory
     /// kind about each entry it frees.
     pub(crate) fn reap_with(&mut self, on_free: OnFree<'_>) -> Result<Reaped, Corruption> {
-        self.last_reap = Instant::now();
+        self.last_reap = Tick::now();
         let ProducerRing { map, core, bells, closed, .. } = self;
         Ok(look_after(map.segment(), &map.ring(), core, bells, on_free, *closed)?)
     }
@@ -447,13 +448,13 @@ fn claim_step(
     seg: &Segment,
     ring: &Ring<'_>,
     core: &mut ProducerCore,
-    look: Option<&mut Instant>,
+    look: Option<&mut Tick>,
     bells: &ProducerBells,
     on_free: OnFree<'_>,
     closed: bool,
 ) -> Option<Result<Claimed, Fault>> {
     if let Some(last_reap) = look {
-        *last_reap = Instant::now();
+        *last_reap = Tick::now();
         if let Err(c) = look_after(seg, ring, core, bells, on_free, closed) {
             return Some(Err(Fault::Corrupt(c.into())));
         }

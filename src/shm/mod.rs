@@ -5,6 +5,8 @@
 //! references) and the one blocking wait (`wait`: spin, yield, futex). Nothing here drives the
 //! ring protocol; it places bytes, checks them and waits on them.
 
+#[cfg(not(loom))]
+pub(crate) mod clock;
 pub mod dir;
 pub mod doorbell;
 #[cfg(not(loom))]
