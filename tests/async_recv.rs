@@ -350,6 +350,22 @@ fn spawned_tasks_own_or_share_a_consumer() {
     });
 }
 
+/// Task B of the relay tests: a receive of `rx` on the runtime, parked on its doorbell by the
+/// time this returns.
+async fn parked_receiver(
+    rx: &std::sync::Arc<Consumer>,
+) -> tokio::task::JoinHandle<Result<Vec<u8>, RecvError>> {
+    let b = tokio::spawn({
+        let rx = rx.clone();
+        async move { rx.recv_async().await.map(|m| m.to_vec()) }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await; // B parks and awaits its doorbell
+    }
+    assert!(!b.is_finished());
+    b
+}
+
 /// Review of item 5, finding F1: waiters of one consumer share its doorbell, so one may empty
 /// knocks meant for another. Here task B is parked on the doorbell when two messages are
 /// published; before B's runtime turns, another waiter of the consumer (the test, as an event
@@ -361,14 +377,7 @@ fn a_waiter_that_empties_the_doorbell_passes_the_wake_on() {
     let (mut tx, rx) = ring("async-relay");
     let rx = std::sync::Arc::new(rx);
     runtime().block_on(async {
-        let b = tokio::spawn({
-            let rx = rx.clone();
-            async move { rx.recv_async().await.map(|m| m.to_vec()) }
-        });
-        for _ in 0..10 {
-            tokio::task::yield_now().await; // B parks and awaits its doorbell
-        }
-        assert!(!b.is_finished());
+        let b = parked_receiver(&rx).await;
         tx.send(b"one", b"").unwrap();
         tx.send(b"two", b"").unwrap();
         rx.disarm_doorbell(); // another waiter empties the doorbell...
@@ -387,14 +396,7 @@ fn the_wake_is_passed_on_after_the_producer_is_gone() {
     let (mut tx, rx) = ring("async-relay-end");
     let rx = std::sync::Arc::new(rx);
     runtime().block_on(async {
-        let b = tokio::spawn({
-            let rx = rx.clone();
-            async move { rx.recv_async().await.map(|m| m.to_vec()) }
-        });
-        for _ in 0..10 {
-            tokio::task::yield_now().await; // B parks and awaits its doorbell
-        }
-        assert!(!b.is_finished());
+        let b = parked_receiver(&rx).await;
         tx.send(b"one", b"").unwrap();
         drop(tx); // knocks, then removes the doorbell files
         rx.disarm_doorbell(); // another waiter empties the doorbell...

@@ -208,12 +208,8 @@ fn main() {
 
 /// The rings' fence for this run.
 pub fn fence(o: &Opts) -> gpuring::Fence {
-    match o.fence.as_str() {
-        "auto" => gpuring::Fence::Auto,
-        "memory" => gpuring::Fence::Memory,
-        "events" => gpuring::Fence::Events,
-        other => panic!("unknown fence {other} (auto, events or memory)"),
-    }
+    gpuring::Fence::from_name(&o.fence)
+        .unwrap_or_else(|| panic!("unknown fence {} (auto, events or memory)", o.fence))
 }
 
 /// The rings' sharing for this run.
