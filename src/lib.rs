@@ -93,9 +93,10 @@ pub use consumer::{Consumer, ConsumerBuilder, Iter, ReadSlot};
 pub use error::lose_context_after;
 pub use error::{
     context_lost, exit_status, is_context_lost, AcquireError, AcquireTimeoutError,
-    ConsumersTimeout, ContextLost, Corruption, CreateError, CreateErrorKind, Ended, NameError,
-    OpenError, OpenErrorKind, PublishError, RecvError, RecvTimeoutError, SendError,
-    TryAcquireError, TryRecvError, WaitForConsumersError, EXIT_CONTEXT_LOST,
+    ConsumersTimeout, ContextLost, Corruption, CreateError, CreateErrorKind, EndLoanError, Ended,
+    LendError, NameError, OpenError, OpenErrorKind, PublishError, PublishLoanError, RecvError,
+    RecvTimeoutError, SendError, TryAcquireError, TryRecvError, WaitForConsumersError,
+    EXIT_CONTEXT_LOST,
 };
 #[cfg(all(feature = "cuda", not(loom)))]
 pub use error::{RegisterError, ReleaseError};
@@ -107,7 +108,7 @@ pub use memory::{
 #[cfg(not(loom))]
 pub use memory::{Host, Memory, DEFAULT_GPU_POLL};
 #[cfg(not(loom))]
-pub use producer::{monotonic_ns, Producer, ProducerBuilder, WriteSlot, DEFAULT_SPARES};
+pub use producer::{monotonic_ns, Loan, Producer, ProducerBuilder, WriteSlot, DEFAULT_SPARES};
 pub use ring::{Mode, Policy, StartAt};
 #[cfg(not(loom))]
 pub use shm::fdpass::PeerPolicy;

@@ -823,3 +823,75 @@ fn overwrite_one_slot_one_spare() {
     // As `lossless_gates_beside_a_queue_consumer`: 3 messages take more than 10 minutes.
     model(Policy::Overwrite, 1, 1, 2);
 }
+
+/// Loans (capacity 1, one spare): the producer publishes messages 0 and 1, lends a spare (the
+/// buffer of a message the consumer may still be reading, when it held it across message 1),
+/// writes it at once, publishes message 2, then the loan as message 3. The borrower's write
+/// must not race any consumer read (a loom race), and the consumer gets every message it does
+/// not lose (under `Block`: all of them) with its payload.
+fn model_loan(policy: Policy) {
+    let messages = 4;
+    builder().check(move || {
+        let shared = Shared::new(1, 1, policy);
+        let ring = shared.ring.ring();
+        let core = ConsumerCore::join(&ring, StartAt::Next, policy.default_mode(), 1, 1).unwrap();
+        let s = shared.clone();
+        let consumer = thread::spawn(move || {
+            let mut tally = Tally::default();
+            let mut seq = None;
+            while seq.is_none_or(|seq| seq + 1 < messages) {
+                let before = core.cursor();
+                let m = pin(&core, &s, &s.consumer_wait[0]);
+                if policy == Policy::Block {
+                    assert_eq!((m.seq, m.lag), (before, 0), "a Lossless consumer lost some");
+                }
+                tally.add(&core, before, &m);
+                s.check(&m);
+                seq = Some(m.seq);
+                release(&core, &s, &m);
+            }
+            tally.finish(&core, &s, 0);
+        });
+        let mut w = Writer::new(&shared);
+        for _ in 0..2 {
+            let b = w.claim(&shared, |_| shared.producer_wait.wait());
+            w.publish(&shared, b);
+        }
+        let loan = loop {
+            match w.core.try_lend(&ring) {
+                Ok(l) => break l,
+                Err(ClaimError::Blocked(_)) => shared.producer_wait.wait(),
+                Err(ClaimError::Corrupt(c)) => panic!("{c}"),
+            }
+        };
+        assert_eq!(loan.prev, w.last[loan.buffer], "what the lent buffer carried");
+        // SAFETY: loom's cell; a write that races a read is reported, not undefined.
+        shared.payload[loan.buffer].with_mut(|p| unsafe { *p = 3 });
+        let b = w.claim(&shared, |_| shared.producer_wait.wait());
+        w.publish(&shared, b);
+        loop {
+            match w.core.try_adopt(&ring, loan.buffer) {
+                Ok(()) => break,
+                Err(ClaimError::Blocked(why)) => {
+                    assert_eq!(why, Blocked::Consumers, "an adoption waits only at the gate");
+                    shared.producer_wait.wait();
+                }
+                Err(ClaimError::Corrupt(c)) => panic!("{c}"),
+            }
+        }
+        w.last[loan.buffer] = Some(3);
+        w.core.publish(&ring, 3 + 100, 0);
+        shared.consumer_wait.iter().for_each(Notify::notify);
+        consumer.join().unwrap();
+    });
+}
+
+#[test]
+fn a_loan_never_races_a_reader_block() {
+    model_loan(Policy::Block);
+}
+
+#[test]
+fn a_loan_never_races_a_reader_overwrite() {
+    model_loan(Policy::Overwrite);
+}

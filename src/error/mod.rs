@@ -1061,6 +1061,10 @@ macro_rules! display {
     };
 }
 
+// After `display!`, which it uses.
+mod loan;
+pub use loan::{EndLoanError, LendError, PublishLoanError};
+
 /// What every `Disconnected` says, in Rust, the CLI, C and Python. Where the cause is known,
 /// [`Ended`]'s message says which ("the producer closed the ring" / "the producer died").
 pub(crate) const DISCONNECTED: &str = "the producer closed the ring or died";

@@ -6,6 +6,7 @@
 mod asynch;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod loan;
 mod ring;
 
 use std::ops::{Deref, DerefMut};
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{GpuProducer, GpuWriteSlot};
+pub use loan::Loan;
 pub(crate) use ring::ProducerRing;
 
 use crate::error::Fault;
@@ -22,6 +24,7 @@ use crate::error::{
 };
 use crate::format::{Layout, MemoryKind, Params};
 use crate::memory::{Closed, Host, Memory, ProducerSide, Readers, TxSettings};
+use crate::ring::producer::{Claimed, Want};
 use crate::ring::Policy;
 use crate::shm::process::ProcessId;
 use crate::shm::wait::{self, Deadline, WaitConfig};
@@ -773,12 +776,31 @@ impl<M: Memory> Producer<M> {
                 self.poll(how, |p| p.written(buffer)).await?;
             }
         }
+        let claimed = self.take_with(how, Want::Next).await?;
+        self.settle(how, claimed, lapped).await?;
+        Ok(claimed.buffer)
+    }
+
+    /// Takes a buffer for what `want` says, waiting as `how` says while none is free (or, for
+    /// an adoption, while the `Lossless` gate is shut).
+    pub(crate) async fn take_with(&mut self, how: Waiter, want: Want) -> Result<Claimed, Fault> {
         let Producer { ring, mem } = &mut *self;
         let forget = &mut |e, g| mem.forget(e, g);
-        let claimed = match ring.claim_now(forget) {
-            Some(claimed) => claimed?,
-            None => ring.claim_wait(how, forget).await?,
-        };
+        match ring.claim_now(want, forget) {
+            Some(claimed) => claimed,
+            None => ring.claim_wait(how, want, forget).await,
+        }
+    }
+
+    /// Waits until buffer `claimed` may be written: its previous write is done (unless it is
+    /// `lapped`, the buffer whose write was waited for already) and the readers of the message
+    /// it carried are done with it.
+    pub(crate) async fn settle(
+        &mut self,
+        how: Waiter,
+        claimed: Claimed,
+        lapped: Option<usize>,
+    ) -> Result<(), Fault> {
         let buffer = claimed.buffer;
         if let Some(prev) = claimed.prev {
             if lapped != Some(buffer) && !self.written(buffer)? {
@@ -788,7 +810,7 @@ impl<M: Memory> Producer<M> {
                 self.poll(how, |p| p.readers_done(buffer, prev)).await?;
             }
         }
-        Ok(buffer)
+        Ok(())
     }
 
     /// Whether the payload's last write of `buffer` is done, as the memory kind tells.

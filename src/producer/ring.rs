@@ -10,7 +10,7 @@ use crate::error::{Corruption, CreateErrorKind, Fault};
 use crate::format::header::{CLOSED_CUT, CLOSED_DONE, CLOSED_LOST};
 use crate::format::{Layout, MemoryKind, MAGIC};
 use crate::ring::layout::{BLOCKED_ON_CONSUMERS, BLOCKED_ON_HELD};
-use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed};
+use crate::ring::producer::{wants_wake, Blocked, ClaimError, Claimed, Want};
 use crate::ring::{audit, lease, park, ProducerCore, Reaped, Recount, Ring, RingCorrupt};
 use crate::shm::clock::{self, Tick};
 use crate::shm::view::MappedRing;
@@ -275,7 +275,11 @@ impl ProducerRing {
     /// noticed while the producer runs, not only when it is blocked; then tries to claim a
     /// buffer for the next message. `None`: none is free; [`claim_wait`](Self::claim_wait) goes
     /// on. `on_free` is told of each entry a reap frees.
-    pub(crate) fn claim_now(&mut self, on_free: OnFree<'_>) -> Option<Result<Claimed, Fault>> {
+    pub(crate) fn claim_now(
+        &mut self,
+        want: Want,
+        on_free: OnFree<'_>,
+    ) -> Option<Result<Claimed, Fault>> {
         if self.map.segment().faulted() {
             return Some(Err(Fault::Corrupt(Corruption::Truncated)));
         }
@@ -286,7 +290,7 @@ impl ProducerRing {
                 return Some(Err(c.into()));
             }
         }
-        claim(&mut self.core, &self.map.ring())
+        claim(&mut self.core, &self.map.ring(), want)
     }
 
     /// After a [`claim_now`](Self::claim_now) that found no buffer free: waits for one as `how`
@@ -295,6 +299,7 @@ impl ProducerRing {
     pub(crate) async fn claim_wait(
         &mut self,
         how: Waiter,
+        want: Want,
         on_free: OnFree<'_>,
     ) -> Result<Claimed, Fault> {
         if how.gives_up_now() {
@@ -320,7 +325,7 @@ impl ProducerRing {
                     }
                 }
                 let look = (tick || table_moved(&ring, table_seen)).then_some(&mut *last_reap);
-                claim_step(map.segment(), &ring, core, look, bells, on_free, *closed)
+                claim_step(map.segment(), &ring, (core, want), look, bells, on_free, *closed)
             })
             .await
             .unwrap_or(Err(Fault::Blocked));
@@ -371,6 +376,26 @@ impl ProducerRing {
         if wake {
             wake_consumers(&ring, &self.bells);
         }
+    }
+
+    /// Whether a claim of the next message is in progress (its slot was dropped unpublished).
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.core.is_claimed()
+    }
+
+    /// Whether buffer `buffer` is lent out and not yet published (`ProducerCore::is_lent`).
+    pub(crate) fn is_lent(&self, buffer: usize) -> bool {
+        self.core.is_lent(buffer)
+    }
+
+    /// Takes back lent buffer `buffer` unpublished (`ProducerCore::give_back`).
+    pub(crate) fn give_back(&mut self, buffer: usize, written: bool) {
+        self.core.give_back(&self.map.ring(), buffer, written);
+    }
+
+    /// Ends the loan of published buffer `buffer` (`ProducerCore::end_kept`).
+    pub(crate) fn end_kept(&mut self, buffer: usize) {
+        self.core.end_kept(buffer);
     }
 
     /// Makes the close say the stream was cut (`Ended::Died` for consumers).
@@ -443,11 +468,11 @@ fn consumers_gone(seg: &Segment, ring: &Ring<'_>) -> bool {
 }
 
 /// One step of a claim's wait: if `look` (the liveness tick, or a table that moved), look after
-/// the consumer table first and note when in `look`; then try to claim.
+/// the consumer table first and note when in `look`; then try to take a buffer for `want`.
 fn claim_step(
     seg: &Segment,
     ring: &Ring<'_>,
-    core: &mut ProducerCore,
+    (core, want): (&mut ProducerCore, Want),
     look: Option<&mut Tick>,
     bells: &ProducerBells,
     on_free: OnFree<'_>,
@@ -459,7 +484,7 @@ fn claim_step(
             return Some(Err(Fault::Corrupt(c.into())));
         }
     }
-    match core.try_claim(ring) {
+    match core.try_take(ring, want) {
         Ok(claimed) => Some(Ok(claimed)),
         Err(ClaimError::Blocked(why)) => {
             let on = match why {
@@ -476,9 +501,10 @@ fn claim_step(
     }
 }
 
-/// One try at claiming a buffer for the next message: `None` while none is free.
-fn claim(core: &mut ProducerCore, ring: &Ring<'_>) -> Option<Result<Claimed, Fault>> {
-    match core.try_claim(ring) {
+/// One try at taking a buffer for what `want` says: `None` while none is free (or, for an
+/// adoption, while the gate is shut).
+fn claim(core: &mut ProducerCore, ring: &Ring<'_>, want: Want) -> Option<Result<Claimed, Fault>> {
+    match core.try_take(ring, want) {
         Ok(claimed) => Some(Ok(claimed)),
         Err(ClaimError::Blocked(_)) => None,
         Err(ClaimError::Corrupt(c)) => Some(Err(Fault::Corrupt(c.into()))),

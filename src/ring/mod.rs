@@ -414,4 +414,6 @@ impl HeapRing {
 }
 
 #[cfg(all(test, not(loom)))]
+mod loan_tests;
+#[cfg(all(test, not(loom)))]
 mod tests;

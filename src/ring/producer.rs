@@ -35,12 +35,33 @@ pub struct Claimed {
     pub prev: Option<u64>,
 }
 
+/// What a claim takes a buffer for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// The next message ([`ProducerCore::try_claim`]).
+    Next,
+    /// A loan ([`ProducerCore::try_lend`]).
+    Loan,
+    /// The next message's place, for lent buffer `b` ([`ProducerCore::try_adopt`]).
+    Adopt(usize),
+}
+
+/// A buffer's loan state (`ProducerCore::loans`).
+const NOT_LENT: u8 = 0;
+/// Out on loan: its borrower writes it; no position names it and it is not a spare.
+const LENT: u8 = 1;
+/// Published from a loan whose borrower has not ended it (it may still read the buffer): the
+/// buffer is a position's or a spare, but it is not taken again until the loan ends.
+const KEPT: u8 = 2;
+
 /// The producer's private state.
 ///
-/// Invariants: `at` names `capacity` distinct buffers and `spares` the others, so each buffer
-/// is in exactly one of them; `at[p]` is the buffer position `p`'s word names once the claim in
-/// progress (if any) is published; `last[b]` is the message buffer `b`'s stamp carries (or the
-/// initial tag, see [`stamp::initial`]).
+/// Invariants: `at` names `capacity` distinct buffers, `spares` others, and the buffers out on
+/// loan (`loans[b] == LENT`) are the rest, so each buffer is in exactly one of the three;
+/// `at[p]` is the buffer position `p`'s word names once the claim in progress (if any) is
+/// published; `last[b]` is the message buffer `b`'s stamp carries (or the initial tag, see
+/// [`stamp::initial`]); a lent buffer's stamp is `WRITING(last[b])`, with `last[b]` above
+/// every message it carried before.
 #[derive(Debug)]
 pub struct ProducerCore {
     /// Sequence number of the next message (equal to the shared `head`).
@@ -68,6 +89,13 @@ pub struct ProducerCore {
     min_cursor: u64,
     /// The last `joins` value seen.
     joins_seen: u64,
+    /// Each buffer's loan state: `NOT_LENT`, `LENT` or `KEPT`.
+    loans: Vec<u8>,
+    /// How many buffers are `LENT` or `KEPT` (so that rings without loans skip the checks).
+    loaned: usize,
+    /// For each lent buffer, the tag it carried before it was lent (`last[b]` then): a loan
+    /// given back unwritten gets it back, so that its readers are still waited for.
+    lent_from: Vec<u64>,
     /// Messages declared lost upstream so far ([`declare_lost`](Self::declare_lost)), written
     /// into each published buffer's line.
     upstream_lost: u64,
@@ -86,6 +114,9 @@ impl ProducerCore {
             at: (0..cap).collect(),
             spares: (cap..buffers).collect(),
             last: (0..buffers).map(|b| (b as u64).wrapping_sub(buffers as u64)).collect(),
+            loans: vec![NOT_LENT; buffers as usize],
+            loaned: 0,
+            lent_from: vec![0; buffers as usize],
             scan: 0,
             held_wait: false,
             min_cursor: 0,
@@ -139,22 +170,8 @@ impl ProducerCore {
         if let Some(claimed) = self.claimed {
             return Ok(claimed);
         }
-        let s = self.next;
-        let cap = ring.capacity();
-        if s >= cap {
-            let prev = s - cap;
-            // Acquire: pairs with the joiner's Release bump, so the rescan sees it ACTIVE. This
-            // load follows the SeqCst fence of our previous publish; see `ConsumerCore::join`.
-            let joins = ring.producer.joins.load(Ordering::Acquire);
-            if joins != self.joins_seen || self.min_cursor <= prev {
-                self.joins_seen = joins;
-                self.min_cursor = min_lossless_cursor(ring, s);
-                if self.min_cursor <= prev {
-                    return Err(ClaimError::Blocked(Blocked::Consumers));
-                }
-            }
-        }
-        let p = ring.position_of(s);
+        self.gate(ring)?;
+        let p = ring.position_of(self.next);
         let own = self.at[p] as usize;
         if self.take(ring, own)? {
             return Ok(self.claimed(own));
@@ -175,6 +192,131 @@ impl ProducerCore {
         Err(ClaimError::Blocked(Blocked::Held))
     }
 
+    /// The `Lossless` gate of the next message (step 1 of a claim): every active `Lossless`
+    /// consumer must be past the message one lap before it, which the next message's position
+    /// now names.
+    fn gate(&mut self, ring: &Ring<'_>) -> Result<(), ClaimError> {
+        let s = self.next;
+        let cap = ring.capacity();
+        if s >= cap {
+            let prev = s - cap;
+            // Acquire: pairs with the joiner's Release bump, so the rescan sees it ACTIVE. This
+            // load follows the SeqCst fence of our previous publish; see `ConsumerCore::join`.
+            let joins = ring.producer.joins.load(Ordering::Acquire);
+            if joins != self.joins_seen || self.min_cursor <= prev {
+                self.joins_seen = joins;
+                self.min_cursor = min_lossless_cursor(ring, s);
+                if self.min_cursor <= prev {
+                    return Err(ClaimError::Blocked(Blocked::Consumers));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`try_claim`](Self::try_claim), [`try_lend`](Self::try_lend) or
+    /// [`try_adopt`](Self::try_adopt), as `want` says.
+    pub fn try_take(&mut self, ring: &Ring<'_>, want: Want) -> Result<Claimed, ClaimError> {
+        match want {
+            Want::Next => self.try_claim(ring),
+            Want::Loan => self.try_lend(ring),
+            Want::Adopt(buffer) => {
+                self.try_adopt(ring, buffer).map(|()| Claimed { buffer, prev: None })
+            }
+        }
+    }
+
+    /// Lends out a free spare: its borrower writes it, and [`try_adopt`](Self::try_adopt) then
+    /// [`publish`](Self::publish) make it the next message (whatever that is by then), or
+    /// [`give_back`](Self::give_back) returns it. Several loans can be out at once, beside a
+    /// claim. The stamp goes `READY(t, held 0) -> WRITING(next)`; `next` is above every
+    /// message the buffer carried, so a consumer that tries to pin one of them sees that the
+    /// buffer was taken for a newer message. Only spares are lent: no position names them,
+    /// except, while a claim is in progress, the buffer that claim swapped out, whose message
+    /// the claim's gate has already let go of. `prev` is what the buffer carried, whose readers
+    /// must be done before it is written (as for a claim).
+    pub fn try_lend(&mut self, ring: &Ring<'_>) -> Result<Claimed, ClaimError> {
+        let n = self.spares.len();
+        for k in 0..n {
+            let i = (self.scan + k) % n;
+            let spare = self.spares[i] as usize;
+            if self.take(ring, spare)? {
+                self.spares.swap_remove(i);
+                self.scan = i;
+                self.held_wait = false;
+                self.loans[spare] = LENT;
+                self.loaned += 1;
+                let before = std::mem::replace(&mut self.last[spare], self.next);
+                self.lent_from[spare] = before;
+                return Ok(Claimed { buffer: spare, prev: (before < self.next).then_some(before) });
+            }
+        }
+        self.held_wait = true;
+        Err(ClaimError::Blocked(Blocked::Held))
+    }
+
+    /// Makes lent buffer `buffer` the next message's: after the `Lossless` gate, it takes the
+    /// place of the buffer the next position names, which becomes a spare (keeping its message
+    /// for its holders), and it is claimed: [`publish`](Self::publish) publishes it. It stays
+    /// `KEPT` (never taken again) until [`end_kept`](Self::end_kept).
+    ///
+    /// # Panics
+    /// If `buffer` is not lent, or a claim is in progress (the next message is taken).
+    pub fn try_adopt(&mut self, ring: &Ring<'_>, buffer: usize) -> Result<(), ClaimError> {
+        assert_eq!(self.loans[buffer], LENT, "adopting buffer {buffer}, which is not lent");
+        assert!(self.claimed.is_none(), "adopting a loan while a claim is in progress");
+        self.gate(ring)?;
+        let p = ring.position_of(self.next);
+        self.spares.push(std::mem::replace(&mut self.at[p], buffer as u32));
+        self.loans[buffer] = KEPT;
+        // Its stamp says WRITING(t), t <= next; publish makes it READY(next).
+        self.last[buffer] = self.next;
+        self.held_wait = false;
+        self.claimed = Some(Claimed { buffer, prev: None });
+        Ok(())
+    }
+
+    /// Takes back lent buffer `buffer`, unpublished, as a spare. `written`: whether its borrower
+    /// may have written it; if not, it gets back the message it carried (so that the readers of
+    /// that message are still waited for before it is written); if so, it keeps the loan's tag,
+    /// which no position names (see [`try_lend`](Self::try_lend)).
+    ///
+    /// # Panics
+    /// If `buffer` is not lent.
+    pub fn give_back(&mut self, ring: &Ring<'_>, buffer: usize, written: bool) {
+        assert_eq!(self.loans[buffer], LENT, "giving back buffer {buffer}, which is not lent");
+        if !written {
+            self.last[buffer] = self.lent_from[buffer];
+        }
+        self.loans[buffer] = NOT_LENT;
+        self.loaned -= 1;
+        self.spares.push(buffer as u32);
+        // Release: the borrower's writes happen before the next claim's Acquire CAS of this
+        // stamp (no consumer pins it: no position names it with this tag).
+        ring.buffers[buffer].stamp.store(stamp::ready(self.last[buffer], 0), Ordering::Release);
+    }
+
+    /// Ends the loan of published buffer `buffer` (`KEPT`): its borrower no longer reads it,
+    /// so it may be taken again once its readers let go.
+    ///
+    /// # Panics
+    /// If `buffer` is not kept.
+    pub fn end_kept(&mut self, buffer: usize) {
+        assert_eq!(self.loans[buffer], KEPT, "ending buffer {buffer}'s loan, which is not kept");
+        self.loans[buffer] = NOT_LENT;
+        self.loaned -= 1;
+    }
+
+    /// Whether buffer `buffer` is lent out and not yet published.
+    pub fn is_lent(&self, buffer: usize) -> bool {
+        self.loans.get(buffer) == Some(&LENT)
+    }
+
+    /// Whether buffer `buffer` was published from a loan not yet ended.
+    pub fn is_kept(&self, buffer: usize) -> bool {
+        self.loans.get(buffer) == Some(&KEPT)
+    }
+
     /// Records buffer `buffer` as claimed for the next message.
     fn claimed(&mut self, buffer: usize) -> Claimed {
         self.held_wait = false;
@@ -185,9 +327,13 @@ impl ProducerCore {
         claimed
     }
 
-    /// Takes buffer `buffer` for the next message if nobody holds it: CAS
-    /// `READY(last, held 0) -> WRITING(next)`. `Ok(false)`: it is held.
+    /// Takes buffer `buffer` for the next message (or a loan) if nobody holds it: CAS
+    /// `READY(last, held 0) -> WRITING(next)`. `Ok(false)`: it is held, or kept by a loan.
     fn take(&self, ring: &Ring<'_>, buffer: usize) -> Result<bool, ClaimError> {
+        if self.loaned > 0 && self.loans[buffer] != NOT_LENT {
+            // Kept: its borrower may still read it. (Lent buffers are in no candidate list.)
+            return Ok(false);
+        }
         let line = &ring.buffers[buffer];
         let corrupt = |c| Err(ClaimError::Corrupt(c));
         // Relaxed: this load only decides whether to try; the CAS below acquires.
@@ -297,4 +443,26 @@ pub fn wants_wake(line: &WakeLine) -> bool {
     // the bump also sees the change.
     line.word.fetch_add(1, Ordering::Release);
     true
+}
+
+#[cfg(test)]
+impl ProducerCore {
+    /// Checks the invariants on the fields (tests): every buffer is in exactly one of `at`,
+    /// `spares` and the lent ones, `loaned` counts the loans, and a lent buffer's stamp is
+    /// `WRITING(last)`.
+    pub fn check_invariants(&self, ring: &Ring<'_>) {
+        let mut seen = vec![0u32; self.last.len()];
+        for &b in self.at.iter().chain(&self.spares) {
+            seen[b as usize] += 1;
+        }
+        for (b, &state) in self.loans.iter().enumerate() {
+            if state == LENT {
+                seen[b] += 1;
+                let st = ring.buffers[b].stamp.load(Ordering::Relaxed);
+                assert_eq!(st, stamp::writing(self.last[b]), "lent buffer {b}'s stamp");
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "buffers in at/spares/lent: {seen:?}");
+        assert_eq!(self.loaned, self.loans.iter().filter(|&&s| s != NOT_LENT).count());
+    }
 }
