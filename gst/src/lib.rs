@@ -20,6 +20,7 @@ pub mod header;
 mod held;
 mod lost;
 pub mod planes;
+mod pool;
 pub mod sink;
 pub mod source;
 

@@ -1,9 +1,12 @@
-//! `gpuringsink`: the producer of a ring. Each buffer becomes one message: the frame copied
-//! once into a slot (on the CPU for system memory into a host ring, on the GPU otherwise),
-//! with the tensor and frame headers (`header`) in its user header.
+//! `gpuringsink`: the producer of a ring. Each buffer becomes one message, with the tensor and
+//! frame headers (`header`) in its user header. Into a host ring, upstream writes frames
+//! straight into ring buffers from the pool the sink offers (`pool`), which are published where
+//! they are; any other frame is copied once into a slot (on the CPU for system memory into a
+//! host ring, on the GPU otherwise).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use gst_video::VideoInfo;
 
 use crate::cudamem;
 use crate::header::{FrameHeader, USER_HEADER_SIZE};
+use crate::pool::{Lender, LoanPool};
 use crate::Memory;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -74,8 +78,9 @@ impl Default for Settings {
 
 /// What a running sink holds.
 struct State {
-    /// The ring, in the memory kind it was created in.
-    tx: AnyProducer,
+    /// The ring's producer, in the memory kind it was created in, shared with the buffers of
+    /// the pool offered upstream (host rings).
+    lender: Arc<Lender>,
     /// The negotiated format (system-memory input's default layout comes from it).
     info: VideoInfo,
     /// Upstream CUDA buffers whose GPU copy into a slot may not have run yet: kept alive (so
@@ -104,6 +109,10 @@ mod imp {
         /// Set by `unlock` (flushing, stopping): waits give up. Relaxed: only a hint that is
         /// polled every `TICK`; the state it guards is under `state`'s mutex.
         flushing: AtomicBool,
+        /// Frames published in place (pool buffers) and copied into a slot. Relaxed:
+        /// statistics.
+        in_place: AtomicU64,
+        copied: AtomicU64,
     }
 
     #[glib::object_subclass]
@@ -156,6 +165,14 @@ mod imp {
                     glib::ParamSpecUInt::builder("wait-for-consumers")
                         .blurb("Hold the first frame until this many consumers have joined")
                         .default_value(d.wait_for_consumers)
+                        .build(),
+                    glib::ParamSpecUInt64::builder("frames-in-place")
+                        .blurb("Frames published where upstream wrote them (buffers of the pool the sink offers)")
+                        .read_only()
+                        .build(),
+                    glib::ParamSpecUInt64::builder("frames-copied")
+                        .blurb("Frames copied into a slot")
+                        .read_only()
                         .build(),
                 ]
             });
@@ -213,8 +230,17 @@ mod imp {
                 "device" => s.device.to_value(),
                 "slot-size" => s.slot_size.to_value(),
                 "wait-for-consumers" => s.wait_for_consumers.to_value(),
+                "frames-in-place" => self.in_place.load(Ordering::Relaxed).to_value(),
+                "frames-copied" => self.copied.load(Ordering::Relaxed).to_value(),
                 _ => unreachable!("no property {}", pspec.name()),
             }
+        }
+
+        fn constructed(&self) {
+            self.parent_constructed();
+            // A last sample would hold the last frame's buffer at render time, so a pool
+            // buffer would look shared and be copied (and its ring buffer kept meanwhile).
+            self.obj().set_property("enable-last-sample", false);
         }
     }
 
@@ -251,11 +277,45 @@ mod imp {
         fn stop(&self) -> Result<(), gst::ErrorMessage> {
             // Dropping the producer closes the ring: consumers drain it, then see it closed.
             if let Some(mut state) = self.state.lock().unwrap().take() {
-                if let Some(stream) = state.tx.stream() {
+                if let Some(stream) = state.lender.lock().stream() {
                     let _ = stream.synchronize();
                 }
                 state.in_flight.clear();
             }
+            Ok(())
+        }
+
+        fn propose_allocation(
+            &self,
+            query: &mut gst::query::Allocation,
+        ) -> Result<(), gst::LoggableError> {
+            let (Some(caps), true) = query.get_owned() else { return Ok(()) };
+            let Ok(info) = VideoInfo::from_caps(&caps) else { return Ok(()) };
+            let cuda_caps = caps.features(0).is_some_and(|f| f.contains(cudamem::CAPS_FEATURE));
+            if cuda_caps || self.settings.lock().unwrap().memory == Memory::Cuda {
+                // CUDA rings take upstream's CUDA memory as it is (docs/gstreamer.md).
+                return Ok(());
+            }
+            let mut guard = self.state.lock().unwrap();
+            if guard.is_none() {
+                let created = self.create(&info, false, info.size());
+                *guard = Some(created.map_err(|_| gst::loggable_error!(CAT, "no ring"))?);
+            }
+            let state = guard.as_ref().expect("created above");
+            let (host, slot, spares) = {
+                let tx = state.lender.lock();
+                (!tx.is_cuda(), tx.slot_size(), tx.spare_buffers())
+            };
+            if !host || info.size() > slot || spares == 0 {
+                return Ok(());
+            }
+            let pool = LoanPool::new(state.lender.clone(), self.obj().upcast_ref());
+            let mut config = pool.config();
+            // At most one buffer per spare is out: a lend waits for the next.
+            config.set_params(Some(&caps), info.size() as u32, 0, spares);
+            pool.set_config(config).map_err(|_| gst::loggable_error!(CAT, "pool config"))?;
+            query.add_allocation_pool(Some(&pool), info.size() as u32, 0, spares);
+            gst::debug!(CAT, imp = self, "offered a pool of {spares} ring buffers");
             Ok(())
         }
 
@@ -281,6 +341,7 @@ mod imp {
                 return Err(gst::FlowError::Error);
             }
             let mem = buffer.peek_memory(0);
+            let unshared = sole_holder(buffer);
             let cuda_lib =
                 cudamem::get().filter(|lib| buffer.n_memory() == 1 && lib.is_cuda_memory(mem));
             let mut guard = self.state.lock().unwrap();
@@ -315,7 +376,8 @@ mod imp {
             self.let_go_of_copied(state)?;
             // A CUDA-memory buffer into a CUDA ring is copied on the GPU; everything else is
             // read on the CPU (GStreamer downloads CUDA memory for a host ring).
-            let device_map = match cuda_lib.filter(|_| state.tx.is_cuda()) {
+            let is_cuda = state.lender.lock().is_cuda();
+            let device_map = match cuda_lib.filter(|_| is_cuda) {
                 Some(lib) => Some(lib.map_read(mem).ok_or(gst::FlowError::Error)?),
                 None => None,
             };
@@ -328,7 +390,13 @@ mod imp {
                 }
             };
             let header = self.header(buffer, &state.info, &frame)?;
+            if let Frame::Cpu(bytes) = frame {
+                if self.publish_in_place(state, unshared, bytes, &header)? {
+                    return Ok(gst::FlowSuccess::Ok);
+                }
+            }
             self.publish(state, frame, &header)?;
+            self.copied.fetch_add(1, Ordering::Relaxed);
             // A copy to the GPU reads the buffer after this returns (from page-locked memory,
             // or GStreamer's CUDA memory): keep it until then.
             self.keep_until_copied(state, buffer.clone())?;
@@ -387,7 +455,8 @@ mod imp {
                 if cuda { "CUDA" } else { "host" },
                 s.capacity
             );
-            Ok(State { tx, info: info.clone(), in_flight: VecDeque::new(), waited: false })
+            let lender = Lender::new(tx);
+            Ok(State { lender, info: info.clone(), in_flight: VecDeque::new(), waited: false })
         }
 
         /// The message's user header: the tensor header (packed single-plane formats get
@@ -456,6 +525,32 @@ mod imp {
             Ok(out)
         }
 
+        /// Publishes a buffer of the pool the sink offered where upstream wrote it, if it is
+        /// one (whose CPU map is `bytes`). `unshared`: nothing but this render holds the buffer
+        /// (`sole_holder`). Returns whether it did.
+        fn publish_in_place(
+            &self,
+            state: &mut State,
+            unshared: bool,
+            bytes: &[u8],
+            header: &[u8],
+        ) -> Result<bool, gst::FlowError> {
+            if !unshared {
+                return Ok(false);
+            }
+            let mut tx = state.lender.lock();
+            let addr = bytes.as_ptr() as usize;
+            match state.lender.publish_in_place(&mut tx, addr, bytes.len(), header) {
+                None => Ok(false),
+                Some(Ok(_)) => {
+                    self.in_place.fetch_add(1, Ordering::Relaxed);
+                    Ok(true)
+                }
+                Some(Err(gpuring::PublishLoanError::Timeout)) => unreachable!("no deadline"),
+                Some(Err(e)) => Err(self.refuse(&e)),
+            }
+        }
+
         /// Copies `frame` into a slot and publishes it, waiting (a tick at a time, so a flush
         /// can end it) while the ring is full.
         fn publish(
@@ -473,7 +568,8 @@ mod imp {
                     ["a frame of {len} bytes does not fit the ring's {slot}-byte slots (set slot-size)"]);
                 gst::FlowError::Error
             };
-            let tx = &mut state.tx;
+            let mut tx = state.lender.lock();
+            let tx = &mut *tx;
             if len > tx.slot_size() {
                 return Err(too_long(tx.slot_size()));
             }
@@ -567,7 +663,7 @@ mod imp {
         /// Lets go of the upstream buffers kept for copies that have run: all of them once the
         /// producer's stream is idle (checked before the next frame's copy is queued).
         fn let_go_of_copied(&self, state: &mut State) -> Result<(), gst::FlowError> {
-            if let Some(stream) = state.tx.stream() {
+            if let Some(stream) = state.lender.lock().stream() {
                 if !state.in_flight.is_empty() && stream.is_idle().map_err(|e| self.refuse(&e))? {
                     state.in_flight.clear();
                 }
@@ -582,7 +678,8 @@ mod imp {
             state: &mut State,
             buffer: gst::Buffer,
         ) -> Result<(), gst::FlowError> {
-            let Some(stream) = state.tx.stream() else { return Ok(()) };
+            let tx = state.lender.lock();
+            let Some(stream) = tx.stream() else { return Ok(()) };
             state.in_flight.push_back(buffer);
             if state.in_flight.len() > MAX_IN_FLIGHT {
                 stream.synchronize().map_err(|e| self.refuse(&e))?;
@@ -593,8 +690,22 @@ mod imp {
     }
 }
 
+/// Whether the render's reference is the only one to `buffer` and to its one memory (checked
+/// before mapping it, which takes a reference to the memory). Only then is a pool buffer
+/// published in place: another holder (a tee's other branch) could write it after the ring
+/// took it, or keep it for ever.
+fn sole_holder(buffer: &gst::Buffer) -> bool {
+    if buffer.n_memory() != 1 || !buffer.is_writable() {
+        return false;
+    }
+    // SAFETY: reads the reference count of a memory the buffer holds, which lives at least as
+    // long as `buffer`.
+    let refs = unsafe { (*buffer.peek_memory(0).as_ptr()).mini_object.refcount };
+    refs == 1
+}
+
 impl State {
     fn consumer_count(&self) -> usize {
-        self.tx.consumer_count()
+        self.lender.lock().consumer_count()
     }
 }

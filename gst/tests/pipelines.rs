@@ -67,6 +67,12 @@ fn pull_all(desc: &str, mut each: impl FnMut(&gst::BufferRef) -> bool) {
 
 /// Runs a producer pipeline to its end.
 fn run_producer(desc: &str) {
+    run_producer_counting(desc);
+}
+
+/// Runs a producer pipeline to its end; if its sink is named `sink`, returns how many frames it
+/// published in place (pool buffers) and how many it copied.
+fn run_producer_counting(desc: &str) -> (u64, u64) {
     let pipeline = gst::parse::launch(desc).expect("parse");
     pipeline.set_state(gst::State::Playing).expect("playing");
     let bus = pipeline.bus().unwrap();
@@ -77,7 +83,12 @@ fn run_producer(desc: &str) {
         )
         .expect("the producer ends within a minute");
     assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "producer: {msg:?}");
+    let counts = match pipeline.downcast_ref::<gst::Bin>().and_then(|b| b.by_name("sink")) {
+        Some(sink) => (sink.property("frames-in-place"), sink.property("frames-copied")),
+        None => (0, 0),
+    };
     pipeline.set_state(gst::State::Null).unwrap();
+    counts
 }
 
 /// A `gpuringsrc ! appsink` consumer: every frame in order from 0, each equal to the reference.
@@ -327,4 +338,90 @@ fn sink_and_source_in_another_directory() {
     expect_success(producer, "producer");
     assert!(!file.exists(), "the sink removed its ring");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The pool the sink offers upstream: `videotestsrc` renders each frame straight into a ring
+/// buffer, published without a copy (the sink counts 0 copies), and a consumer in another
+/// process reads every frame byte for byte. A frame that is not a pool buffer (an application
+/// pushing one buffer of its own again and again, as `imagefreeze` does; a `tee` sharing each
+/// buffer between branches) is copied, and arrives all the same.
+#[test]
+fn pool_buffers_are_published_without_a_copy() {
+    const N: u64 = 200;
+    match role().as_deref() {
+        Some("producer") => {
+            init();
+            let (ring, how): (String, String) = (env("RING"), env("HOW"));
+            let sink = format!("gpuringsink name=sink ring={ring} capacity=4 wait-for-consumers=1");
+            let src = format!("videotestsrc num-buffers={N} pattern=ball ! {}", caps());
+            let (in_place, copied) = match how.as_str() {
+                "pool" => run_producer_counting(&format!("{src} ! {sink}")),
+                "repeat" => run_repeating(&sink, &reference(1)[&0].0, N),
+                "tee" => run_producer_counting(&format!(
+                    "{src} ! tee name=t ! queue ! {sink} t. ! queue ! fakesink"
+                )),
+                _ => unreachable!(),
+            };
+            eprintln!("{how}: {in_place} frames in place, {copied} copied");
+            assert_eq!(in_place + copied, N, "every frame published once");
+            match how.as_str() {
+                "pool" => assert_eq!((in_place, copied), (N, 0), "pool frames are not copied"),
+                _ => assert_eq!(in_place, 0, "a buffer not from the pool, or shared, is copied"),
+            }
+            return;
+        }
+        Some("consumer") => {
+            init();
+            let how: String = env("HOW");
+            let refs = reference(N);
+            let rx = Consumer::builder(&env::<String>("RING"))
+                .mode(Mode::Lossless)
+                .open_timeout(Duration::from_secs(30))
+                .unwrap();
+            let mut n = 0;
+            while let Ok(msg) = rx.recv() {
+                let frame = if how == "repeat" { 0 } else { n };
+                assert!(*msg == refs[&frame].0[..], "{how}: frame {n}: bytes");
+                n += 1;
+            }
+            assert_eq!(n, N, "{how}: frames");
+            return;
+        }
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    let test = "pool_buffers_are_published_without_a_copy";
+    for how in ["pool", "repeat", "tee"] {
+        let env = [("RING", unique_name("gst-pool")), ("HOW", how.to_owned())];
+        let consumer = spawn(test, "consumer", &env);
+        expect_success(spawn(test, "producer", &env), &format!("{how} producer"));
+        expect_success(consumer, &format!("{how} consumer"));
+    }
+}
+
+/// An application's `appsrc` pushing one buffer of its own (`frame`) `n` times into `sink`
+/// (named `sink`): (frames published in place, frames copied).
+fn run_repeating(sink: &str, frame: &[u8], n: u64) -> (u64, u64) {
+    let desc = format!("appsrc name=a format=time caps={} ! {sink}", caps());
+    let pipeline = gst::parse::launch(&desc).expect("parse").downcast::<gst::Pipeline>().unwrap();
+    let src = pipeline.by_name("a").unwrap().downcast::<gst_app::AppSrc>().unwrap();
+    pipeline.set_state(gst::State::Playing).expect("playing");
+    let buffer = gst::Buffer::from_slice(frame.to_vec());
+    for _ in 0..n {
+        src.push_buffer(buffer.clone()).expect("push");
+    }
+    src.end_of_stream().expect("eos");
+    let msg = pipeline
+        .bus()
+        .unwrap()
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(60),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        )
+        .expect("the producer ends within a minute");
+    assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "producer: {msg:?}");
+    let sink = pipeline.by_name("sink").unwrap();
+    let counts = (sink.property("frames-in-place"), sink.property("frames-copied"));
+    pipeline.set_state(gst::State::Null).unwrap();
+    counts
 }

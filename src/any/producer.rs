@@ -396,6 +396,23 @@ impl AnyProducer {
         }
     }
 
+    /// The host producer, mutably: [`host`](Self::host) (for what takes `&mut`, such as loans).
+    ///
+    /// ```
+    /// # use gpuring::{any::AnyProducer, Producer};
+    /// let mut tx = AnyProducer::from(Producer::builder("doc-any-producer-host-mut").create()?);
+    /// let loan = tx.host_mut().expect("a host ring").lend()?;
+    /// tx.host_mut().unwrap().end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn host_mut(&mut self) -> Option<&mut Producer<Host>> {
+        match &mut self.0 {
+            Tx::Host(tx) => Some(tx),
+            #[cfg(feature = "cuda")]
+            Tx::Cuda(_) => None,
+        }
+    }
+
     /// The CUDA producer, if the ring holds CUDA memory: for what only CUDA rings do
     /// (registered pools, linger).
     ///

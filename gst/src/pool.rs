@@ -1,0 +1,271 @@
+//! The pool `gpuringsink` offers upstream for host rings: each buffer's memory is a ring buffer
+//! lent by the producer ([`Producer::lend`](gpuring::Producer::lend)), so upstream writes its
+//! frame straight into the ring and the sink publishes it where it is
+//! ([`Producer::publish_loan`](gpuring::Producer::publish_loan)), without a copy.
+//!
+//! A pool buffer is used once: when GStreamer frees it, its loan ends (unpublished, the ring
+//! buffer goes back to the spares; published, the producer may write it again once consumers
+//! let go). The memory points into the ring's mapping, so it owns a share of the producer
+//! ([`Lender`]): the ring closes when the sink and every pool buffer have let go of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpuring::any::AnyProducer;
+use gpuring::{LendError, Loan, PublishLoanError};
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+
+/// How long one try at lending waits with the producer locked (the sink's publishes need it).
+const LEND_SLICE: Duration = Duration::from_millis(1);
+
+/// The producer, shared by the sink and the memory of every pool buffer.
+pub struct Lender {
+    /// The ring's producer.
+    tx: Mutex<AnyProducer>,
+    /// The loans whose memory GStreamer holds, by the address of their bytes: lent, or
+    /// published and kept until that memory is freed.
+    loans: Mutex<HashMap<usize, Loan>>,
+    /// Loans whose memory was freed while someone held `tx`: ended by the next to lock it.
+    ended: Mutex<Vec<Loan>>,
+}
+
+impl Lender {
+    /// Shares `tx`.
+    pub fn new(tx: AnyProducer) -> Arc<Lender> {
+        Arc::new(Lender {
+            tx: Mutex::new(tx),
+            loans: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Locks the producer, ending first the loans whose memory was freed meanwhile.
+    pub fn lock(&self) -> MutexGuard<'_, AnyProducer> {
+        let mut tx = self.tx.lock().unwrap();
+        let ended = std::mem::take(&mut *self.ended.lock().unwrap());
+        for loan in ended {
+            end(&mut tx, loan);
+        }
+        tx
+    }
+
+    /// Publishes the first `len` bytes of the lent buffer at `addr` with `header`, in place.
+    /// `None`: no unpublished loan has its bytes at `addr` (not a pool buffer, or one that was
+    /// published already): the caller copies.
+    pub fn publish_in_place(
+        &self,
+        tx: &mut AnyProducer,
+        addr: usize,
+        len: usize,
+        header: &[u8],
+    ) -> Option<Result<u64, PublishLoanError>> {
+        let mut loans = self.loans.lock().unwrap();
+        let loan = loans.get_mut(&addr).filter(|l| l.seq().is_none())?;
+        let host = tx.host_mut()?;
+        Some(host.publish_loan(loan, len, header))
+    }
+
+    /// Lends a ring buffer and wraps `size` bytes of it in a buffer, waiting (a slice at a
+    /// time, the producer unlocked in between) unless `wait` is false, until `flushing`.
+    fn lend(
+        self: &Arc<Self>,
+        size: usize,
+        wait: bool,
+        flushing: &AtomicBool,
+    ) -> Result<gst::Buffer, Lent> {
+        loop {
+            // Relaxed: a hint polled every slice (set by the pool's flush_start).
+            if flushing.load(Ordering::Relaxed) {
+                return Err(Lent::Flow(gst::FlowError::Flushing));
+            }
+            let mut tx = self.lock();
+            let host = tx.host_mut().ok_or(Lent::Flow(gst::FlowError::NotSupported))?;
+            if size > host.slot_size() {
+                return Err(Lent::Flow(gst::FlowError::NotSupported));
+            }
+            match host.lend_timeout(if wait { LEND_SLICE } else { Duration::ZERO }) {
+                Ok(loan) => {
+                    let addr = host.loan_ptr(&loan) as usize;
+                    self.loans.lock().unwrap().insert(addr, loan);
+                    drop(tx);
+                    let bytes = LoanBytes { lender: self.clone(), addr, size };
+                    let mut buffer = gst::Buffer::new();
+                    buffer
+                        .get_mut()
+                        .expect("new")
+                        .append_memory(gst::Memory::from_mut_slice(bytes));
+                    return Ok(buffer);
+                }
+                // GStreamer's "no buffer now" of a pool asked not to wait.
+                Err(LendError::Timeout) if !wait => return Err(Lent::Flow(gst::FlowError::Eos)),
+                Err(LendError::Timeout) => {
+                    drop(tx);
+                    std::thread::yield_now();
+                }
+                Err(e) => return Err(Lent::Failed(e)),
+            }
+        }
+    }
+
+    /// The memory of the loan at `addr` was freed: its loan ends now, or when the producer is
+    /// next locked if someone holds it now.
+    fn give_back(&self, addr: usize) {
+        let Some(loan) = self.loans.lock().unwrap().remove(&addr) else { return };
+        match self.tx.try_lock() {
+            Ok(mut tx) => end(&mut tx, loan),
+            Err(_) => self.ended.lock().unwrap().push(loan),
+        }
+    }
+}
+
+/// Why a pool lent no buffer.
+enum Lent {
+    /// A flow result to return as it is (flushing, or nothing free for a caller that does not
+    /// wait).
+    Flow(gst::FlowError),
+    /// The lend failed: an error to post.
+    Failed(LendError),
+}
+
+impl Lent {
+    /// The flow error it ends the acquire with.
+    fn flow(&self) -> gst::FlowError {
+        match self {
+            Lent::Flow(f) => *f,
+            Lent::Failed(_) => gst::FlowError::Error,
+        }
+    }
+}
+
+/// Ends `loan`, which `tx` lent.
+fn end(tx: &mut AnyProducer, loan: Loan) {
+    if let Some(host) = tx.host_mut() {
+        // Only this producer's loans are kept in a lender.
+        let _ = host.end_loan(loan);
+    }
+}
+
+/// The bytes of a lent ring buffer, wrapped by a `GstMemory`; dropping them ends the loan.
+struct LoanBytes {
+    lender: Arc<Lender>,
+    /// Invariant: the address of a loan of `lender`'s producer, which stays in `lender.loans`
+    /// until this is dropped, `size` bytes of it within the ring's mapping.
+    addr: usize,
+    size: usize,
+}
+
+// SAFETY: the bytes are ring memory that `lender` (shared, `Sync`) keeps mapped; who may touch
+// them is the GstMemory's business, not the thread's.
+unsafe impl Send for LoanBytes {}
+
+impl AsRef<[u8]> for LoanBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the loan keeps `size` bytes at `addr` mapped (see the field); nobody else
+        // writes them while it is lent, and after it is published only consumers read them.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.size) }
+    }
+}
+
+impl AsMut<[u8]> for LoanBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_ref`; GStreamer maps a memory for writing only through its one
+        // writable reference (upstream filling the frame, before the sink publishes it).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.size) }
+    }
+}
+
+impl Drop for LoanBytes {
+    fn drop(&mut self) {
+        self.lender.give_back(self.addr);
+    }
+}
+
+glib::wrapper! {
+    /// A pool of single-use buffers over ring buffers lent by the sink's producer.
+    pub struct LoanPool(ObjectSubclass<imp::LoanPool>) @extends gst::BufferPool, gst::Object;
+}
+
+impl LoanPool {
+    /// A pool lending from `lender` for `sink`, which posts the errors of its lends.
+    pub fn new(lender: Arc<Lender>, sink: &gst::Element) -> LoanPool {
+        let pool: LoanPool = glib::Object::new();
+        *pool.imp().lender.lock().unwrap() = Some(lender);
+        *pool.imp().sink.lock().unwrap() = sink.downgrade();
+        pool
+    }
+}
+
+mod imp {
+    use super::*;
+
+    #[derive(Default)]
+    pub struct LoanPool {
+        pub(super) lender: Mutex<Option<Arc<Lender>>>,
+        /// The sink, which posts what goes wrong (a lost GPU context as such).
+        pub(super) sink: Mutex<glib::WeakRef<gst::Element>>,
+        /// The configured buffer size. Relaxed: set before the pool is active.
+        size: AtomicUsize,
+        /// Between flush_start and flush_stop: a waiting acquire gives up.
+        flushing: AtomicBool,
+    }
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for LoanPool {
+        const NAME: &'static str = "GpuringLoanPool";
+        type Type = super::LoanPool;
+        type ParentType = gst::BufferPool;
+    }
+
+    impl ObjectImpl for LoanPool {}
+    impl GstObjectImpl for LoanPool {}
+
+    impl BufferPoolImpl for LoanPool {
+        fn set_config(&self, config: &mut gst::BufferPoolConfigRef) -> bool {
+            let Some((_, size, _, _)) = config.params() else { return false };
+            self.size.store(size as usize, Ordering::Relaxed);
+            // Buffers are made on demand, one loan each: none ahead of time.
+            let (caps, _, _, max) = config.params().expect("read above");
+            config.set_params(caps.as_ref(), size, 0, max);
+            self.parent_set_config(config)
+        }
+
+        fn acquire_buffer(
+            &self,
+            params: Option<&gst::BufferPoolAcquireParams>,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            let lender = self.lender.lock().unwrap().clone().ok_or(gst::FlowError::Flushing)?;
+            let wait =
+                !params.is_some_and(|p| p.flags().contains(gst::BufferPoolAcquireFlags::DONTWAIT));
+            let sink = self.sink.lock().unwrap().upgrade();
+            lender.lend(self.size.load(Ordering::Relaxed), wait, &self.flushing).map_err(|e| {
+                let (Lent::Failed(e), Some(sink)) = (&e, sink) else { return e.flow() };
+                if let Some(lost) = crate::lost::post_if_lost(&sink, e) {
+                    return lost;
+                }
+                gst::element_error!(
+                    sink,
+                    gst::ResourceError::Write,
+                    ["cannot lend a ring buffer: {e}"]
+                );
+                gst::FlowError::Error
+            })
+        }
+
+        fn release_buffer(&self, buffer: gst::Buffer) {
+            // Single use: freeing it ends its loan.
+            drop(buffer);
+        }
+
+        fn flush_start(&self) {
+            self.flushing.store(true, Ordering::Relaxed);
+        }
+
+        fn flush_stop(&self) {
+            self.flushing.store(false, Ordering::Relaxed);
+        }
+    }
+}
