@@ -6,7 +6,13 @@
 # OLD and NEW are folders holding `host` (the host bench binary) and `gpu_bench`, both built
 # with `cargo build --release --features cuda,test-support --example gpu_bench --bench host`.
 #   hop  - gpu_bench --no-matrix (the floors and the paced hop), MPS off, old then new
-# Usage: scripts/compare-bench.sh OLD NEW [host] [gpu] [hop] [ROUNDS]   Results: $OUT/compare/.
+#   peers - NEW/handoff, the iceoryx2 peer bench (benches/peers/iceoryx2, built with
+#          `cargo bench --no-run` there): the floor, gpuring and iceoryx2 in one criterion run
+#   gst  - scripts/gst-bench.sh with OLD/gst then NEW/gst (each holding libgstgpuring.so), the
+#          GStreamer of the bundle at $GST_BUNDLE (scripts/gst-bundle.sh): rendered frames, then
+#          a repeated frame with the CUDA rows
+# Usage: scripts/compare-bench.sh OLD NEW [host] [gpu] [hop] [peers] [gst] [ROUNDS]
+# Results: $OUT/compare/.
 # Then: python3 scripts/compare-bench.py $OUT/compare   (the ratios new/old).
 # GPU_SIDES (default "old new") lists the gpu runs of a round; a side may add one bench flag
 # after a "+", as in "old+fence=memory" (old binaries, --fence memory), to isolate one change.
@@ -34,6 +40,25 @@ if [[ $what == *hop* ]]; then
     timeout 120 "$dir/gpu_bench" --no-matrix --consumers 1 --sizes 64K,8M --label "hop-mps-off-$side" \
       --json "$R/hop-mps-off-$side.json" --md "$R/hop-mps-off-$side.md" > "$R/hop-mps-off-$side.log" 2>&1
     echo "hop (MPS off) $side exit $? ($(date +%T))"
+  done
+fi
+if [[ $what == *peers* ]]; then
+  # Criterion keeps its data under the working directory's target/; the tables go to the log.
+  w=$(mktemp -d); (cd "$w" && timeout 400 "$new/handoff" --bench --quick > "$R/peers.log" 2>&1)
+  echo "peers exit $? ($(date +%T))"; rm -rf "$w"
+fi
+if [[ $what == *gst* ]]; then
+  # shellcheck source=/dev/null
+  . "$GST_BUNDLE/env.sh"
+  for side in old new; do
+    dir=$old; [ $side = new ] && dir=$new
+    export GST_PLUGIN_PATH_1_0=$dir/gst GST_REGISTRY_1_0=/tmp/gst-registry-$side.bin
+    GST_BENCH_SOURCE=render timeout 250 "$(dirname "$0")/gst-bench.sh" 300 "640x480 1920x1080" \
+      > "$R/gst-render-$side.log" 2>&1
+    echo "gst render $side exit $? ($(date +%T))"
+    GST_BENCH_SOURCE=freeze timeout 200 "$(dirname "$0")/gst-bench.sh" 2000 "640x480 1920x1080" cuda \
+      > "$R/gst-freeze-$side.log" 2>&1
+    echo "gst freeze $side exit $? ($(date +%T))"
   done
 fi
 if [[ $what == *gpu* ]]; then

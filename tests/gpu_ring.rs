@@ -658,3 +658,55 @@ fn async_gpu_consumers_read_every_byte() {
         expect_success(child, "async GPU consumer");
     }
 }
+
+/// Loans on a CUDA ring: the producer lends two spares at a time, fills each on its stream
+/// with the pattern of the number it will be published as, and publishes them in the reverse
+/// order of their lending, while a consumer in another process checks every frame on its GPU
+/// after a slow spin (capacity 2, Block, so buffers are reused under its reads). The fences
+/// are the same as a slot's: 0 mismatching bytes, every frame delivered. Both fence kinds.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn loans_on_a_cuda_ring_are_fenced() {
+    const FRAMES: u64 = 200;
+    const LEN: u64 = 1 << 20;
+    let test = "loans_on_a_cuda_ring_are_fenced";
+    if role().is_some() {
+        let rx = open_when_created(&env::<String>("RING"));
+        let (n, bad) = consume(&rx, 100_000);
+        eprintln!("loans: {n} frames, {bad} mismatching bytes");
+        assert_eq!((n, bad), (FRAMES, 0));
+        return;
+    }
+    for fence in [gpuring::Fence::Events, gpuring::Fence::Memory] {
+        let name = unique_name("loans");
+        let b = Producer::builder(&name).capacity(2).spare_buffers(2).slot_size(LEN as usize);
+        let mut tx = match b.policy(Policy::Block).fence(fence).create_gpu(0) {
+            Ok(tx) => tx,
+            // Memory fences need 64-bit stream memory operations.
+            Err(e) if fence == gpuring::Fence::Memory => {
+                eprintln!("skipping {fence:?}: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let child = spawn(test, "consumer", &[("RING", name)]);
+        wait_for_consumers(&tx, 1);
+        let k = PatternKernels::get(tx.context()).unwrap();
+        let mut seq = 0;
+        while seq < FRAMES {
+            let mut loans = vec![tx.lend().unwrap(), tx.lend().unwrap()];
+            loans.reverse();
+            for (i, loan) in loans.iter().enumerate() {
+                // SAFETY: the loan is ours, `LEN` bytes long, until it is published.
+                unsafe { k.fill(tx.stream(), tx.loan_ptr(loan), LEN, seq + i as u64).unwrap() };
+            }
+            for mut loan in loans {
+                assert_eq!(tx.publish_loan(&mut loan, LEN as usize, &[]).unwrap(), seq);
+                tx.end_loan(loan).unwrap();
+                seq += 1;
+            }
+        }
+        drop(tx);
+        expect_success(child, &format!("consumer ({fence:?})"));
+    }
+}
