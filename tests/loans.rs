@@ -81,7 +81,9 @@ fn an_unpublished_loan_goes_back_and_is_lent_again() {
     let mut tx = Producer::builder(&n).spare_buffers(1).create().unwrap();
     let first = tx.lend().unwrap();
     let buffer = first.buffer();
-    assert_eq!(tx.lend_timeout(Duration::from_millis(5)).err(), Some(LendError::Timeout));
+    // The only spare is out: only ending the loan frees it, so a lend fails at once rather
+    // than wait for ever.
+    assert_eq!(tx.lend().err(), Some(LendError::AllLent));
     tx.end_loan(first).unwrap();
     let again = tx.lend_timeout(Duration::ZERO).unwrap();
     assert_eq!(again.buffer(), buffer);
@@ -146,5 +148,21 @@ fn a_published_loan_wakes_a_sleeping_consumer() {
     tx.loan_bytes(&loan)[..2].copy_from_slice(b"hi");
     tx.publish_loan(&mut loan, 2, b"").unwrap();
     assert_eq!(reader.join().unwrap().unwrap(), b"hi");
+    tx.end_loan(loan).unwrap();
+}
+
+#[test]
+fn a_lend_waits_only_for_buffers_consumers_hold() {
+    let n = name("held");
+    let mut tx = Producer::builder(&n).capacity(1).spare_buffers(1).create().unwrap();
+    let rx = Consumer::open(&n).unwrap();
+    tx.send(b"zero", b"").unwrap();
+    let zero = rx.recv().unwrap();
+    // Message 1 swaps the spare in for the held buffer, which becomes the spare: held by the
+    // consumer, not by a loan, so a lend waits for it (and times out here).
+    tx.send(b"one", b"").unwrap();
+    assert_eq!(tx.lend_timeout(Duration::from_millis(5)).err(), Some(LendError::Timeout));
+    drop(zero);
+    let loan = tx.lend_timeout(Duration::ZERO).unwrap();
     tx.end_loan(loan).unwrap();
 }

@@ -10,27 +10,36 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use gpuring::any::AnyProducer;
-use gpuring::{LendError, Loan, PublishLoanError};
+use gpuring::{LendError, Loan};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 
-/// How long one try at lending waits with the producer locked (the sink's publishes need it).
+/// How long a lend that found no spare free waits before it looks again (a consumer's release
+/// is not announced here; a loan that ends or is published is).
 const LEND_SLICE: Duration = Duration::from_millis(1);
 
 /// The producer, shared by the sink and the memory of every pool buffer.
 pub struct Lender {
     /// The ring's producer.
     tx: Mutex<AnyProducer>,
-    /// The loans whose memory GStreamer holds, by the address of their bytes: lent, or
-    /// published and kept until that memory is freed.
-    loans: Mutex<HashMap<usize, Loan>>,
+    /// The loans whose memory GStreamer holds, by the address of their bytes, with the
+    /// `GstMemory` that wraps them: lent, or published and kept until that memory is freed.
+    loans: Mutex<HashMap<usize, (Loan, usize)>>,
     /// Loans whose memory was freed while someone held `tx`: ended by the next to lock it.
     ended: Mutex<Vec<Loan>>,
+    /// Notified (under `ended`) when a loan ends or is published: a spare may be free.
+    changed: Condvar,
+}
+
+/// Locks `m`, whatever a panic elsewhere left (these locks guard no invariant a panic breaks
+/// half-way, and they are taken in drop paths, where a second panic aborts).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Lender {
@@ -40,37 +49,44 @@ impl Lender {
             tx: Mutex::new(tx),
             loans: Mutex::new(HashMap::new()),
             ended: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
         })
     }
 
     /// Locks the producer, ending first the loans whose memory was freed meanwhile.
     pub fn lock(&self) -> MutexGuard<'_, AnyProducer> {
-        let mut tx = self.tx.lock().unwrap();
-        let ended = std::mem::take(&mut *self.ended.lock().unwrap());
+        let mut tx = lock(&self.tx);
+        let ended = std::mem::take(&mut *lock(&self.ended));
         for loan in ended {
             end(&mut tx, loan);
         }
         tx
     }
 
-    /// Publishes the first `len` bytes of the lent buffer at `addr` with `header`, in place.
-    /// `None`: no unpublished loan has its bytes at `addr` (not a pool buffer, or one that was
-    /// published already): the caller copies.
-    pub fn publish_in_place(
-        &self,
-        tx: &mut AnyProducer,
-        addr: usize,
-        len: usize,
-        header: &[u8],
-    ) -> Option<Result<u64, PublishLoanError>> {
-        let mut loans = self.loans.lock().unwrap();
-        let loan = loans.get_mut(&addr).filter(|l| l.seq().is_none())?;
-        let host = tx.host_mut()?;
-        Some(host.publish_loan(loan, len, header))
+    /// Takes out the unpublished loan whose bytes are at `addr`, if `memory` (a `GstMemory`)
+    /// is the one the pool wrapped them in; `None` for anything else (another pool's buffer, a
+    /// share of a pool memory, a loan published already). The caller holds the buffer, so the
+    /// memory is not freed meanwhile; it puts the loan back with [`put_back`](Self::put_back).
+    pub fn take_unpublished(&self, addr: usize, memory: usize) -> Option<Loan> {
+        let mut loans = lock(&self.loans);
+        match loans.get(&addr) {
+            Some((loan, m)) if *m == memory && loan.seq().is_none() => {
+                loans.remove(&addr).map(|(loan, _)| loan)
+            }
+            _ => None,
+        }
     }
 
-    /// Lends a ring buffer and wraps `size` bytes of it in a buffer, waiting (a slice at a
-    /// time, the producer unlocked in between) unless `wait` is false, until `flushing`.
+    /// Puts back a loan [`take_unpublished`](Self::take_unpublished) took out (published or
+    /// not), and tells waiting lends that a spare may be free.
+    pub fn put_back(&self, addr: usize, memory: usize, loan: Loan) {
+        lock(&self.loans).insert(addr, (loan, memory));
+        let _ended = lock(&self.ended);
+        self.changed.notify_all();
+    }
+
+    /// Lends a ring buffer and wraps `size` bytes of it in a buffer, waiting (with the producer
+    /// unlocked) unless `wait` is false, until `flushing`.
     fn lend(
         self: &Arc<Self>,
         size: usize,
@@ -78,7 +94,7 @@ impl Lender {
         flushing: &AtomicBool,
     ) -> Result<gst::Buffer, Lent> {
         loop {
-            // Relaxed: a hint polled every slice (set by the pool's flush_start).
+            // Relaxed: a hint polled at every look (set by the pool's flush_start).
             if flushing.load(Ordering::Relaxed) {
                 return Err(Lent::Flow(gst::FlowError::Flushing));
             }
@@ -87,24 +103,29 @@ impl Lender {
             if size > host.slot_size() {
                 return Err(Lent::Flow(gst::FlowError::NotSupported));
             }
-            match host.lend_timeout(if wait { LEND_SLICE } else { Duration::ZERO }) {
+            match host.lend_timeout(Duration::ZERO) {
                 Ok(loan) => {
                     let addr = host.loan_ptr(&loan) as usize;
-                    self.loans.lock().unwrap().insert(addr, loan);
                     drop(tx);
                     let bytes = LoanBytes { lender: self.clone(), addr, size };
+                    let memory = gst::Memory::from_mut_slice(bytes);
+                    lock(&self.loans).insert(addr, (loan, memory.as_ptr() as usize));
                     let mut buffer = gst::Buffer::new();
-                    buffer
-                        .get_mut()
-                        .expect("new")
-                        .append_memory(gst::Memory::from_mut_slice(bytes));
+                    buffer.get_mut().expect("new").append_memory(memory);
                     return Ok(buffer);
                 }
                 // GStreamer's "no buffer now" of a pool asked not to wait.
-                Err(LendError::Timeout) if !wait => return Err(Lent::Flow(gst::FlowError::Eos)),
-                Err(LendError::Timeout) => {
+                Err(LendError::Timeout | LendError::AllLent) if !wait => {
+                    return Err(Lent::Flow(gst::FlowError::Eos))
+                }
+                // Held by consumers, or kept by buffers still in use: wait unlocked, so that
+                // the sink publishes (which frees a spare) and freed buffers end their loans.
+                Err(LendError::Timeout | LendError::AllLent) => {
                     drop(tx);
-                    std::thread::yield_now();
+                    let ended = lock(&self.ended);
+                    if ended.is_empty() {
+                        let _ = self.changed.wait_timeout(ended, LEND_SLICE);
+                    }
                 }
                 Err(e) => return Err(Lent::Failed(e)),
             }
@@ -114,11 +135,13 @@ impl Lender {
     /// The memory of the loan at `addr` was freed: its loan ends now, or when the producer is
     /// next locked if someone holds it now.
     fn give_back(&self, addr: usize) {
-        let Some(loan) = self.loans.lock().unwrap().remove(&addr) else { return };
+        let Some((loan, _)) = lock(&self.loans).remove(&addr) else { return };
         match self.tx.try_lock() {
             Ok(mut tx) => end(&mut tx, loan),
-            Err(_) => self.ended.lock().unwrap().push(loan),
+            Err(_) => lock(&self.ended).push(loan),
         }
+        let _ended = lock(&self.ended);
+        self.changed.notify_all();
     }
 }
 
@@ -153,14 +176,11 @@ fn end(tx: &mut AnyProducer, loan: Loan) {
 struct LoanBytes {
     lender: Arc<Lender>,
     /// Invariant: the address of a loan of `lender`'s producer, which stays in `lender.loans`
-    /// until this is dropped, `size` bytes of it within the ring's mapping.
+    /// (or with the sink, which puts it back) until this is dropped, `size` bytes of it within
+    /// the ring's mapping, which `lender` keeps.
     addr: usize,
     size: usize,
 }
-
-// SAFETY: the bytes are ring memory that `lender` (shared, `Sync`) keeps mapped; who may touch
-// them is the GstMemory's business, not the thread's.
-unsafe impl Send for LoanBytes {}
 
 impl AsRef<[u8]> for LoanBytes {
     fn as_ref(&self) -> &[u8] {
@@ -173,7 +193,8 @@ impl AsRef<[u8]> for LoanBytes {
 impl AsMut<[u8]> for LoanBytes {
     fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_ref`; GStreamer maps a memory for writing only through its one
-        // writable reference (upstream filling the frame, before the sink publishes it).
+        // writable reference (upstream filling the frame, before the sink publishes it; the
+        // sink publishes in place only a memory nothing else references, `sole_holder`).
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.size) }
     }
 }
@@ -193,8 +214,8 @@ impl LoanPool {
     /// A pool lending from `lender` for `sink`, which posts the errors of its lends.
     pub fn new(lender: Arc<Lender>, sink: &gst::Element) -> LoanPool {
         let pool: LoanPool = glib::Object::new();
-        *pool.imp().lender.lock().unwrap() = Some(lender);
-        *pool.imp().sink.lock().unwrap() = sink.downgrade();
+        *lock(&pool.imp().lender) = Some(lender);
+        *lock(&pool.imp().sink) = sink.downgrade();
         pool
     }
 }
@@ -237,10 +258,10 @@ mod imp {
             &self,
             params: Option<&gst::BufferPoolAcquireParams>,
         ) -> Result<gst::Buffer, gst::FlowError> {
-            let lender = self.lender.lock().unwrap().clone().ok_or(gst::FlowError::Flushing)?;
+            let lender = lock(&self.lender).clone().ok_or(gst::FlowError::Flushing)?;
             let wait =
                 !params.is_some_and(|p| p.flags().contains(gst::BufferPoolAcquireFlags::DONTWAIT));
-            let sink = self.sink.lock().unwrap().upgrade();
+            let sink = lock(&self.sink).upgrade();
             lender.lend(self.size.load(Ordering::Relaxed), wait, &self.flushing).map_err(|e| {
                 let (Lent::Failed(e), Some(sink)) = (&e, sink) else { return e.flow() };
                 if let Some(lost) = crate::lost::post_if_lost(&sink, e) {
@@ -258,6 +279,13 @@ mod imp {
         fn release_buffer(&self, buffer: gst::Buffer) {
             // Single use: freeing it ends its loan.
             drop(buffer);
+        }
+
+        fn stop(&self) -> bool {
+            // A stopped pool lends no more: the ring is let go of once the sink and the
+            // buffers still out are.
+            *lock(&self.lender) = None;
+            self.parent_stop()
         }
 
         fn flush_start(&self) {

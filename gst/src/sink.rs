@@ -5,7 +5,7 @@
 //! host ring, on the GPU otherwise).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
@@ -526,28 +526,46 @@ mod imp {
         }
 
         /// Publishes a buffer of the pool the sink offered where upstream wrote it, if it is
-        /// one (whose CPU map is `bytes`). `unshared`: nothing but this render holds the buffer
-        /// (`sole_holder`). Returns whether it did.
+        /// one: `memory` is its one memory if nothing else holds it (`sole_holder`), `bytes`
+        /// their CPU map. Waits (a tick at a time, so that a flush can end it) while a
+        /// `Lossless` consumer has not received the message it overwrites. Returns whether it
+        /// published; if not, the caller copies the frame.
         fn publish_in_place(
             &self,
             state: &mut State,
-            unshared: bool,
+            memory: Option<usize>,
             bytes: &[u8],
             header: &[u8],
         ) -> Result<bool, gst::FlowError> {
-            if !unshared {
-                return Ok(false);
-            }
-            let mut tx = state.lender.lock();
+            let Some(memory) = memory else { return Ok(false) };
             let addr = bytes.as_ptr() as usize;
-            match state.lender.publish_in_place(&mut tx, addr, bytes.len(), header) {
-                None => Ok(false),
-                Some(Ok(_)) => {
+            let Some(mut loan) = state.lender.take_unpublished(addr, memory) else {
+                return Ok(false);
+            };
+            let published = loop {
+                let mut tx = state.lender.lock();
+                let host = tx.host_mut().expect("only a host ring's pool lends");
+                match host.publish_loan_timeout(&mut loan, bytes.len(), header, TICK) {
+                    Err(gpuring::PublishLoanError::Timeout) => {
+                        drop(tx);
+                        if let Err(flow) = self.wait_if_unlocked() {
+                            break Err(flow);
+                        }
+                    }
+                    r => break Ok(r),
+                }
+            };
+            // Published or not, the loan is the pool memory's again (it ends when freed).
+            state.lender.put_back(addr, memory, loan);
+            match published? {
+                Ok(_) => {
                     self.in_place.fetch_add(1, Ordering::Relaxed);
                     Ok(true)
                 }
-                Some(Err(gpuring::PublishLoanError::Timeout)) => unreachable!("no deadline"),
-                Some(Err(e)) => Err(self.refuse(&e)),
+                // A slot from an interrupted copy holds the next message: the copy path
+                // publishes it with this frame.
+                Err(gpuring::PublishLoanError::SlotClaimed) => Ok(false),
+                Err(e) => Err(self.refuse(&e)),
             }
         }
 
@@ -568,12 +586,11 @@ mod imp {
                     ["a frame of {len} bytes does not fit the ring's {slot}-byte slots (set slot-size)"]);
                 gst::FlowError::Error
             };
-            let mut tx = state.lender.lock();
-            let tx = &mut *tx;
-            if len > tx.slot_size() {
-                return Err(too_long(tx.slot_size()));
+            let slot_size = state.lender.lock().slot_size();
+            if len > slot_size {
+                return Err(too_long(slot_size));
             }
-            self.with_slot(tx, |mut slot| {
+            self.with_slot(&state.lender, |mut slot| {
                 if let Some(bytes) = slot.bytes_mut() {
                     let Frame::Cpu(src) = frame else {
                         unreachable!("a host ring reads frames on the CPU")
@@ -622,20 +639,23 @@ mod imp {
         }
 
         /// Waits for a free slot, a tick at a time so that a pause or a flush can end the
-        /// wait, and hands it to `fill` (which writes and publishes it).
+        /// wait (with the producer unlocked, for the pool's lends), and hands it to `fill`
+        /// (which writes and publishes it).
         fn with_slot(
             &self,
-            tx: &mut AnyProducer,
+            lender: &Lender,
             fill: impl FnOnce(AnyWriteSlot<'_>) -> Result<(), gst::FlowError>,
         ) -> Result<(), gst::FlowError> {
-            let slot = loop {
+            loop {
+                let mut tx = lender.lock();
                 match tx.acquire_timeout(TICK) {
-                    Ok(slot) => break slot,
-                    Err(AcquireTimeoutError::Timeout) => self.wait_if_unlocked()?,
+                    Ok(slot) => return fill(slot),
+                    Err(AcquireTimeoutError::Timeout) => {}
                     Err(e) => return Err(self.refuse(&e)),
                 }
-            };
-            fill(slot)
+                drop(tx);
+                self.wait_if_unlocked()?;
+            }
         }
 
         /// Posts a publish failure (a lost GPU context as such); the flow error to return.
@@ -690,18 +710,26 @@ mod imp {
     }
 }
 
-/// Whether the render's reference is the only one to `buffer` and to its one memory (checked
-/// before mapping it, which takes a reference to the memory). Only then is a pool buffer
-/// published in place: another holder (a tee's other branch) could write it after the ring
-/// took it, or keep it for ever.
-fn sole_holder(buffer: &gst::Buffer) -> bool {
+/// The one memory of `buffer` (its `GstMemory` address) if the render's reference is the only
+/// one to the buffer and to that memory, which is no share of another: only then is a pool
+/// buffer published in place. Another holder (a tee's other branch, an element that kept the
+/// memory or a bigger share of it) could write it after the ring took it, or keep it for ever.
+/// Checked before the buffer is mapped (a map takes a reference to the memory).
+fn sole_holder(buffer: &gst::Buffer) -> Option<usize> {
     if buffer.n_memory() != 1 || !buffer.is_writable() {
-        return false;
+        return None;
     }
-    // SAFETY: reads the reference count of a memory the buffer holds, which lives at least as
-    // long as `buffer`.
-    let refs = unsafe { (*buffer.peek_memory(0).as_ptr()).mini_object.refcount };
-    refs == 1
+    let mem = buffer.peek_memory(0).as_ptr();
+    // SAFETY: `mem` is a memory the buffer holds, alive as long as `buffer`; its reference
+    // count is only ever changed atomically, so it is read as an atomic; `parent` is set when
+    // the memory is made and never changes.
+    let (refs, parent, writable) = unsafe {
+        let refcount = &(*mem).mini_object.refcount as *const i32 as *const AtomicI32;
+        let writable = gst::ffi::gst_mini_object_is_writable(mem as *const gst::ffi::GstMiniObject);
+        // Acquire: a holder whose unref we see is done with the memory before we publish it.
+        ((*refcount).load(Ordering::Acquire), (*mem).parent, writable != 0)
+    };
+    (refs == 1 && parent.is_null() && writable).then_some(mem as usize)
 }
 
 impl State {

@@ -425,3 +425,39 @@ fn run_repeating(sink: &str, frame: &[u8], n: u64) -> (u64, u64) {
     pipeline.set_state(gst::State::Null).unwrap();
     counts
 }
+
+/// A sink whose in-place publish waits for a `Lossless` consumer that reads nothing (capacity
+/// 1, `block`) still stops when the pipeline is set to NULL: the wait looks at the unlock.
+#[test]
+fn a_sink_blocked_on_a_consumer_stops_when_asked() {
+    init();
+    let ring = unique_name("gst-blocked");
+    let desc = format!(
+        "videotestsrc pattern=ball ! {} ! gpuringsink name=sink ring={ring} capacity=1 spare-buffers=2 wait-for-consumers=1",
+        caps()
+    );
+    let pipeline = gst::parse::launch(&desc).unwrap().downcast::<gst::Pipeline>().unwrap();
+    pipeline.set_state(gst::State::Playing).expect("playing");
+    let rx = Consumer::builder(&ring)
+        .mode(Mode::Lossless)
+        .open_timeout(Duration::from_secs(30))
+        .unwrap();
+    let sink = pipeline.by_name("sink").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sink.property::<u64>("frames-in-place") + sink.property::<u64>("frames-copied") == 0 {
+        assert!(Instant::now() < deadline, "no frame published");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The next frame waits for `rx`, which reads nothing.
+    std::thread::sleep(Duration::from_millis(200));
+    let (done, stopped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        pipeline.set_state(gst::State::Null).unwrap();
+        let _ = done.send(());
+    });
+    assert!(
+        stopped.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "a sink blocked on a consumer did not stop"
+    );
+    drop(rx);
+}

@@ -23,7 +23,11 @@ pub enum LendError {
     /// The ring has no spare buffers, and only spares are lent
     /// ([`ProducerBuilder::spare_buffers`](crate::ProducerBuilder::spare_buffers)).
     NoSpares,
-    /// `lend_timeout`: every spare stayed held by consumers, kept by loans or lent.
+    /// Every spare is lent or kept by a loan not yet ended: only ending one frees a buffer (a
+    /// wait would last for ever).
+    AllLent,
+    /// `lend_timeout`: every free spare stayed held by consumers (in a CUDA ring, or read by
+    /// their GPUs).
     Timeout,
     /// The segment is damaged.
     Corrupt(Corruption),
@@ -133,6 +137,7 @@ impl From<PublishError> for PublishLoanError {
 
 display!(LendError {
     LendError::NoSpares => "the ring has no spare buffers to lend";
+    LendError::AllLent => "every spare buffer is lent or kept by a loan not yet ended";
     LendError::Timeout => "timed out waiting for a spare buffer to lend";
     LendError::Corrupt(c) => "corrupt segment: {}", c;
 });

@@ -23,7 +23,12 @@ use crate::shm::waiter::{block_on, Waiter};
 /// an unpublished loan gives the buffer back unpublished).
 ///
 /// In a CUDA ring, write it on the producer's stream ([`GpuProducer::stream`]), or make that
-/// stream wait for the writes before publishing: the publish's fence is recorded there.
+/// stream wait for the writes before publishing or ending it: the publish's fence is recorded
+/// there, and the next write of an ended loan's buffer is ordered after that stream's work.
+///
+/// While loans are kept, they are buffers the producer cannot use: `acquire` waits for a
+/// buffer held by consumers or kept by a loan to come free, and only [`Producer::end_loan`]
+/// frees a kept one.
 ///
 /// [`GpuProducer::stream`]: crate::GpuProducer::stream
 ///
@@ -69,9 +74,10 @@ impl Loan {
 }
 
 impl<M: Memory> Producer<M> {
-    /// Lends out a free spare buffer, waiting as long as it takes for one (held buffers come
-    /// free as consumers release them; kept ones as their loans end). In a CUDA ring it also
-    /// waits, as `acquire` does, for the buffer's previous readers on their GPUs.
+    /// Lends out a free spare buffer, waiting as long as it takes for consumers to release one
+    /// (`LendError::AllLent` at once if every spare is lent or kept by a loan: only ending one
+    /// would free it). In a CUDA ring it also waits, as `acquire` does, for the buffer's
+    /// previous readers on their GPUs.
     pub fn lend(&mut self) -> Result<Loan, LendError> {
         self.lend_until(Deadline::Never)
     }
@@ -80,13 +86,17 @@ impl<M: Memory> Producer<M> {
     /// now).
     ///
     /// ```
-    /// use gpuring::{LendError, Producer};
+    /// use gpuring::{Consumer, LendError, Producer};
     /// use std::time::Duration;
     ///
-    /// let mut tx = Producer::builder("doc-lend-timeout").spare_buffers(1).create()?;
-    /// let loan = tx.lend_timeout(Duration::ZERO)?;
-    /// // The only spare is out.
+    /// let mut tx = Producer::builder("doc-lend-timeout").capacity(1).spare_buffers(1).create()?;
+    /// let rx = Consumer::open("doc-lend-timeout")?;
+    /// tx.send(b"zero", b"")?;
+    /// let held = rx.recv()?;
+    /// tx.send(b"one", b"")?; // the held buffer becomes the spare
     /// assert_eq!(tx.lend_timeout(Duration::from_millis(5)).err(), Some(LendError::Timeout));
+    /// drop(held);
+    /// let loan = tx.lend_timeout(Duration::ZERO)?;
     /// tx.end_loan(loan)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -102,7 +112,11 @@ impl<M: Memory> Producer<M> {
             return Err(LendError::NoSpares);
         }
         let how = Waiter::Blocking(deadline);
-        let claimed = block_on(self.take_with(how, Want::Loan))?;
+        let claimed = match self.ring.claim_now(Want::Loan, &mut |e, g| self.mem.forget(e, g)) {
+            Some(claimed) => claimed?,
+            None if !self.ring.may_lend() => return Err(LendError::AllLent),
+            None => block_on(self.take_with(how, Want::Loan))?,
+        };
         if let Err(e) = block_on(self.settle(how, claimed, None)) {
             self.ring.give_back(claimed.buffer, false);
             return Err(e.into());
@@ -171,7 +185,10 @@ impl<M: Memory> Producer<M> {
         if let Some(seq) = loan.seq {
             return Err(PublishLoanError::Published { seq });
         }
-        debug_assert!(self.ring.is_lent(loan.buffer), "an unpublished loan's buffer is lent");
+        if !self.ring.is_lent(loan.buffer) {
+            // An unpublished loan's buffer is lent (the fields are private): not reached.
+            return Err(PublishLoanError::Foreign);
+        }
         if self.ring.is_claimed() {
             return Err(PublishLoanError::SlotClaimed);
         }
@@ -184,12 +201,17 @@ impl<M: Memory> Producer<M> {
             return Err(PublishError::HeaderTooLong { len: header.len(), max }.into());
         }
         crate::error::check_context()?;
+        // The memory kind's records first (its fence and descriptor for `seq`): after the
+        // adoption nothing may fail. Records of a publish that then times out are harmless: the
+        // buffer stays lent, out of every consumer's reach, and is recorded again when it is
+        // published.
+        let seq = self.ring.published();
+        let Producer { ring, mem } = &mut *self;
+        mem.publish(ring.map(), loan.buffer, seq, None, None).map_err(PublishLoanError::from)?;
         let how = Waiter::Blocking(deadline);
         block_on(self.take_with(how, Want::Adopt(loan.buffer))).map_err(PublishLoanError::from)?;
-        let seq = self.ring.published();
-        let Producer { ring, mem } = self;
-        mem.publish(ring.map(), loan.buffer, seq, None, None).map_err(PublishLoanError::from)?;
-        ring.publish_claimed(loan.buffer, seq, len as u64, header);
+        debug_assert_eq!(self.ring.published(), seq, "nothing publishes while we wait");
+        self.ring.publish_claimed(loan.buffer, seq, len as u64, header);
         loan.seq = Some(seq);
         Ok(seq)
     }
@@ -216,6 +238,7 @@ impl Producer<Host> {
     pub fn loan_bytes(&mut self, loan: &Loan) -> &mut [u8] {
         assert!(self.owns(loan), "a loan of another producer");
         assert!(loan.seq.is_none(), "writing a published loan");
+        assert!(self.ring.is_lent(loan.buffer), "an unpublished loan's buffer is lent");
         let map = self.ring.map();
         // SAFETY: the buffer is lent to `loan`, so no consumer reads it and the producer
         // writes it only through the loan; `&mut self` makes this the only reference we hand

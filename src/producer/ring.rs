@@ -312,12 +312,15 @@ impl ProducerRing {
         let ProducerRing { map, core, wait, last_reap, table_seen, bells, closed, .. } = self;
         let (ring, bells) = (map.ring(), &*bells);
         // Dropped with the future if an async claim is cancelled: its time counts all the same.
-        let mut stall = Stall::begin(&ring);
+        // A lend's wait is not the producer's: the stream goes on meanwhile.
+        let mut stall = (want != Want::Loan).then(|| Stall::begin(&ring));
         let wake = WakeOn { line: ring.producer_wake, bell: bells.own() };
         let claimed = how
             .wait(Some(wake), *wait, |tick| {
                 if tick {
-                    stall.account();
+                    if let Some(stall) = stall.as_mut() {
+                        stall.account();
+                    }
                     // A producer blocked on its consumers makes no GPU call: it must still
                     // learn that its context was lost (see `crate::context_lost`).
                     if let Some(l) = crate::context_lost() {
@@ -329,7 +332,9 @@ impl ProducerRing {
             })
             .await
             .unwrap_or(Err(Fault::Blocked));
-        stall.end(!matches!(claimed, Err(Fault::Blocked)));
+        if let Some(stall) = stall {
+            stall.end(!matches!(claimed, Err(Fault::Blocked)));
+        }
         claimed
     }
 
@@ -386,6 +391,12 @@ impl ProducerRing {
     /// Whether buffer `buffer` is lent out and not yet published (`ProducerCore::is_lent`).
     pub(crate) fn is_lent(&self, buffer: usize) -> bool {
         self.core.is_lent(buffer)
+    }
+
+    /// Whether a lend could ever succeed without a loan ending first: some spare is neither
+    /// lent nor kept (`ProducerCore::may_lend`).
+    pub(crate) fn may_lend(&self) -> bool {
+        self.core.may_lend()
     }
 
     /// Takes back lent buffer `buffer` unpublished (`ProducerCore::give_back`).
@@ -486,6 +497,7 @@ fn claim_step(
     }
     match core.try_take(ring, want) {
         Ok(claimed) => Some(Ok(claimed)),
+        Err(ClaimError::Blocked(_)) if want == Want::Loan => None,
         Err(ClaimError::Blocked(why)) => {
             let on = match why {
                 Blocked::Consumers => BLOCKED_ON_CONSUMERS,

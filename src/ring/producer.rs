@@ -307,6 +307,12 @@ impl ProducerCore {
         self.loaned -= 1;
     }
 
+    /// Whether some spare is neither lent nor kept, so that a lend may succeed once consumers
+    /// release it; if not, only ending a loan frees one.
+    pub fn may_lend(&self) -> bool {
+        self.loaned == 0 || self.spares.iter().any(|&b| self.loans[b as usize] == NOT_LENT)
+    }
+
     /// Whether buffer `buffer` is lent out and not yet published.
     pub fn is_lent(&self, buffer: usize) -> bool {
         self.loans.get(buffer) == Some(&LENT)
