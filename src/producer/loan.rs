@@ -62,12 +62,32 @@ pub struct Loan {
 
 impl Loan {
     /// The index of the buffer lent (for diagnostics): one of the ring's
-    /// `capacity + spare_buffers`.
+    /// `capacity + spare_buffers`. Only spares are lent, so a fresh ring lends its last ones.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-loan-buffer").capacity(4).spare_buffers(2).create()?;
+    /// let loan = tx.lend()?;
+    /// assert!(loan.buffer() >= 4);
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn buffer(&self) -> usize {
         self.buffer
     }
 
     /// The sequence number it was published as, once it is.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-loan-seq").create()?;
+    /// let mut loan = tx.lend()?;
+    /// assert_eq!(loan.seq(), None);
+    /// tx.publish_loan(&mut loan, 0, b"")?;
+    /// assert_eq!(loan.seq(), Some(0));
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seq(&self) -> Option<u64> {
         self.seq
     }
@@ -78,6 +98,17 @@ impl<M: Memory> Producer<M> {
     /// (`LendError::AllLent` at once if every spare is lent or kept by a loan: only ending one
     /// would free it). In a CUDA ring it also waits, as `acquire` does, for the buffer's
     /// previous readers on their GPUs.
+    ///
+    /// ```
+    /// use gpuring::{LendError, Producer};
+    ///
+    /// let mut tx = Producer::builder("doc-lend").spare_buffers(1).create()?;
+    /// let loan = tx.lend()?;
+    /// // The only spare is out, and only ending the loan would free it.
+    /// assert_eq!(tx.lend().err(), Some(LendError::AllLent));
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn lend(&mut self) -> Result<Loan, LendError> {
         self.lend_until(Deadline::Never)
     }
@@ -140,6 +171,16 @@ impl<M: Memory> Producer<M> {
     ///
     /// # Panics
     /// If the loan is another producer's.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-loan-ptr").create()?;
+    /// let loan = tx.lend()?;
+    /// let ptr = tx.loan_ptr(&loan);
+    /// assert_eq!(ptr, tx.loan_bytes(&loan).as_ptr() as u64);
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn loan_ptr(&self, loan: &Loan) -> u64 {
         assert!(self.owns(loan), "a loan of another producer");
         self.mem.buffer_addr(self.ring.map(), loan.buffer)
@@ -149,6 +190,18 @@ impl<M: Memory> Producer<M> {
     /// message, waiting (under `Block`) until every `Lossless` consumer has received the
     /// message it overwrites. Returns its sequence number. The loan stays kept (the buffer is
     /// not written again) until [`end_loan`](Self::end_loan).
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer};
+    /// let mut tx = Producer::builder("doc-publish-loan").create()?;
+    /// let rx = Consumer::open("doc-publish-loan")?;
+    /// let mut loan = tx.lend()?;
+    /// tx.loan_bytes(&loan)[..5].copy_from_slice(b"hello");
+    /// assert_eq!(tx.publish_loan(&mut loan, 5, b"text")?, 0);
+    /// assert_eq!(&*rx.recv()?, b"hello");
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish_loan(
         &mut self,
         loan: &mut Loan,
@@ -160,6 +213,19 @@ impl<M: Memory> Producer<M> {
 
     /// [`publish_loan`](Self::publish_loan), waiting at most `timeout` for `Lossless`
     /// consumers.
+    ///
+    /// ```
+    /// # use gpuring::{Consumer, Producer, PublishLoanError};
+    /// # use std::time::Duration;
+    /// let mut tx = Producer::builder("doc-publish-loan-timeout").capacity(1).create()?;
+    /// let rx = Consumer::open("doc-publish-loan-timeout")?; // Lossless: reads nothing yet
+    /// tx.send(b"unread", b"")?;
+    /// let mut loan = tx.lend()?;
+    /// let r = tx.publish_loan_timeout(&mut loan, 0, b"", Duration::from_millis(5));
+    /// assert_eq!(r, Err(PublishLoanError::Timeout));
+    /// tx.end_loan(loan)?; // given back unpublished
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish_loan_timeout(
         &mut self,
         loan: &mut Loan,
@@ -218,6 +284,18 @@ impl<M: Memory> Producer<M> {
 
     /// Ends `loan`: a published one's buffer may be written again once its readers let go;
     /// an unpublished one goes back to the spares, unpublished.
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-end-loan").spare_buffers(1).create()?;
+    /// let loan = tx.lend()?;
+    /// let buffer = loan.buffer();
+    /// tx.end_loan(loan)?; // unpublished: a spare again
+    /// let again = tx.lend()?;
+    /// assert_eq!(again.buffer(), buffer);
+    /// tx.end_loan(again)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn end_loan(&mut self, loan: Loan) -> Result<(), EndLoanError> {
         if !self.owns(&loan) {
             return Err(EndLoanError::Foreign);
@@ -235,6 +313,15 @@ impl Producer<Host> {
     ///
     /// # Panics
     /// If the loan is another producer's, or published (its bytes are the consumers' now).
+    ///
+    /// ```
+    /// # use gpuring::Producer;
+    /// let mut tx = Producer::builder("doc-loan-bytes").slot_size(1024).create()?;
+    /// let loan = tx.lend()?;
+    /// assert_eq!(tx.loan_bytes(&loan).len(), 1024);
+    /// tx.end_loan(loan)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn loan_bytes(&mut self, loan: &Loan) -> &mut [u8] {
         assert!(self.owns(loan), "a loan of another producer");
         assert!(loan.seq.is_none(), "writing a published loan");
