@@ -210,11 +210,15 @@ glib::wrapper! {
     pub struct LoanPool(ObjectSubclass<imp::LoanPool>) @extends gst::BufferPool, gst::Object;
 }
 
+/// Makes (or finds) the ring a pool lends from, when its first buffer is asked for.
+pub type MakeLender = Box<dyn Fn() -> Result<Arc<Lender>, gst::FlowError> + Send + Sync>;
+
 impl LoanPool {
-    /// A pool lending from `lender` for `sink`, which posts the errors of its lends.
-    pub fn new(lender: Arc<Lender>, sink: &gst::Element) -> LoanPool {
+    /// A pool lending from the ring `make` gives on the first acquire, for `sink`, which posts
+    /// the errors of its lends.
+    pub fn new(make: MakeLender, sink: &gst::Element) -> LoanPool {
         let pool: LoanPool = glib::Object::new();
-        *lock(&pool.imp().lender) = Some(lender);
+        *lock(&pool.imp().make) = Some(make);
         *lock(&pool.imp().sink) = sink.downgrade();
         pool
     }
@@ -226,6 +230,9 @@ mod imp {
     #[derive(Default)]
     pub struct LoanPool {
         pub(super) lender: Mutex<Option<Arc<Lender>>>,
+        /// Makes `lender` on the first acquire (the ring is created then, not when the pool is
+        /// offered: an upstream that takes another pool sizes the ring by its first frame).
+        pub(super) make: Mutex<Option<MakeLender>>,
         /// The sink, which posts what goes wrong (a lost GPU context as such).
         pub(super) sink: Mutex<glib::WeakRef<gst::Element>>,
         /// The configured buffer size. Relaxed: set before the pool is active.
@@ -258,7 +265,15 @@ mod imp {
             &self,
             params: Option<&gst::BufferPoolAcquireParams>,
         ) -> Result<gst::Buffer, gst::FlowError> {
-            let lender = lock(&self.lender).clone().ok_or(gst::FlowError::Flushing)?;
+            let lender = {
+                let mut lender = lock(&self.lender);
+                if lender.is_none() {
+                    let make = lock(&self.make);
+                    let make = make.as_ref().ok_or(gst::FlowError::Flushing)?;
+                    *lender = Some(make()?);
+                }
+                lender.clone().expect("made above")
+            };
             let wait =
                 !params.is_some_and(|p| p.flags().contains(gst::BufferPoolAcquireFlags::DONTWAIT));
             let sink = lock(&self.sink).upgrade();
@@ -285,6 +300,7 @@ mod imp {
             // A stopped pool lends no more: the ring is let go of once the sink and the
             // buffers still out are.
             *lock(&self.lender) = None;
+            *lock(&self.make) = None;
             self.parent_stop()
         }
 

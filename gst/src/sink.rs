@@ -23,7 +23,7 @@ use gst_video::VideoInfo;
 
 use crate::cudamem;
 use crate::header::{FrameHeader, USER_HEADER_SIZE};
-use crate::pool::{Lender, LoanPool};
+use crate::pool::{Lender, LoanPool, MakeLender};
 use crate::Memory;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -296,20 +296,17 @@ mod imp {
                 // CUDA rings take upstream's CUDA memory as it is (docs/gstreamer.md).
                 return Ok(());
             }
-            let mut guard = self.state.lock().unwrap();
-            if guard.is_none() {
-                let created = self.create(&info, false, info.size());
-                *guard = Some(created.map_err(|_| gst::loggable_error!(CAT, "no ring"))?);
-            }
-            let state = guard.as_ref().expect("created above");
-            let (host, slot, spares) = {
-                let tx = state.lender.lock();
-                (!tx.is_cuda(), tx.slot_size(), tx.spare_buffers())
-            };
-            if !host || info.size() > slot || spares == 0 {
+            let spares = self.settings.lock().unwrap().spare_buffers;
+            if spares == 0 {
                 return Ok(());
             }
-            let pool = LoanPool::new(state.lender.clone(), self.obj().upcast_ref());
+            let sink = self.obj().downgrade();
+            let make_info = info.clone();
+            let make: MakeLender = Box::new(move || {
+                let sink = sink.upgrade().ok_or(gst::FlowError::Flushing)?;
+                sink.imp().lender_for_pool(&make_info)
+            });
+            let pool = LoanPool::new(make, self.obj().upcast_ref());
             let mut config = pool.config();
             // At most one buffer per spare is out: a lend waits for the next.
             config.set_params(Some(&caps), info.size() as u32, 0, spares);
@@ -405,6 +402,26 @@ mod imp {
     }
 
     impl RingSink {
+        /// The producer the pool offered upstream lends from: the ring, created now for frames
+        /// of `info` if the first frame has not created it; `NotSupported` if it cannot lend
+        /// such frames (a CUDA ring, slots too small).
+        pub(crate) fn lender_for_pool(
+            &self,
+            info: &VideoInfo,
+        ) -> Result<Arc<Lender>, gst::FlowError> {
+            let mut guard = self.state.lock().unwrap();
+            if guard.is_none() {
+                *guard = Some(self.create(info, false, info.size())?);
+            }
+            let lender = guard.as_ref().expect("created above").lender.clone();
+            let tx = lender.lock();
+            if tx.is_cuda() || info.size() > tx.slot_size() || tx.spare_buffers() == 0 {
+                return Err(gst::FlowError::NotSupported);
+            }
+            drop(tx);
+            Ok(lender)
+        }
+
         /// Creates the ring for frames of `size` bytes, and waits for the consumers asked for.
         fn create(
             &self,
