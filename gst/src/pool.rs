@@ -210,15 +210,18 @@ glib::wrapper! {
     pub struct LoanPool(ObjectSubclass<imp::LoanPool>) @extends gst::BufferPool, gst::Object;
 }
 
-/// Makes (or finds) the ring a pool lends from, when its first buffer is asked for.
-pub type MakeLender = Box<dyn Fn() -> Result<Arc<Lender>, gst::FlowError> + Send + Sync>;
+/// Makes (or finds) the ring a pool lends from, when its first buffer (of the given size) is
+/// asked for.
+pub type MakeLender = Box<dyn Fn(usize) -> Result<Arc<Lender>, gst::FlowError> + Send + Sync>;
 
 impl LoanPool {
     /// A pool lending from the ring `make` gives on the first acquire, for `sink`, which posts
     /// the errors of its lends.
-    pub fn new(make: MakeLender, sink: &gst::Element) -> LoanPool {
+    /// At most `limit` buffers are out at once (the ring's spares).
+    pub fn new(make: MakeLender, sink: &gst::Element, limit: u32) -> LoanPool {
         let pool: LoanPool = glib::Object::new();
         *lock(&pool.imp().make) = Some(make);
+        pool.imp().limit.store(limit as usize, Ordering::Relaxed);
         *lock(&pool.imp().sink) = sink.downgrade();
         pool
     }
@@ -237,6 +240,8 @@ mod imp {
         pub(super) sink: Mutex<glib::WeakRef<gst::Element>>,
         /// The configured buffer size. Relaxed: set before the pool is active.
         size: AtomicUsize,
+        /// The most buffers that can be out at once. Relaxed: set when the pool is made.
+        pub(super) limit: AtomicUsize,
         /// Between flush_start and flush_stop: a waiting acquire gives up.
         flushing: AtomicBool,
     }
@@ -253,12 +258,20 @@ mod imp {
 
     impl BufferPoolImpl for LoanPool {
         fn set_config(&self, config: &mut gst::BufferPoolConfigRef) -> bool {
-            let Some((_, size, _, _)) = config.params() else { return false };
+            let Some((caps, size, min, max)) = config.params() else { return false };
             self.size.store(size as usize, Ordering::Relaxed);
-            // Buffers are made on demand, one loan each: none ahead of time.
-            let (caps, _, _, max) = config.params().expect("read above");
-            config.set_params(caps.as_ref(), size, 0, max);
-            self.parent_set_config(config)
+            let limit = self.limit.load(Ordering::Relaxed) as u32;
+            // Buffers are made on demand, one loan each: none ahead of time, and never more
+            // than the spares. An upstream that must keep more out is told so (false, with
+            // what the pool can do), and uses a pool of its own.
+            let fits = min <= limit && (max == 0 || max <= limit);
+            config.set_params(
+                caps.as_ref(),
+                size,
+                0,
+                if max == 0 { limit } else { max.min(limit) },
+            );
+            self.parent_set_config(config) && fits
         }
 
         fn acquire_buffer(
@@ -270,7 +283,7 @@ mod imp {
                 if lender.is_none() {
                     let make = lock(&self.make);
                     let make = make.as_ref().ok_or(gst::FlowError::Flushing)?;
-                    *lender = Some(make()?);
+                    *lender = Some(make(self.size.load(Ordering::Relaxed))?);
                 }
                 lender.clone().expect("made above")
             };
@@ -299,8 +312,8 @@ mod imp {
         fn stop(&self) -> bool {
             // A stopped pool lends no more: the ring is let go of once the sink and the
             // buffers still out are.
+            // (`make` stays: a pool started again lends from the sink's ring of then.)
             *lock(&self.lender) = None;
-            *lock(&self.make) = None;
             self.parent_stop()
         }
 

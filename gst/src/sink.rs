@@ -113,6 +113,8 @@ mod imp {
         /// statistics.
         in_place: AtomicU64,
         copied: AtomicU64,
+        /// Between `start` and `stop`: only then may the pool make the ring.
+        started: AtomicBool,
     }
 
     #[glib::object_subclass]
@@ -274,9 +276,19 @@ mod imp {
             Ok(())
         }
 
+        fn start(&self) -> Result<(), gst::ErrorMessage> {
+            let _state = self.state.lock().unwrap();
+            // Relaxed: read under the same mutex.
+            self.started.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+
         fn stop(&self) -> Result<(), gst::ErrorMessage> {
+            let mut guard = self.state.lock().unwrap();
+            // Relaxed: read under the same mutex.
+            self.started.store(false, Ordering::Relaxed);
             // Dropping the producer closes the ring: consumers drain it, then see it closed.
-            if let Some(mut state) = self.state.lock().unwrap().take() {
+            if let Some(mut state) = guard.take() {
                 if let Some(stream) = state.lender.lock().stream() {
                     let _ = stream.synchronize();
                 }
@@ -296,17 +308,25 @@ mod imp {
                 // CUDA rings take upstream's CUDA memory as it is (docs/gstreamer.md).
                 return Ok(());
             }
-            let spares = self.settings.lock().unwrap().spare_buffers;
+            let mut spares = self.settings.lock().unwrap().spare_buffers;
+            if let Some(state) = self.state.lock().unwrap().as_ref() {
+                // A ring made earlier (by a first frame, or other caps) must be able to lend.
+                let tx = state.lender.lock();
+                if tx.is_cuda() || info.size() > tx.slot_size() {
+                    return Ok(());
+                }
+                spares = tx.spare_buffers();
+            }
             if spares == 0 {
                 return Ok(());
             }
             let sink = self.obj().downgrade();
             let make_info = info.clone();
-            let make: MakeLender = Box::new(move || {
+            let make: MakeLender = Box::new(move |size| {
                 let sink = sink.upgrade().ok_or(gst::FlowError::Flushing)?;
-                sink.imp().lender_for_pool(&make_info)
+                sink.imp().lender_for_pool(&make_info, size)
             });
-            let pool = LoanPool::new(make, self.obj().upcast_ref());
+            let pool = LoanPool::new(make, self.obj().upcast_ref(), spares);
             let mut config = pool.config();
             // At most one buffer per spare is out: a lend waits for the next.
             config.set_params(Some(&caps), info.size() as u32, 0, spares);
@@ -403,19 +423,25 @@ mod imp {
 
     impl RingSink {
         /// The producer the pool offered upstream lends from: the ring, created now for frames
-        /// of `info` if the first frame has not created it; `NotSupported` if it cannot lend
-        /// such frames (a CUDA ring, slots too small).
+        /// of `info` in buffers of `size` bytes if the first frame has not created it;
+        /// `NotSupported` if it cannot lend such buffers (a CUDA ring, slots too small);
+        /// `Flushing` if the sink is stopped (a stopped sink makes no ring).
         pub(crate) fn lender_for_pool(
             &self,
             info: &VideoInfo,
+            size: usize,
         ) -> Result<Arc<Lender>, gst::FlowError> {
             let mut guard = self.state.lock().unwrap();
             if guard.is_none() {
-                *guard = Some(self.create(info, false, info.size())?);
+                // Relaxed: written under the same mutex (start and stop hold it).
+                if !self.started.load(Ordering::Relaxed) {
+                    return Err(gst::FlowError::Flushing);
+                }
+                *guard = Some(self.create(info, false, size.max(info.size()))?);
             }
             let lender = guard.as_ref().expect("created above").lender.clone();
             let tx = lender.lock();
-            if tx.is_cuda() || info.size() > tx.slot_size() || tx.spare_buffers() == 0 {
+            if tx.is_cuda() || size > tx.slot_size() || tx.spare_buffers() == 0 {
                 return Err(gst::FlowError::NotSupported);
             }
             drop(tx);

@@ -23,8 +23,9 @@ pub enum LendError {
     /// The ring has no spare buffers, and only spares are lent
     /// ([`ProducerBuilder::spare_buffers`](crate::ProducerBuilder::spare_buffers)).
     NoSpares,
-    /// Every spare is lent or kept by a loan not yet ended: only ending one frees a buffer (a
-    /// wait would last for ever).
+    /// Every spare is lent or kept by a loan not yet ended: only ending one (or publishing a
+    /// lent one, which makes the buffer it replaces a spare) frees a buffer, so a wait would
+    /// last for ever.
     AllLent,
     /// `lend_timeout`: every free spare stayed held by consumers (in a CUDA ring, or read by
     /// their GPUs).

@@ -95,8 +95,8 @@ impl Loan {
 
 impl<M: Memory> Producer<M> {
     /// Lends out a free spare buffer, waiting as long as it takes for consumers to release one
-    /// (`LendError::AllLent` at once if every spare is lent or kept by a loan: only ending one
-    /// would free it). In a CUDA ring it also waits, as `acquire` does, for the buffer's
+    /// (`LendError::AllLent` at once if every spare is lent or kept by a loan: only ending or
+    /// publishing a loan would free one). In a CUDA ring it also waits, as `acquire` does, for the buffer's
     /// previous readers on their GPUs.
     ///
     /// ```
@@ -236,8 +236,8 @@ impl<M: Memory> Producer<M> {
         self.publish_loan_until(loan, len, header, Deadline::after(timeout))
     }
 
-    /// The one loan publish: checks, the gate and swap (`ProducerCore::try_adopt`), then the
-    /// memory kind's records and the ring's, as a slot's publish makes them.
+    /// The one loan publish: checks, the memory kind's records, the gate and swap
+    /// (`ProducerCore::try_adopt`), then the ring's records, as a slot's publish makes them.
     fn publish_loan_until(
         &mut self,
         loan: &mut Loan,

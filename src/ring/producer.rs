@@ -243,7 +243,6 @@ impl ProducerCore {
             if self.take(ring, spare)? {
                 self.spares.swap_remove(i);
                 self.scan = i;
-                self.held_wait = false;
                 self.loans[spare] = LENT;
                 self.loaned += 1;
                 let before = std::mem::replace(&mut self.last[spare], self.next);
@@ -251,7 +250,8 @@ impl ProducerCore {
                 return Ok(Claimed { buffer: spare, prev: (before < self.next).then_some(before) });
             }
         }
-        self.held_wait = true;
+        // `held_wait` is the claim's: a lend polled while the stream runs must not set off
+        // audits, which freeze buffers consumers are reading.
         Err(ClaimError::Blocked(Blocked::Held))
     }
 
