@@ -17,7 +17,7 @@
 # GPU_SIDES (default "old new") lists the gpu runs of a round; a side may add one bench flag
 # after a "+", as in "old+fence=memory" (old binaries, --fence memory), to isolate one change.
 set -uo pipefail
-old=$1 new=$2; shift 2
+old=$(cd "$1" && pwd) new=$(cd "$2" && pwd); shift 2
 rounds=2; what=""
 for a in "$@"; do case $a in [0-9]*) rounds=$a ;; *) what="$what $a" ;; esac; done
 what=${what:- host gpu}
@@ -53,7 +53,7 @@ if [[ $what == *gst* ]]; then
   for side in old new; do
     dir=$old; [ $side = new ] && dir=$new
     export GST_PLUGIN_PATH_1_0=$dir/gst GST_REGISTRY_1_0=/tmp/gst-registry-$side.bin
-    GST_BENCH_SOURCE=render timeout 250 "$(dirname "$0")/gst-bench.sh" 300 "640x480 1920x1080" \
+    GST_BENCH_SOURCE=render timeout 250 "$(dirname "$0")/gst-bench.sh" 1000 "640x480 1920x1080" \
       > "$R/gst-render-$side.log" 2>&1
     echo "gst render $side exit $? ($(date +%T))"
     GST_BENCH_SOURCE=freeze timeout 200 "$(dirname "$0")/gst-bench.sh" 2000 "640x480 1920x1080" cuda \

@@ -143,7 +143,7 @@ impl<M: Memory> Producer<M> {
             return Err(LendError::NoSpares);
         }
         let how = Waiter::Blocking(deadline);
-        let claimed = match self.ring.claim_now(Want::Loan, &mut |e, g| self.mem.forget(e, g)) {
+        let claimed = match self.take_now(Want::Loan) {
             Some(claimed) => claimed?,
             None if !self.ring.may_lend() => return Err(LendError::AllLent),
             None => block_on(self.take_with(how, Want::Loan))?,

@@ -776,20 +776,39 @@ impl<M: Memory> Producer<M> {
                 self.poll(how, |p| p.written(buffer)).await?;
             }
         }
-        let claimed = self.take_with(how, Want::Next).await?;
-        self.settle(how, claimed, lapped).await?;
+        let claimed = match self.take_now(Want::Next) {
+            Some(claimed) => claimed?,
+            None => self.take_with(how, Want::Next).await?,
+        };
+        if !self.settled(claimed, lapped)? {
+            self.settle(how, claimed, lapped).await?;
+        }
         Ok(claimed.buffer)
+    }
+
+    /// A take's first try, which never waits: `None` if it must (see `ProducerRing::
+    /// claim_now`).
+    pub(crate) fn take_now(&mut self, want: Want) -> Option<Result<Claimed, Fault>> {
+        let Producer { ring, mem } = &mut *self;
+        ring.claim_now(want, &mut |e, g| mem.forget(e, g))
     }
 
     /// Takes a buffer for what `want` says, waiting as `how` says while none is free (or, for
     /// an adoption, while the `Lossless` gate is shut).
     pub(crate) async fn take_with(&mut self, how: Waiter, want: Want) -> Result<Claimed, Fault> {
-        let Producer { ring, mem } = &mut *self;
-        let forget = &mut |e, g| mem.forget(e, g);
-        match ring.claim_now(want, forget) {
-            Some(claimed) => claimed,
-            None => ring.claim_wait(how, want, forget).await,
+        if let Some(claimed) = self.take_now(want) {
+            return claimed;
         }
+        let Producer { ring, mem } = &mut *self;
+        ring.claim_wait(how, want, &mut |e, g| mem.forget(e, g)).await
+    }
+
+    /// Whether buffer `claimed` may be written now, with no wait (see
+    /// [`settle`](Self::settle)).
+    fn settled(&mut self, claimed: Claimed, lapped: Option<usize>) -> Result<bool, Fault> {
+        let buffer = claimed.buffer;
+        let Some(prev) = claimed.prev else { return Ok(true) };
+        Ok((lapped == Some(buffer) || self.written(buffer)?) && self.readers_done(buffer, prev)?)
     }
 
     /// Waits until buffer `claimed` may be written: its previous write is done (unless it is
