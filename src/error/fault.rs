@@ -2,8 +2,8 @@
 //! error type per operation, `crate::error`).
 
 use crate::error::{
-    AcquireError, AcquireTimeoutError, ContextLost, Corruption, RecvError, RecvTimeoutError,
-    SendError, TryAcquireError, TryRecvError,
+    AcquireError, AcquireTimeoutError, ContextLost, Corruption, LendError, PublishLoanError,
+    RecvError, RecvTimeoutError, SendError, TryAcquireError, TryRecvError,
 };
 
 /// A failure inside an operation of either side.
@@ -83,6 +83,12 @@ told_as!(TryAcquireError, blocked: TryAcquireError::Full, disconnected: unreacha
 told_as!(
     AcquireTimeoutError,
     blocked: AcquireTimeoutError::Timeout,
+    disconnected: unreachable!("{PRODUCER}")
+);
+told_as!(LendError, blocked: LendError::Timeout, disconnected: unreachable!("{PRODUCER}"));
+told_as!(
+    PublishLoanError,
+    blocked: PublishLoanError::Timeout,
     disconnected: unreachable!("{PRODUCER}")
 );
 told_as!(AcquireError, blocked: unreachable!("{NO_DEADLINE}"), disconnected: unreachable!("{PRODUCER}"));

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-#[cfg(not(loom))]
-use super::Fault;
 use super::{ContextLost, Corruption, PublishError};
 
 /// Why [`Producer::lend`](crate::Producer::lend) or
@@ -96,34 +94,6 @@ pub enum PublishLoanError {
 pub enum EndLoanError {
     /// The loan is another producer's.
     Foreign,
-}
-
-#[cfg(not(loom))]
-impl From<Fault> for LendError {
-    fn from(f: Fault) -> Self {
-        match f {
-            Fault::Blocked => LendError::Timeout,
-            Fault::Disconnected => unreachable!("a producer is never disconnected"),
-            Fault::Corrupt(c) => LendError::Corrupt(c),
-            Fault::ContextLost(l) => LendError::ContextLost(l),
-            #[cfg(feature = "cuda")]
-            Fault::Cuda(e) => LendError::Cuda(e),
-        }
-    }
-}
-
-#[cfg(not(loom))]
-impl From<Fault> for PublishLoanError {
-    fn from(f: Fault) -> Self {
-        match f {
-            Fault::Blocked => PublishLoanError::Timeout,
-            Fault::Disconnected => unreachable!("a producer is never disconnected"),
-            Fault::Corrupt(c) => PublishLoanError::Corrupt(c),
-            Fault::ContextLost(l) => PublishLoanError::ContextLost(l),
-            #[cfg(feature = "cuda")]
-            Fault::Cuda(e) => PublishLoanError::Cuda(e),
-        }
-    }
 }
 
 /// A publish's error as a loan's: a lost context is its own `ContextLost`, the rest `Publish`.
