@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{env, role, spawn, unique_name};
 use gpuring::format::Params;
 use gpuring::shm::{OpenOptions, RingDir, Segment, ShmName};
-use gpuring::{Consumer, Policy, Producer, RecvTimeoutError, StartAt};
+use gpuring::{Consumer, Policy, Producer, RecvTimeoutError, StartAt, TryRecvError};
 
 /// A payload that says which message it is.
 fn payload(seq: u64) -> [u8; 16] {
@@ -226,4 +226,114 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
     eprintln!("victim: {status}; producer saw {:?}", tx.consumers());
     assert!(status.success(), "the victim failed: {status}");
     drop(tx);
+}
+
+/// A consumer whose table entry was taken from it (its lease word overwritten, as a hostile
+/// peer would) while it waits on an empty ring learns it at its next liveness check, and then
+/// at every later receive: it never goes back to reporting an empty ring.
+#[test]
+fn a_consumer_that_lost_its_entry_is_told_at_every_receive() {
+    let name = unique_name("lost-entry");
+    let tx = Producer::builder(&name).create().unwrap();
+    let rx = Consumer::builder(&name).liveness_interval(Duration::from_millis(5)).open().unwrap();
+    let entry = tx.consumers()[0].index;
+    let seg = Segment::open(
+        &RingDir::open_default().unwrap(),
+        &ShmName::new(&name).unwrap(),
+        OpenOptions::default(),
+    )
+    .unwrap();
+    let (_, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
+    // SAFETY: the lease is the first word of the entry's 128-byte line, inside the mapping
+    // (the layout was checked against the file size); shared words are atomics.
+    let lease = unsafe {
+        &*(seg.base().add(layout.consumers + entry * 128) as *const std::sync::atomic::AtomicU64)
+    };
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    lease.store(0xdead_beef, std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    let told = loop {
+        match rx.try_recv() {
+            Err(TryRecvError::Empty) => {
+                assert!(t.elapsed() < Duration::from_secs(10), "never told");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => break e.to_string(),
+            Ok(m) => panic!("received {} from an empty ring", m.seq()),
+        }
+    };
+    for i in 0..100 {
+        match rx.try_recv() {
+            Err(TryRecvError::Empty) => panic!("told \"{told}\", then receive {i} found it empty"),
+            Err(_) => {}
+            Ok(m) => panic!("received {} from an empty ring", m.seq()),
+        }
+    }
+}
+
+/// A consumer that always finds a message waiting (a `Block` producer keeps the ring full) still
+/// checks the segment once per liveness interval: the file cut short by its last page, which
+/// only the unused tail of the last buffer lies in (so nothing faults), is reported as
+/// `Truncated` though messages keep coming.
+#[test]
+fn a_consumer_that_always_finds_a_message_still_learns_of_a_truncation() {
+    let name = unique_name("fed-truncated");
+    let mut tx = Producer::builder(&name)
+        .capacity(4)
+        .slot_size(64 << 10)
+        .policy(Policy::Block)
+        // The producer's own look at the file comes long after the test: it keeps publishing.
+        .liveness_interval(Duration::from_secs(60))
+        .create()
+        .unwrap();
+    let rx = Consumer::builder(&name).liveness_interval(Duration::from_millis(5)).open().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // The ring is kept full; errors once the file is cut are expected.
+                if let Ok(mut slot) = tx.acquire_timeout(Duration::from_millis(10)) {
+                    slot[..16].copy_from_slice(&payload(seq));
+                    let _ = slot.publish(16, b"");
+                    seq += 1;
+                }
+            }
+        });
+        // Stops the producer however this thread ends (a failed assertion included).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        // The producer fills the ring at once, and keeps it full from then on.
+        std::thread::sleep(Duration::from_millis(50));
+        let path = format!("/dev/shm/gpuring.{name}");
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 4096).unwrap();
+        let (t, mut received) = (Instant::now(), 0u64);
+        let result = loop {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no error in 10 s ({received} received)"
+            );
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(m) => {
+                    check(&m[..16], m.seq());
+                    received += 1;
+                    // Slower than the producer: the next message is always there.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(result, RecvTimeoutError::Corrupt(gpuring::Corruption::Truncated)),
+            "{result}"
+        );
+        eprintln!("told after {received} messages");
+    });
 }

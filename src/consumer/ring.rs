@@ -42,6 +42,15 @@ struct Receiving {
 pub(crate) struct ConsumerRing {
     map: MappedRing,
     receiving: Mutex<Receiving>,
+    /// The cursor as of the last pin attempt, read without the lock by a poll deciding whether
+    /// to take it (`Ring::may_pin`). Relaxed (every access): a hint that only grows, so a stale
+    /// value makes a poll take the lock for nothing, never miss a message.
+    next: AtomicU64,
+    /// Set, for good, once damage was deferred (`Receiving::deferred`) or a pin failed (an
+    /// eviction is reported at every later receive): from then on every poll takes the lock.
+    /// Relaxed (every access): stored under the lock; a poll that reads a stale `false`
+    /// reports the damage at its next look (the liveness check's at the latest).
+    troubled: AtomicBool,
     /// Copies of the entry's fixed facts, read without the lock.
     index: usize,
     generation: u32,
@@ -167,7 +176,9 @@ impl ConsumerRing {
         let core_generation = core.generation();
         let consumer = ConsumerRing {
             map,
+            next: AtomicU64::new(core.next_seq()),
             receiving: Mutex::new(Receiving { core, deferred: None }),
+            troubled: AtomicBool::new(false),
             index,
             generation: core_generation,
             mode,
@@ -319,6 +330,7 @@ impl ConsumerRing {
             let mut r = self.receiving();
             if self.map.segment().truncated() {
                 r.deferred = Some(Corruption::Truncated);
+                self.troubled.store(true, Ordering::Relaxed);
             }
             // Our cursor in the entry may have been overwritten (a damaged segment): a lower
             // value would hold a Block producer back while we wait for it. Put ours back.
@@ -368,22 +380,43 @@ impl ConsumerRing {
 
     /// [`poll_once`](Self::poll_once) without the relay.
     fn look_once(&self) -> Option<Result<Pinned, Fault>> {
-        // Once per liveness interval whatever happens, errors included: a consumer that gets
-        // an error at every call must still learn that the segment was truncated.
-        let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
-        if clock::due(Duration::from_nanos(since), self.wait.tick) {
-            self.check_producer();
-            // A consumer that only waits makes no other GPU call: it must still learn that
-            // its context was lost, and exit (under MPS a faulted client that lingers keeps
-            // every other process from getting a context).
-            if let Some(l) = crate::context_lost() {
-                return Some(Err(Fault::ContextLost(l)));
+        let faulted = self.map.segment().faulted();
+        let ring = self.map.ring();
+        // A look without the lock at whether anything is there (Relaxed: see the fields; a
+        // waiter's re-check before it sleeps follows its SeqCst fence, see `Ring::may_pin`).
+        let there = !faulted
+            && (self.troubled.load(Ordering::Relaxed)
+                || ring.may_pin(self.next.load(Ordering::Relaxed)));
+        let mut first = None;
+        if there {
+            match self.pin() {
+                Ok(Some(m)) => {
+                    if let Err(e) = self.look_after_producer() {
+                        self.release(m.buffer);
+                        return Some(Err(e));
+                    }
+                    return Some(Ok(m));
+                }
+                tried => first = Some(tried),
             }
         }
-        if self.map.segment().faulted() {
+        let due = match self.look_after_producer() {
+            Ok(due) => due,
+            Err(e) => return Some(Err(e)),
+        };
+        if faulted {
             return Some(Err(Fault::Corrupt(Corruption::Truncated)));
         }
-        match self.pin() {
+        let got = match first {
+            Some(Err(c)) => Err(c),
+            // Tried already, and the liveness check found nothing new to report.
+            Some(tried) if !due => tried,
+            // Nothing there, by the look without the lock: no lock is taken, unless a liveness
+            // check ran (it may have found us evicted) or the producer closed.
+            None if !due && !self.closed() => return None,
+            _ => self.pin(),
+        };
+        match got {
             Ok(Some(m)) => Some(Ok(m)),
             Err(c) => Some(Err(Fault::Corrupt(c))),
             Ok(None) if !self.closed() => None,
@@ -391,7 +424,6 @@ impl ConsumerRing {
             Ok(None) => match self.pin() {
                 Ok(Some(m)) => Some(Ok(m)),
                 Ok(None) => {
-                    let ring = self.map.ring();
                     let r = self.receiving();
                     if !r.core.next_is_there(&ring) {
                         // A producer whose context was lost is most often a fault that, under
@@ -412,6 +444,25 @@ impl ConsumerRing {
         }
     }
 
+    /// The liveness check ([`check_producer`](Self::check_producer)) if one is due: once per
+    /// liveness interval, whatever happens (errors included: a consumer that gets an error at
+    /// every call must still learn that the segment was truncated). Returns whether it ran, or
+    /// what a receive must report instead of a message: a lost GPU context. A consumer that
+    /// only waits makes no other GPU call: it must still learn that its context was lost, and
+    /// exit (under MPS a faulted client that lingers keeps every other process from getting a
+    /// context).
+    fn look_after_producer(&self) -> Result<bool, Fault> {
+        let since = self.since_opened().saturating_sub(self.last_check.load(Ordering::Relaxed));
+        if !clock::due(Duration::from_nanos(since), self.wait.tick) {
+            return Ok(false);
+        }
+        self.check_producer();
+        match crate::context_lost() {
+            Some(l) => Err(Fault::ContextLost(l)),
+            None => Ok(true),
+        }
+    }
+
     /// Damage found earlier (while releasing), then one pin attempt.
     fn pin(&self) -> Result<Option<Pinned>, Corruption> {
         let ring = self.map.ring();
@@ -420,7 +471,13 @@ impl ConsumerRing {
             if let Some(c) = r.deferred.take() {
                 return Err(c);
             }
-            let Some((m, wake)) = r.core.try_pin(&ring)? else {
+            let pinned = r.core.try_pin(&ring);
+            // Relaxed (both): see the fields. `next` is set under the lock: it never goes back.
+            self.next.store(r.core.next_seq(), Ordering::Relaxed);
+            if pinned.is_err() {
+                self.troubled.store(true, Ordering::Relaxed);
+            }
+            let Some((m, wake)) = pinned? else {
                 return Ok(None);
             };
             r.core.write_stats(&ring);
@@ -461,6 +518,7 @@ impl ConsumerRing {
             r.core.write_stats(&ring);
             if let Err(c) = released {
                 r.deferred.get_or_insert(c.into());
+                self.troubled.store(true, Ordering::Relaxed);
             }
             released
         };

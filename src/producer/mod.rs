@@ -750,35 +750,69 @@ impl<M: Memory> Producer<M> {
         Ok(self.acquire_until(Deadline::after(timeout), None)?)
     }
 
-    /// [`acquire_with`](Self::acquire_with) on this thread, until `deadline`; the slot is
-    /// written on `stream` (or the memory kind's own).
+    /// The one acquire (`acquire_start`, then `acquire_finish` if it must wait) on this
+    /// thread, until `deadline`; the slot is written on `stream` (or the memory kind's own).
     pub(crate) fn acquire_until<'a>(
         &'a mut self,
         deadline: Deadline,
         stream: Option<&'a <M::Tx as ProducerSide>::Stream>,
     ) -> Result<WriteSlot<'a, M>, Fault> {
-        let buffer = block_on(self.acquire_with(Waiter::Blocking(deadline)))?;
+        // The steady state makes no future at all: only a wait runs one (on this thread).
+        let buffer = match self.acquire_start()? {
+            Acquiring::Done(buffer) => buffer,
+            started => block_on(self.acquire_finish(Waiter::Blocking(deadline), started))?,
+        };
         Ok(WriteSlot::new(self, buffer, stream))
     }
 
-    /// The one acquire, blocking or async as `how` says: waits for the payload's write of the
+    /// The one acquire, awaited (the blocking one runs the same two parts, `acquire_start`
+    /// and `acquire_finish`, in `acquire_until`): waits for the payload's write of the
     /// message one lap back to be done (the run-ahead bound), claims a buffer, waits for the
     /// buffer's previous write and its readers, and returns the buffer. See docs/gpu.md,
     /// "Run-ahead" and "Reusing a buffer".
-    ///
-    /// Each wait is entered only when its condition is not met at once: the steady state of a
-    /// ring whose consumers keep up makes no wait at all (no future of one is made or polled).
+    #[cfg(feature = "tokio")]
     pub(crate) async fn acquire_with(&mut self, how: Waiter) -> Result<usize, Fault> {
+        match self.acquire_start()? {
+            Acquiring::Done(buffer) => Ok(buffer),
+            started => self.acquire_finish(how, started).await,
+        }
+    }
+
+    /// The acquire as far as it goes without a wait: the steady state of a ring whose
+    /// consumers keep up ends here, with `Done`; otherwise it says where the wait begins.
+    fn acquire_start(&mut self) -> Result<Acquiring, Fault> {
         crate::error::check_context()?;
         let lapped = self.ring.lapped_buffer();
         if let Some(buffer) = lapped {
             if !self.written(buffer)? {
-                self.poll(how, |p| p.written(buffer)).await?;
+                return Ok(Acquiring::Lapped(buffer));
             }
         }
-        let claimed = match self.take_now(Want::Next) {
-            Some(claimed) => claimed?,
-            None => self.take_with(how, Want::Next).await?,
+        let Some(claimed) = self.take_now(Want::Next) else {
+            return Ok(Acquiring::Take(lapped));
+        };
+        let claimed = claimed?;
+        if self.settled(claimed, lapped)? {
+            return Ok(Acquiring::Done(claimed.buffer));
+        }
+        Ok(Acquiring::Settle(claimed, lapped))
+    }
+
+    /// The rest of an acquire from where [`acquire_start`](Self::acquire_start) stopped, each
+    /// wait entered only when its condition is not met at once.
+    async fn acquire_finish(&mut self, how: Waiter, from: Acquiring) -> Result<usize, Fault> {
+        let (claimed, lapped) = match from {
+            Acquiring::Done(buffer) => return Ok(buffer),
+            Acquiring::Settle(claimed, lapped) => {
+                // `acquire_start` found it unsettled: straight to the waits.
+                self.settle(how, claimed, lapped).await?;
+                return Ok(claimed.buffer);
+            }
+            Acquiring::Lapped(buffer) => {
+                self.poll(how, |p| p.written(buffer)).await?;
+                (self.take_with(how, Want::Next).await?, Some(buffer))
+            }
+            Acquiring::Take(lapped) => (self.take_with(how, Want::Next).await?, lapped),
         };
         if !self.settled(claimed, lapped)? {
             self.settle(how, claimed, lapped).await?;
@@ -963,6 +997,19 @@ impl<M: Memory> Drop for Producer<M> {
             ring.keep_presence_until_exit();
         }
     }
+}
+
+/// Where an acquire stands after its first, waitless part (`Producer::acquire_start`).
+#[derive(Clone, Copy)]
+enum Acquiring {
+    /// Buffer claimed and free to write.
+    Done(usize),
+    /// The payload write of the message one lap back (in this buffer) is not done yet.
+    Lapped(usize),
+    /// No buffer is free; the lapped buffer, if any, was written.
+    Take(Option<usize>),
+    /// Claimed, but its previous write or readers are not done yet; the lapped buffer.
+    Settle(Claimed, Option<usize>),
 }
 
 /// A claimed slot: fill it, then [`publish`](WriteSlot::publish) it. Dropping it unpublished keeps

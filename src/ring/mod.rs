@@ -319,6 +319,20 @@ impl<'a> Ring<'a> {
         (seq % self.capacity()) as usize
     }
 
+    /// Whether a consumer whose cursor is `next` may find something to pin: message `next` is
+    /// published (or was, and a newer lap took its position). In a correct segment `false`
+    /// means a pin at `next` finds nothing now, in every mode; a cursor that is behind the
+    /// consumer's own (a stale copy: cursors only grow) can only say `true` for nothing. A look
+    /// for a poll deciding whether to try a pin.
+    #[inline]
+    pub fn may_pin(&self, next: u64) -> bool {
+        // Relaxed: a `true` is followed by a pin, which loads the word again with Acquire. A
+        // `false` loses no wake-up: a waiter's last look before it sleeps follows its SeqCst
+        // fence (`shm::wait`, `park`), against the producer's after it publishes.
+        let word = self.positions[self.position_of(next)].load(Ordering::Relaxed);
+        stamp::tag_diff(position::tag(word), next) >= 0
+    }
+
     /// The buffer that carries message `seq` (published, or frozen by a recount), if it is still
     /// in the ring: its position names it in a valid buffer, and that buffer's stamp has its tag.
     pub fn buffer_of(&self, seq: u64) -> Option<usize> {
