@@ -28,6 +28,13 @@ pub const SIZES: [usize; 3] = [64, 4096, 1 << 20];
 /// Fan-outs of the host benches.
 pub const FANOUTS: [usize; 2] = [1, 4];
 
+/// Depth of every round trip's channels, the same for each peer: a gpuring ring's capacity, an
+/// iceoryx2 subscriber's buffer. 4 unless `GPURING_BENCH_DEPTH` says otherwise (children
+/// inherit it).
+pub fn roundtrip_depth() -> u32 {
+    std::env::var("GPURING_BENCH_DEPTH").ok().and_then(|d| d.parse().ok()).unwrap_or(4)
+}
+
 /// The parent side of a case: `run(iters)` does `iters` round trips (or messages) and returns
 /// the time they took.
 pub trait Case {
@@ -84,7 +91,7 @@ pub fn run_child(a: &ChildArgs) -> bool {
         "echo" => {
             let mut tx = Producer::builder(&format!("{}-pong{}", a.name, a.index))
                 .slot_size(a.size)
-                .capacity(4)
+                .capacity(roundtrip_depth())
                 .create()
                 .unwrap();
             let rx = open_retry(&format!("{}-ping", a.name));
@@ -296,7 +303,7 @@ impl RingRoundTrip {
         let name = unique(&format!("rt{n}-{size}"));
         let ping = Producer::builder(&format!("{name}-ping"))
             .slot_size(size)
-            .capacity(4)
+            .capacity(roundtrip_depth())
             .create()
             .unwrap();
         let children = (0..n).map(|i| spawn("echo", &name, size, i)).collect();

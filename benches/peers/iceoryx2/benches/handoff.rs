@@ -307,8 +307,9 @@ fn iox_child(a: &handoff::ChildArgs) {
     match a.role.as_str() {
         "iox-echo" => {
             let ping = iox_open(&node, &format!("{}/ping", a.name));
-            let rx = iox_subscriber(&ping, 2);
-            let pong = iox_create(&node, &format!("{}/pong{}", a.name, a.index), 1, 2);
+            let depth = handoff::roundtrip_depth() as usize;
+            let rx = iox_subscriber(&ping, depth);
+            let pong = iox_create(&node, &format!("{}/pong{}", a.name, a.index), 1, depth);
             let tx = iox_publisher(&pong, a.size);
             loop {
                 let m = iox_recv(&rx, &orphaned);
@@ -361,13 +362,14 @@ impl IoxRoundTrip {
     pub fn new(n: usize, size: usize) -> IoxRoundTrip {
         let node = iox_node();
         let name = handoff::unique(&format!("iox-rt{n}-{size}"));
-        let ping_svc = iox_create(&node, &format!("{name}/ping"), n, 2);
+        let depth = handoff::roundtrip_depth() as usize;
+        let ping_svc = iox_create(&node, &format!("{name}/ping"), n, depth);
         let ping = iox_publisher(&ping_svc, size);
         let children: Vec<Child> =
             (0..n).map(|i| handoff::spawn("iox-echo", &name, size, i)).collect();
         let pong_svcs: Vec<Svc> =
             (0..n).map(|i| iox_open(&node, &format!("{name}/pong{i}"))).collect();
-        let pongs = pong_svcs.iter().map(|s| iox_subscriber(s, 2)).collect();
+        let pongs = pong_svcs.iter().map(|s| iox_subscriber(s, depth)).collect();
         iox_wait_subscribers(&ping_svc, &ping, n);
         IoxRoundTrip {
             ping,
