@@ -258,10 +258,15 @@ fn a_consumer_that_lost_its_entry_is_told_at_every_receive() {
                 assert!(t.elapsed() < Duration::from_secs(10), "never told");
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(e) => break e.to_string(),
+            Err(e) => break e,
             Ok(m) => panic!("received {} from an empty ring", m.seq()),
         }
     };
+    use gpuring::{ring::RingCorrupt, Corruption};
+    assert!(
+        matches!(told, TryRecvError::Corrupt(Corruption::Ring(RingCorrupt::Evicted { .. }))),
+        "{told}"
+    );
     for i in 0..100 {
         match rx.try_recv() {
             Err(TryRecvError::Empty) => panic!("told \"{told}\", then receive {i} found it empty"),
@@ -271,69 +276,48 @@ fn a_consumer_that_lost_its_entry_is_told_at_every_receive() {
     }
 }
 
-/// A consumer that always finds a message waiting (a `Block` producer keeps the ring full) still
-/// checks the segment once per liveness interval: the file cut short by its last page, which
-/// only the unused tail of the last buffer lies in (so nothing faults), is reported as
-/// `Truncated` though messages keep coming.
+/// A consumer that always finds a message waiting (64 of them, published before) still checks
+/// the segment once per liveness interval: the file cut short by its last page, which only the
+/// unused tail of the last buffer lies in (so nothing faults), is reported as `Truncated`
+/// before the 64 messages are all received (a check made only once the ring is empty would
+/// come after them).
 #[test]
 fn a_consumer_that_always_finds_a_message_still_learns_of_a_truncation() {
+    const MESSAGES: u64 = 64;
     let name = unique_name("fed-truncated");
     let mut tx = Producer::builder(&name)
-        .capacity(4)
+        .capacity(MESSAGES as u32)
         .slot_size(64 << 10)
         .policy(Policy::Block)
-        // The producer's own look at the file comes long after the test: it keeps publishing.
-        .liveness_interval(Duration::from_secs(60))
         .create()
         .unwrap();
     let rx = Consumer::builder(&name).liveness_interval(Duration::from_millis(5)).open().unwrap();
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut seq = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // The ring is kept full; errors once the file is cut are expected.
-                if let Ok(mut slot) = tx.acquire_timeout(Duration::from_millis(10)) {
-                    slot[..16].copy_from_slice(&payload(seq));
-                    let _ = slot.publish(16, b"");
-                    seq += 1;
-                }
+    for seq in 0..MESSAGES {
+        let mut slot = tx.acquire_timeout(Duration::from_secs(10)).unwrap();
+        slot[..16].copy_from_slice(&payload(seq));
+        slot.publish(16, b"").unwrap();
+    }
+    let path = format!("/dev/shm/gpuring.{name}");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len - 4096).unwrap();
+    let mut received = 0u64;
+    let told = loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(m) => {
+                check(&m[..16], m.seq());
+                received += 1;
+                // A millisecond a message: the 64 take far longer than one interval.
+                std::thread::sleep(Duration::from_millis(1));
             }
-        });
-        // Stops the producer however this thread ends (a failed assertion included).
-        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Stop<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
+            Err(e) => break e,
         }
-        let _stop = Stop(&stop);
-        // The producer fills the ring at once, and keeps it full from then on.
-        std::thread::sleep(Duration::from_millis(50));
-        let path = format!("/dev/shm/gpuring.{name}");
-        let len = std::fs::metadata(&path).unwrap().len();
-        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        f.set_len(len - 4096).unwrap();
-        let (t, mut received) = (Instant::now(), 0u64);
-        let result = loop {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "no error in 10 s ({received} received)"
-            );
-            match rx.recv_timeout(Duration::from_secs(1)) {
-                Ok(m) => {
-                    check(&m[..16], m.seq());
-                    received += 1;
-                    // Slower than the producer: the next message is always there.
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(e) => break e,
-            }
-        };
-        assert!(
-            matches!(result, RecvTimeoutError::Corrupt(gpuring::Corruption::Truncated)),
-            "{result}"
-        );
-        eprintln!("told after {received} messages");
-    });
+    };
+    assert!(
+        matches!(told, RecvTimeoutError::Corrupt(gpuring::Corruption::Truncated)),
+        "{told} after {received} messages"
+    );
+    assert!(received < MESSAGES, "told only after all {received} messages were received");
+    eprintln!("told after {received} messages");
+    drop(tx);
 }

@@ -332,6 +332,11 @@ impl ConsumerRing {
                 r.deferred = Some(Corruption::Truncated);
                 self.troubled.store(true, Ordering::Relaxed);
             }
+            // An entry no longer ours is told at every receive from here on, messages or not.
+            if r.core.check_lease(&self.map.ring()).is_err() {
+                // Relaxed: see the field.
+                self.troubled.store(true, Ordering::Relaxed);
+            }
             // Our cursor in the entry may have been overwritten (a damaged segment): a lower
             // value would hold a Block producer back while we wait for it. Put ours back.
             r.core.refresh_cursor(&self.map.ring())
