@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{env, role, spawn, unique_name};
-use gpuring::format::Params;
+use gpuring::format::{Layout, Params};
 use gpuring::shm::{OpenOptions, RingDir, Segment, ShmName};
 use gpuring::{Consumer, Policy, Producer, RecvTimeoutError, StartAt, TryRecvError};
 
@@ -21,6 +21,23 @@ fn payload(seq: u64) -> [u8; 16] {
 
 fn check(bytes: &[u8], seq: u64) {
     assert_eq!(bytes, payload(seq), "payload of message {seq}");
+}
+
+/// Ring `name`'s segment, mapped again in this process, with its parameters and layout.
+fn segment(name: &str) -> (Segment, Params, Layout) {
+    let dir = RingDir::open_default().unwrap();
+    let seg = Segment::open(&dir, &ShmName::new(name).unwrap(), OpenOptions::default()).unwrap();
+    let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
+    (seg, params, layout)
+}
+
+/// The shared word at byte `at` of `seg`, for writing over it as a hostile peer would.
+fn word(seg: &Segment, at: usize) -> &std::sync::atomic::AtomicU64 {
+    assert!(at % 8 == 0 && at + 8 <= seg.len(), "word at {at}");
+    // SAFETY: `at` is 8-byte aligned and the word lies inside the mapping (checked above),
+    // which lives as long as `seg`; every shared word is an atomic, so a racy store is what a
+    // hostile peer does.
+    unsafe { &*(seg.base().add(at) as *const std::sync::atomic::AtomicU64) }
 }
 
 fn open_when_created(name: &str) -> Consumer {
@@ -186,13 +203,7 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
     }
     let victim_entry = tx.consumers().iter().find(|c| c.pid == victim.id()).unwrap().index;
     // The victim's entry and hold records, as offsets in the segment.
-    let seg = Segment::open(
-        &RingDir::open_default().unwrap(),
-        &ShmName::new(&name).unwrap(),
-        OpenOptions::default(),
-    )
-    .unwrap();
-    let (params, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
+    let (seg, params, layout) = segment(&name);
     let stride = gpuring::ring::hold::stride(params.buffers() as usize) * 8;
     let regions = [
         (layout.consumers + victim_entry * 128, 128),
@@ -206,11 +217,7 @@ fn an_overwritten_consumer_entry_does_not_stop_the_stream() {
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 let at = start + (rng as usize % (len / 8)) * 8;
-                // SAFETY: `at` is 8-byte aligned (regions start on 128-byte lines) and lies
-                // inside the mapping (the layout was checked against the file size); every
-                // shared word is an atomic, so a racy store is what a hostile peer does.
-                let word = unsafe { &*(seg.base().add(at) as *const std::sync::atomic::AtomicU64) };
-                word.store(rng, std::sync::atomic::Ordering::Relaxed);
+                word(&seg, at).store(rng, std::sync::atomic::Ordering::Relaxed);
             }
         }
         let mut slot = tx.acquire_timeout(Duration::from_secs(10)).expect("the producer wedged");
@@ -237,18 +244,9 @@ fn a_consumer_that_lost_its_entry_is_told_at_every_receive() {
     let tx = Producer::builder(&name).create().unwrap();
     let rx = Consumer::builder(&name).liveness_interval(Duration::from_millis(5)).open().unwrap();
     let entry = tx.consumers()[0].index;
-    let seg = Segment::open(
-        &RingDir::open_default().unwrap(),
-        &ShmName::new(&name).unwrap(),
-        OpenOptions::default(),
-    )
-    .unwrap();
-    let (_, layout) = Params::read(seg.header(), seg.len() as u64).unwrap();
-    // SAFETY: the lease is the first word of the entry's 128-byte line, inside the mapping
-    // (the layout was checked against the file size); shared words are atomics.
-    let lease = unsafe {
-        &*(seg.base().add(layout.consumers + entry * 128) as *const std::sync::atomic::AtomicU64)
-    };
+    let (seg, _, layout) = segment(&name);
+    // The lease is the first word of the entry's 128-byte line.
+    let lease = word(&seg, layout.consumers + entry * 128);
     assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
     lease.store(0xdead_beef, std::sync::atomic::Ordering::Relaxed);
     let t = Instant::now();

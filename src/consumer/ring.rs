@@ -46,8 +46,9 @@ pub(crate) struct ConsumerRing {
     /// to take it (`Ring::may_pin`). Relaxed (every access): a hint that only grows, so a stale
     /// value makes a poll take the lock for nothing, never miss a message.
     next: AtomicU64,
-    /// Set, for good, once damage was deferred (`Receiving::deferred`) or a pin failed (an
-    /// eviction is reported at every later receive): from then on every poll takes the lock.
+    /// Set, for good, once damage was deferred (`Receiving::deferred`), a pin failed, or a
+    /// liveness check found the entry no longer ours (an eviction is reported at every later
+    /// receive): from then on every poll takes the lock.
     /// Relaxed (every access): stored under the lock; a poll that reads a stale `false`
     /// reports the damage at its next look (the liveness check's at the latest).
     troubled: AtomicBool,
