@@ -772,8 +772,10 @@ impl<M: Memory> Producer<M> {
     /// "Run-ahead" and "Reusing a buffer".
     #[cfg(feature = "tokio")]
     pub(crate) async fn acquire_with(&mut self, how: Waiter) -> Result<usize, Fault> {
-        let started = self.acquire_start()?;
-        self.acquire_finish(how, started).await
+        match self.acquire_start()? {
+            Acquiring::Done(buffer) => Ok(buffer),
+            started => self.acquire_finish(how, started).await,
+        }
     }
 
     /// The acquire as far as it goes without a wait: the steady state of a ring whose
@@ -797,19 +799,24 @@ impl<M: Memory> Producer<M> {
     }
 
     /// The rest of an acquire from where [`acquire_start`](Self::acquire_start) stopped, each
-    /// wait entered only when its condition is not met at once (`settle` checks before it
-    /// waits).
+    /// wait entered only when its condition is not met at once.
     async fn acquire_finish(&mut self, how: Waiter, from: Acquiring) -> Result<usize, Fault> {
         let (claimed, lapped) = match from {
             Acquiring::Done(buffer) => return Ok(buffer),
-            Acquiring::Settle(claimed, lapped) => (claimed, lapped),
+            Acquiring::Settle(claimed, lapped) => {
+                // `acquire_start` found it unsettled: straight to the waits.
+                self.settle(how, claimed, lapped).await?;
+                return Ok(claimed.buffer);
+            }
             Acquiring::Lapped(buffer) => {
                 self.poll(how, |p| p.written(buffer)).await?;
                 (self.take_with(how, Want::Next).await?, Some(buffer))
             }
             Acquiring::Take(lapped) => (self.take_with(how, Want::Next).await?, lapped),
         };
-        self.settle(how, claimed, lapped).await?;
+        if !self.settled(claimed, lapped)? {
+            self.settle(how, claimed, lapped).await?;
+        }
         Ok(claimed.buffer)
     }
 
