@@ -97,8 +97,16 @@ fn vmm(b: ProducerBuilder) -> ProducerBuilder {
 const NO_TEARING: i32 = 3;
 
 /// How many runs the unfenced control gets to show tearing: it is a race the GPU usually loses
-/// within a run (10^7 to 10^8 torn bytes), but not always when other tests share the GPU.
+/// within a run (10^7 to 10^9 torn bytes), but not always.
 const UNFENCED_TRIES: u32 = 3;
+
+/// How long the reader's kernel spins before it reads, in the fence runs: 2 ms, longer than the
+/// GPU's time slice between contexts. Without MPS, two processes' kernels never run at once:
+/// the writer's kernel can only overwrite a frame under a reader that the GPU switched away
+/// from mid-kernel. A reader whose kernel ends within its slice (200 us did) is never switched
+/// out while it reads, so the unfenced control then shows no tearing when it runs alone (it
+/// did only when other tests' contexts shared the GPU).
+const FENCE_SPIN_NS: u64 = 2_000_000;
 
 fn fence_run_with(
     test: &str,
@@ -110,7 +118,7 @@ fn fence_run_with(
     const LEN: u64 = 4 << 20;
     if role().is_some() {
         let rx = open_polling(&env::<String>("RING"), poll);
-        let (n, bad) = consume(&rx, 200_000);
+        let (n, bad) = consume(&rx, FENCE_SPIN_NS);
         println!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
         eprintln!("fence unfenced={unfenced}: {n} frames, {bad} mismatching bytes");
         assert_eq!(n, FRAMES);
