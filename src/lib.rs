@@ -81,6 +81,9 @@ pub mod service;
 #[cfg(not(loom))]
 mod stats;
 pub mod tensor;
+
+#[cfg(not(loom))]
+pub mod batch;
 #[cfg(all(feature = "test-support", not(loom)))]
 #[doc(hidden)]
 pub mod testing;

@@ -76,6 +76,9 @@ enum Cmd {
     /// Why this setup is slow or broken: CUDA driver, GPUs, MPS (and a measured handoff),
     /// /dev/shm, namespaces, memlock, peer access, stale rings; each with a verdict and a fix.
     Doctor(doctor::Options),
+    /// Batch K camera rings into one ring of `[K, frame...]` tensors, until SIGINT or SIGTERM
+    /// (docs/batching.md).
+    Batch(crate::batch::Options),
     /// Serve Prometheus metrics of every ring (or of NAMES) at http://ADDR/metrics.
     Exporter(exporter::Options),
     /// Carry a ring to other hosts over Zenoh: export a ring, or import a key into a ring.
@@ -457,6 +460,7 @@ pub fn main() -> ExitCode {
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Doctor(o) => return doctor::run(&o),
         Cmd::Exporter(o) => return exporter::run(&o),
+        Cmd::Batch(o) => return crate::batch::run(&o),
         #[cfg(feature = "zenoh")]
         Cmd::Bridge(o) => return crate::bridge::run(&o),
         Cmd::DoctorEcho(o) => doctor::echo(&o),

@@ -7,10 +7,14 @@
 //! gpuring doctor [--json] [--quick]
 //! gpuring bench [--memory auto|host|cuda] [--consumers N] [--size BYTES] [--seconds S]
 //!               [--capacity N] [--policy block|overwrite] [--slow-hold-ms MS] [--json]
+//! gpuring batch --inputs CAM0,CAM1,... --ring NAME [--max-wait-ms MS | --rate R]
+//!               [--fill previous|zeros] [--mode latest|lossless] [--dtype T --shape D,D,...]
 //! gpuring bridge export RING [--key K] [--mode M] [--connect E] [--listen E]   (feature zenoh)
 //! gpuring bridge import KEY --ring NAME [--connect E] [--listen E]
 //! ```
 
+#[cfg(not(loom))]
+mod batch;
 #[cfg(not(loom))]
 mod bench;
 #[cfg(all(feature = "zenoh", not(loom)))]

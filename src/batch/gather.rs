@@ -1,0 +1,163 @@
+//! The batch being gathered: the state the camera threads and the batcher's thread share, and
+//! the one lock and condition variable they wait on.
+//!
+//! A camera thread copies a frame into its place only while a batch is *open*, and counts
+//! itself in `copying` for the copy; the batcher's thread *closes* the batch and waits for
+//! `copying` to reach 0 before it touches the places or publishes them. So no place is
+//! written while the batch that holds it is filled in for absent cameras, published, or read
+//! by consumers.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::table::{CameraEntry, CameraState};
+use crate::tensor::TensorHeader;
+
+/// Where a batch's places are: the lent buffer's first byte, and the bytes of one frame.
+/// Camera `k`'s place is `frame` bytes at `base + k * frame`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Places {
+    /// Invariant: the start of a loan of at least `K * frame` bytes, kept by the batcher's
+    /// producer while the batch it belongs to is open or being closed.
+    pub base: *mut u8,
+    pub frame: usize,
+}
+
+// SAFETY: `Places` is an address in the producer's mapping, which lives as long as the batcher;
+// the open/copying protocol above says which thread may write which place, and when.
+unsafe impl Send for Places {}
+
+/// The batch open for frames.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Open {
+    /// Its number.
+    pub number: u64,
+    pub places: Places,
+}
+
+/// What the batcher knows of one camera.
+#[derive(Clone, Debug)]
+pub(super) struct Camera {
+    /// Its thread has a consumer on a live producer.
+    pub live: bool,
+    /// Its producer's frames do not match the batch: until its producer changes, none is used.
+    pub refused: Option<String>,
+    /// The epoch of the producer it last joined (0 if none yet).
+    pub epoch: u64,
+    /// The batch its place was last written for, with the frame that landed there.
+    pub landed: Option<(u64, Landed)>,
+    /// Frames that no batch carried since the last batch that carried one of its frames.
+    pub skipped: u64,
+}
+
+/// A frame copied into its place.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Landed {
+    pub seq: u64,
+    pub timestamp_ns: u64,
+}
+
+impl Camera {
+    fn new() -> Camera {
+        Camera { live: false, refused: None, epoch: 0, landed: None, skipped: 0 }
+    }
+
+    /// Whether the batcher waits for its frames: it lives and is not refused.
+    pub fn awaited(&self) -> bool {
+        self.live && self.refused.is_none()
+    }
+
+    /// Whether a frame of it is in the place of batch `number`.
+    pub fn landed_in(&self, number: u64) -> bool {
+        matches!(self.landed, Some((n, _)) if n == number)
+    }
+
+    /// Its entry in a batch whose place did not get a new frame, `previous` being its entry in
+    /// the batch before (whose frame the place holds if `previous` has one and the batcher
+    /// copied it over).
+    pub fn idle_entry(&self, previous: &CameraEntry, kept: bool) -> CameraEntry {
+        let state = if self.refused.is_some() {
+            CameraState::Refused
+        } else if self.live {
+            CameraState::Stale
+        } else {
+            CameraState::Absent
+        };
+        let (seq, timestamp_ns) = if kept { (previous.seq, previous.timestamp_ns) } else { (0, 0) };
+        CameraEntry { seq, timestamp_ns, skipped: self.skipped, epoch: self.epoch, state }
+    }
+}
+
+/// Everything the threads share.
+#[derive(Debug)]
+pub(super) struct State {
+    /// The frame every camera must send, once known: the builder's, or the first frame's.
+    pub layout: Option<TensorHeader>,
+    /// The batch open for frames, if any.
+    pub open: Option<Open>,
+    /// Copies into the open batch's places under way.
+    pub copying: usize,
+    /// When the first frame landed in the open batch.
+    pub first: Option<Instant>,
+    pub cameras: Vec<Camera>,
+    /// Set once: every thread ends.
+    pub stop: bool,
+}
+
+/// The shared state and its condition variable, notified at every change a waiter may wait for.
+pub(super) struct Gather {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Gather {
+    pub fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather {
+        let state = State {
+            layout,
+            open: None,
+            copying: 0,
+            first: None,
+            cameras: (0..cameras).map(|_| Camera::new()).collect(),
+            stop: false,
+        };
+        Gather { state: Mutex::new(state), changed: Condvar::new() }
+    }
+
+    /// The state, locked. A thread that panicked with it held left it consistent (every
+    /// change is made whole under the lock), so a poisoned lock is taken as it is.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the state and wakes every waiter.
+    pub fn change<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let r = f(&mut self.lock());
+        self.changed.notify_all();
+        r
+    }
+
+    /// Waits until `done` holds, `stop` is set or `until` passes; returns the guard.
+    pub fn wait_until<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, State>,
+        until: Instant,
+        mut done: impl FnMut(&State) -> bool,
+    ) -> MutexGuard<'a, State> {
+        while !s.stop && !done(&s) {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            s = self.changed.wait_timeout(s, until - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        s
+    }
+
+    /// Wakes every waiter (after a change made through [`lock`](Self::lock)).
+    pub fn notify(&self) {
+        self.changed.notify_all();
+    }
+}
+
+/// How long a thread waits at most before it looks at `stop` again.
+pub(super) const TICK: Duration = Duration::from_millis(50);

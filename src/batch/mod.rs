@@ -1,0 +1,343 @@
+//! Many cameras, one batch: a batcher that reads K input rings and publishes into one output
+//! ring whose every message is a batch, a `[K, frame…]` tensor (docs/batching.md).
+//!
+//! Each input is an ordinary consumer ([`Mode::Latest`] by default, or [`Mode::Lossless`]) of a
+//! ring whose producer is its own process. Each batch is one loan of the output ring
+//! ([`Producer::lend`]): a camera's frame is copied into its place as it arrives, then released,
+//! so the batch costs one copy per frame and holds no input buffer. The batch goes out as
+//! [`Timing`] says; a camera with nothing new by then keeps its previous frame or zeros
+//! ([`Fill`]), and the batch's user header says, camera by camera, what its place holds
+//! ([`BatchTable`]).
+//!
+//! A camera whose producer dies is marked absent once its consumer learns it (within the
+//! liveness interval) and the batches go on; a restarted producer (a new epoch) is joined again.
+//! Consumers of the batches are ordinary consumers in any delivery mode: the tensor header
+//! gives the batch's shape (Python: `torch.from_dlpack(slot)` is a `[K, H, W, C]` tensor).
+//!
+//! ```no_run
+//! use std::sync::atomic::AtomicBool;
+//! use std::time::Duration;
+//! use gpuring::batch::{Batcher, Timing};
+//!
+//! let stop = AtomicBool::new(false);
+//! let batcher = Batcher::builder("cams", &["cam0", "cam1", "cam2", "cam3"])
+//!     .timing(Timing::AllFresh { max_wait: Duration::from_millis(20) })
+//!     .build()?;
+//! let totals = batcher.run(&stop)?; // until `stop` is set
+//! println!("{} batches", totals.batches);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Host memory only: an input that is a CUDA ring is refused (its camera shows `refused`).
+
+mod camera;
+mod gather;
+mod publish;
+mod table;
+#[cfg(test)]
+mod tests;
+
+pub use table::{BatchTable, BatchTableError, CameraEntry, CameraState};
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::tensor::TensorHeader;
+use crate::{Consumer, CreateError, LendError, Mode, Policy, Producer, PublishLoanError};
+
+/// When a batch goes out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// When every live camera has a new frame in it, or `max_wait` after its first new frame,
+    /// whichever comes first: a slow camera delays a batch by `max_wait` at most. No batch
+    /// goes out while no camera sends.
+    AllFresh {
+        /// The longest a batch waits for its last camera, from its first frame.
+        max_wait: Duration,
+    },
+    /// Every `period`, whatever came (a batch with no new frame at all, too).
+    Rate {
+        /// The time between two batches.
+        period: Duration,
+    },
+}
+
+/// What the place of a camera with no new frame holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// The frame it held in the previous batch, copied from that batch (a stale camera), or
+    /// zeros if there is none. Absent and refused cameras' places hold zeros.
+    Previous,
+    /// Zeros.
+    Zeros,
+}
+
+/// A batcher's settings. See [`Batcher::builder`].
+#[derive(Clone, Debug)]
+pub struct BatcherBuilder {
+    output: String,
+    inputs: Vec<String>,
+    timing: Timing,
+    fill: Fill,
+    mode: Mode,
+    frame: Option<TensorHeader>,
+    capacity: u32,
+    spares: u32,
+    policy: Option<Policy>,
+    dir: Option<PathBuf>,
+    liveness: Option<Duration>,
+}
+
+impl BatcherBuilder {
+    /// When a batch goes out. Default: [`Timing::AllFresh`] with a `max_wait` of 50 ms.
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
+    }
+
+    /// What a camera with no new frame gets in its place. Default: [`Fill::Previous`].
+    pub fn fill(mut self, fill: Fill) -> Self {
+        self.fill = fill;
+        self
+    }
+
+    /// The inputs' delivery mode: [`Mode::Latest`] (default: each batch takes a camera's
+    /// newest frame) or [`Mode::Lossless`] (every frame goes into a batch, in order; a camera
+    /// faster than the batches slows its producer down). `Queue` is taken as `Lossless` is
+    /// not: it keeps a camera's oldest frames, which a batch of the newest does not want.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Every camera's frame: its element type and shape. Default: the first frame's tensor
+    /// header says it (the output ring is made once one arrives). Frames that differ, or
+    /// that carry no tensor header and have another length, are refused.
+    pub fn frame(mut self, frame: TensorHeader) -> Self {
+        self.frame = Some(frame);
+        self
+    }
+
+    /// Messages the output ring holds. Default 4.
+    pub fn capacity(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// The output ring's spare buffers. Default 4, at least 2: the batch being gathered and the
+    /// previous one, which [`Fill::Previous`] copies from, are each one. More let consumers
+    /// hold batches without the batcher waiting for them.
+    pub fn spare_buffers(mut self, spares: u32) -> Self {
+        self.spares = spares;
+        self
+    }
+
+    /// The output ring's policy (default: the ring's default, [`Policy::Block`]).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The folder of the rings, inputs and output (default: the rings' default).
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// How often each input checks that its producer lives (the consumer's
+    /// [`liveness_interval`](crate::ConsumerBuilder::liveness_interval)), and the output ring's.
+    pub fn liveness_interval(mut self, every: Duration) -> Self {
+        self.liveness = Some(every);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<Batcher, BatchError> {
+        let k = self.inputs.len();
+        if k == 0 {
+            return Err(BatchError::NoInputs);
+        }
+        if k > BatchTable::MAX_CAMERAS {
+            return Err(BatchError::TooManyCameras(k));
+        }
+        if let Some(dup) = (1..k).find(|&i| self.inputs[..i].contains(&self.inputs[i])) {
+            return Err(BatchError::DuplicateInput(self.inputs[dup].clone()));
+        }
+        if self.spares < 2 {
+            return Err(BatchError::TooFewSpares(self.spares));
+        }
+        if let Some(f) = &self.frame {
+            check_frame_fits(f, k)?;
+        }
+        let mode = match self.mode {
+            Mode::Queue => Mode::Lossless,
+            m => m,
+        };
+        Ok(Batcher { b: BatcherBuilder { mode, ..self } })
+    }
+}
+
+/// Whether a batch of `k` frames `f` has a shape and size a tensor header and a ring hold.
+fn check_frame_fits(f: &TensorHeader, k: usize) -> Result<(), BatchError> {
+    if f.shape.len() + 1 > TensorHeader::MAX_DIMS {
+        return Err(BatchError::Frame(format!(
+            "{} has {} dimensions; with the batch's it must have at most {}",
+            camera::describe(f),
+            f.shape.len(),
+            TensorHeader::MAX_DIMS - 1
+        )));
+    }
+    match f.nbytes().and_then(|n| n.checked_mul(k as u64)) {
+        Some(n) if n > 0 && n <= usize::MAX as u64 => Ok(()),
+        _ => Err(BatchError::Frame(format!(
+            "{} frames of {} make no batch a ring can hold",
+            k,
+            camera::describe(f)
+        ))),
+    }
+}
+
+/// A batcher, ready to run. See the [module docs](self).
+#[derive(Debug)]
+pub struct Batcher {
+    b: BatcherBuilder,
+}
+
+impl Batcher {
+    /// A batcher from rings `inputs` (camera `k` is `inputs[k]`, the batch tensor's index `k`)
+    /// into ring `output`.
+    pub fn builder<S: AsRef<str>>(output: &str, inputs: &[S]) -> BatcherBuilder {
+        BatcherBuilder {
+            output: output.to_string(),
+            inputs: inputs.iter().map(|s| s.as_ref().to_string()).collect(),
+            timing: Timing::AllFresh { max_wait: Duration::from_millis(50) },
+            fill: Fill::Previous,
+            mode: Mode::Latest,
+            frame: None,
+            capacity: 4,
+            spares: 4,
+            policy: None,
+            dir: None,
+            liveness: None,
+        }
+    }
+
+    /// Runs until `stop` is set (checked every 50 ms) or something fails that is not a
+    /// camera's: one thread per camera and this thread publishing. Dropping the output
+    /// producer at the end closes the output ring.
+    pub fn run(&self, stop: &AtomicBool) -> Result<Totals, BatchError> {
+        let b = &self.b;
+        let gather = gather::Gather::new(b.inputs.len(), b.frame.clone());
+        let inputs: Vec<_> = (0..b.inputs.len())
+            .map(|k| {
+                let mut builder = Consumer::builder(&b.inputs[k]);
+                if let Some(d) = &b.dir {
+                    builder = builder.dir(d);
+                }
+                if let Some(l) = b.liveness {
+                    builder = builder.liveness_interval(l);
+                }
+                camera::Input {
+                    index: k,
+                    name: &b.inputs[k],
+                    builder,
+                    mode: b.mode,
+                    gather: &gather,
+                }
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = inputs
+                .iter()
+                .map(|input| {
+                    std::thread::Builder::new()
+                        .name(format!("batch-cam{}", input.index))
+                        .spawn_scoped(scope, || input.run())
+                })
+                .collect::<Result<_, _>>()
+                .map_err(BatchError::Thread)?;
+            // The camera threads stop when `stop` does, or when publishing failed.
+            let result = publish::Publisher::new(b, &gather).run(stop);
+            gather.change(|s| s.stop = true);
+            for t in threads {
+                let _ = t.join();
+            }
+            result
+        })
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Batches published.
+    pub batches: u64,
+    /// Per camera, how many batches it was present, stale, absent and refused in.
+    pub cameras: Vec<[u64; 4]>,
+}
+
+/// Why a batcher could not start or go on.
+#[derive(Debug)]
+pub enum BatchError {
+    /// No input ring was named.
+    NoInputs,
+    /// More inputs than a batch table holds.
+    TooManyCameras(usize),
+    /// An input ring named twice.
+    DuplicateInput(String),
+    /// Fewer than 2 spare buffers.
+    TooFewSpares(u32),
+    /// The frame cannot be batched (too many dimensions, or too large).
+    Frame(String),
+    /// The output ring could not be made.
+    Create(CreateError),
+    /// A batch buffer could not be lent.
+    Lend(LendError),
+    /// A batch could not be published.
+    Publish(PublishLoanError),
+    /// A thread could not be started.
+    Thread(std::io::Error),
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BatchError::NoInputs => write!(f, "a batcher needs at least one input ring"),
+            BatchError::TooManyCameras(k) => {
+                write!(f, "{k} inputs; a batch holds at most {}", BatchTable::MAX_CAMERAS)
+            }
+            BatchError::DuplicateInput(name) => write!(f, "input ring {name} is named twice"),
+            BatchError::TooFewSpares(n) => write!(
+                f,
+                "{n} spare buffers; a batcher needs 2 (the batch it gathers and the one before)"
+            ),
+            BatchError::Frame(why) => write!(f, "{why}"),
+            BatchError::Create(e) => write!(f, "making the batch ring: {e}"),
+            BatchError::Lend(e) => write!(f, "lending a batch buffer: {e}"),
+            BatchError::Publish(e) => write!(f, "publishing a batch: {e}"),
+            BatchError::Thread(e) => write!(f, "starting a camera thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BatchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BatchError::Create(e) => Some(e),
+            BatchError::Lend(e) => Some(e),
+            BatchError::Publish(e) => Some(e),
+            BatchError::Thread(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `stop` is set. Relaxed: a flag; nothing is published with it.
+fn stopped(stop: &AtomicBool) -> bool {
+    stop.load(Ordering::Relaxed)
+}
+
+/// The output producer's type (host memory).
+type Output = Producer;

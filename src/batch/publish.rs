@@ -1,0 +1,244 @@
+//! The batcher's own thread: makes the output ring once the frame is known, then, batch after
+//! batch, lends a buffer, opens it to the cameras, closes it when [`Timing`] says, fills the
+//! places of the cameras that sent nothing new, writes the table and publishes it.
+
+use std::time::Instant;
+
+use super::gather::{Gather, Open, Places, State, TICK};
+use super::table::{BatchTable, CameraEntry, CameraState};
+use super::{check_frame_fits, stopped, BatchError, BatcherBuilder, Fill, Output, Timing, Totals};
+use crate::tensor::TensorHeader;
+use crate::{LendError, Loan, Producer, PublishLoanError};
+
+pub(super) struct Publisher<'a> {
+    b: &'a BatcherBuilder,
+    gather: &'a Gather,
+}
+
+/// The batch before the one being gathered: kept (not ended) so that its frames can be copied
+/// into the next one, and its table.
+struct Previous {
+    loan: Loan,
+    cameras: Vec<CameraEntry>,
+}
+
+impl<'a> Publisher<'a> {
+    pub fn new(b: &'a BatcherBuilder, gather: &'a Gather) -> Publisher<'a> {
+        Publisher { b, gather }
+    }
+
+    /// Publishes batches until `stop` is set.
+    pub fn run(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Totals, BatchError> {
+        let k = self.b.inputs.len();
+        let mut totals = Totals { batches: 0, cameras: vec![[0; 4]; k] };
+        let Some(frame) = self.frame(stop) else { return Ok(totals) };
+        check_frame_fits(&frame, k)?;
+        let frame_bytes = frame.nbytes().expect("checked") as usize;
+        let mut out = self.create(k * frame_bytes)?;
+        let mut shape = vec![k as u64];
+        shape.extend(&frame.shape);
+        let mut header = vec![0u8; BatchTable::header_size(k)];
+        TensorHeader::new(frame.dtype, &shape).write(&mut header).expect("sized above");
+        tracing::info!(ring = %self.b.output, cameras = k, frame = %super::camera::describe(&frame), "batching");
+        let mut previous: Option<Previous> = None;
+        let mut next_at = Instant::now();
+        let mut number = 0;
+        let result = loop {
+            if stopped(stop) {
+                break Ok(());
+            }
+            let mut loan = match out.lend_timeout(TICK) {
+                Ok(l) => l,
+                Err(LendError::Timeout) => continue,
+                Err(e) => break Err(BatchError::Lend(e)),
+            };
+            let places = Places { base: out.loan_ptr(&loan) as *mut u8, frame: frame_bytes };
+            self.gather.change(|s| {
+                s.open = Some(Open { number, places });
+                s.first = None;
+            });
+            if let Timing::Rate { period } = self.b.timing {
+                next_at = (next_at + period).max(Instant::now());
+            }
+            if !self.wait_ready(number, next_at, stop) {
+                self.gather.change(|s| s.open = None);
+                self.wait_copies();
+                let _ = out.end_loan(loan);
+                break Ok(());
+            }
+            let cameras = self.close(number, places, &out, previous.as_ref());
+            let table = BatchTable { batch: number, closed_ns: crate::monotonic_ns(), cameras };
+            table.write(&mut header).expect("sized above");
+            let published = loop {
+                match out.publish_loan_timeout(&mut loan, k * frame_bytes, &header, TICK) {
+                    Ok(_) => break Ok(()),
+                    Err(PublishLoanError::Timeout) if !stopped(stop) => continue,
+                    Err(PublishLoanError::Timeout) => break Err(None),
+                    Err(e) => break Err(Some(BatchError::Publish(e))),
+                }
+            };
+            if let Err(e) = published {
+                let _ = out.end_loan(loan);
+                break e.map_or(Ok(()), Err);
+            }
+            for (c, e) in table.cameras.iter().enumerate() {
+                totals.cameras[c][state_index(e.state)] += 1;
+            }
+            totals.batches += 1;
+            number += 1;
+            if let Some(p) = previous.replace(Previous { loan, cameras: table.cameras }) {
+                let _ = out.end_loan(p.loan);
+            }
+        };
+        if let Some(p) = previous {
+            let _ = out.end_loan(p.loan);
+        }
+        result.map(|()| totals)
+    }
+
+    /// The frame: the builder's, or the first frame's, once one arrived. `None` if stopped
+    /// first.
+    fn frame(&self, stop: &std::sync::atomic::AtomicBool) -> Option<TensorHeader> {
+        loop {
+            let s = self.gather.lock();
+            let s = self.gather.wait_until(s, Instant::now() + TICK, |s| s.layout.is_some());
+            if let Some(f) = &s.layout {
+                return Some(f.clone());
+            }
+            if stopped(stop) {
+                return None;
+            }
+        }
+    }
+
+    /// The output ring, with slots of `bytes`.
+    fn create(&self, bytes: usize) -> Result<Output, BatchError> {
+        let b = self.b;
+        let header = BatchTable::header_size(b.inputs.len()) as u32;
+        let mut p = Producer::builder(&b.output)
+            .slot_size(bytes)
+            .user_header_size(header)
+            .capacity(b.capacity)
+            .spare_buffers(b.spares);
+        if let Some(policy) = b.policy {
+            p = p.policy(policy);
+        }
+        if let Some(d) = &b.dir {
+            p = p.dir(d);
+        }
+        if let Some(l) = b.liveness {
+            p = p.liveness_interval(l);
+        }
+        p.create().map_err(BatchError::Create)
+    }
+
+    /// Waits until batch `number` may go out (see [`Timing`]): `false` if stopped first.
+    fn wait_ready(
+        &self,
+        number: u64,
+        next_at: Instant,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> bool {
+        loop {
+            if stopped(stop) {
+                return false;
+            }
+            let s = self.gather.lock();
+            let (ready, until) = self.ready(&s, number, next_at);
+            if ready {
+                return true;
+            }
+            let until = until.min(Instant::now() + TICK);
+            let s = self.gather.wait_until(s, until, |s| self.ready(s, number, next_at).0);
+            if self.ready(&s, number, next_at).0 {
+                return true;
+            }
+        }
+    }
+
+    /// Whether batch `number` may go out, and until when to wait if not.
+    fn ready(&self, s: &State, number: u64, next_at: Instant) -> (bool, Instant) {
+        let now = Instant::now();
+        match self.b.timing {
+            Timing::Rate { .. } => (now >= next_at, next_at),
+            Timing::AllFresh { max_wait } => {
+                let mut awaited = s.cameras.iter().filter(|c| c.awaited()).peekable();
+                let any = awaited.peek().is_some();
+                let all_in = any && awaited.all(|c| c.landed_in(number));
+                match s.first {
+                    Some(first) => (all_in || now >= first + max_wait, first + max_wait),
+                    None => (false, now + TICK),
+                }
+            }
+        }
+    }
+
+    /// Waits until no camera copies into the batch (closed, so none starts).
+    fn wait_copies(&self) {
+        let mut s = self.gather.lock();
+        while s.copying > 0 {
+            s = self.gather.wait_until(s, Instant::now() + TICK, |s| s.copying == 0);
+        }
+    }
+
+    /// Closes batch `number`: no camera copies into it any more. Fills the places of the
+    /// cameras that sent nothing new (from `previous`, or zeros) and says what each holds.
+    fn close(
+        &self,
+        number: u64,
+        places: Places,
+        out: &Output,
+        previous: Option<&Previous>,
+    ) -> Vec<CameraEntry> {
+        self.gather.change(|s| s.open = None);
+        self.wait_copies();
+        let mut s = self.gather.lock();
+        let prev_base = previous.map(|p| out.loan_ptr(&p.loan) as *const u8);
+        let mut entries = Vec::with_capacity(s.cameras.len());
+        for (k, c) in s.cameras.iter_mut().enumerate() {
+            let entry = match c.landed {
+                Some((n, l)) if n == number => {
+                    let e = CameraEntry {
+                        seq: l.seq,
+                        timestamp_ns: l.timestamp_ns,
+                        skipped: c.skipped,
+                        epoch: c.epoch,
+                        state: CameraState::Present,
+                    };
+                    c.skipped = 0;
+                    e
+                }
+                _ => {
+                    let before = previous.map_or(CameraEntry::NONE, |p| p.cameras[k]);
+                    let keep = self.b.fill == Fill::Previous
+                        && c.awaited()
+                        && before.has_frame()
+                        && prev_base.is_some();
+                    let at = k * places.frame;
+                    // SAFETY: batch `number` is closed and no copy into it is under way
+                    // (`wait_copies`), so this thread alone writes its places; both loans are
+                    // this producer's (the previous one kept, so nobody writes it) and
+                    // `K * frame` bytes long; they are different buffers.
+                    unsafe {
+                        let dst = places.base.add(at);
+                        match prev_base {
+                            Some(src) if keep => {
+                                std::ptr::copy_nonoverlapping(src.add(at), dst, places.frame)
+                            }
+                            _ => std::ptr::write_bytes(dst, 0, places.frame),
+                        }
+                    }
+                    c.idle_entry(&before, keep)
+                }
+            };
+            entries.push(entry);
+        }
+        drop(s);
+        entries
+    }
+}
+
+/// A state's index in [`Totals::cameras`].
+fn state_index(s: CameraState) -> usize {
+    s.code() as usize
+}
