@@ -30,7 +30,7 @@ for path in sorted(ROOT.rglob("*.rs")):
     lines = path.read_text().splitlines()
     in_tests = False
     for i, line in enumerate(lines):
-        if re.match(r"^\s*mod tests", line):
+        if re.match(r"^\s*mod tests\s*\{", line):
             in_tests = True
         m = ITEM.match(line)
         if not m or in_tests or (rel, m.group(2)) in UNNAMEABLE:

@@ -10,7 +10,7 @@ use crate::{Consumer, ConsumerBuilder, Mode, OpenErrorKind, ReadSlot, RecvTimeou
 /// What one camera thread needs.
 pub(super) struct Input<'a> {
     /// Its index: its place in every batch.
-    pub index: usize,
+    pub(super) index: usize,
     pub name: &'a str,
     pub builder: ConsumerBuilder,
     pub mode: Mode,
@@ -19,7 +19,7 @@ pub(super) struct Input<'a> {
 
 impl Input<'_> {
     /// Runs until the batcher stops.
-    pub fn run(&self) {
+    pub(super) fn run(&self) {
         let mut gone_epoch = None;
         while !self.gather.lock().stop {
             let Some(rx) = self.join(gone_epoch) else { continue };

@@ -63,19 +63,19 @@ impl Camera {
     }
 
     /// Whether the batcher waits for its frames: it lives and is not refused.
-    pub fn awaited(&self) -> bool {
+    pub(super) fn awaited(&self) -> bool {
         self.live && self.refused.is_none()
     }
 
     /// Whether a frame of it is in the place of batch `number`.
-    pub fn landed_in(&self, number: u64) -> bool {
+    pub(super) fn landed_in(&self, number: u64) -> bool {
         matches!(self.landed, Some((n, _)) if n == number)
     }
 
     /// Its entry in a batch whose place did not get a new frame, `previous` being its entry in
     /// the batch before (whose frame the place holds if `previous` has one and the batcher
     /// copied it over).
-    pub fn idle_entry(&self, previous: &CameraEntry, kept: bool) -> CameraEntry {
+    pub(super) fn idle_entry(&self, previous: &CameraEntry, kept: bool) -> CameraEntry {
         let state = if self.refused.is_some() {
             CameraState::Refused
         } else if self.live {
@@ -111,7 +111,7 @@ pub(super) struct Gather {
 }
 
 impl Gather {
-    pub fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather {
+    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather {
         let state = State {
             layout,
             open: None,
@@ -125,19 +125,19 @@ impl Gather {
 
     /// The state, locked. A thread that panicked with it held left it consistent (every
     /// change is made whole under the lock), so a poisoned lock is taken as it is.
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Changes the state and wakes every waiter.
-    pub fn change<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+    pub(super) fn change<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let r = f(&mut self.lock());
         self.changed.notify_all();
         r
     }
 
     /// Waits until `done` holds, `stop` is set or `until` passes; returns the guard.
-    pub fn wait_until<'a>(
+    pub(super) fn wait_until<'a>(
         &'a self,
         mut s: MutexGuard<'a, State>,
         until: Instant,
@@ -154,7 +154,7 @@ impl Gather {
     }
 
     /// Wakes every waiter (after a change made through [`lock`](Self::lock)).
-    pub fn notify(&self) {
+    pub(super) fn notify(&self) {
         self.changed.notify_all();
     }
 }

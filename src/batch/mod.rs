@@ -48,6 +48,13 @@ use crate::tensor::TensorHeader;
 use crate::{Consumer, CreateError, LendError, Mode, Policy, Producer, PublishLoanError};
 
 /// When a batch goes out.
+///
+/// ```
+/// use std::time::Duration;
+/// use gpuring::batch::{Batcher, Timing};
+/// let thirty_a_second = Timing::Rate { period: Duration::from_secs(1) / 30 };
+/// let b = Batcher::builder("cams", &["cam0", "cam1"]).timing(thirty_a_second);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timing {
     /// When every live camera has a new frame in it, or `max_wait` after its first new frame,
@@ -65,6 +72,11 @@ pub enum Timing {
 }
 
 /// What the place of a camera with no new frame holds.
+///
+/// ```
+/// use gpuring::batch::{Batcher, Fill};
+/// let b = Batcher::builder("cams", &["cam0", "cam1"]).fill(Fill::Zeros);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fill {
     /// The frame it held in the previous batch, copied from that batch (a stale camera), or
@@ -75,6 +87,12 @@ pub enum Fill {
 }
 
 /// A batcher's settings. See [`Batcher::builder`].
+///
+/// ```
+/// use gpuring::batch::Batcher;
+/// let batcher = Batcher::builder("cams", &["cam0", "cam1"]).capacity(8).build()?;
+/// # Ok::<(), gpuring::batch::BatchError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct BatcherBuilder {
     output: String,
@@ -92,12 +110,24 @@ pub struct BatcherBuilder {
 
 impl BatcherBuilder {
     /// When a batch goes out. Default: [`Timing::AllFresh`] with a `max_wait` of 50 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use gpuring::batch::{Batcher, Timing};
+    /// let fresh = Timing::AllFresh { max_wait: Duration::from_millis(20) };
+    /// let b = Batcher::builder("cams", &["cam0"]).timing(fresh);
+    /// ```
     pub fn timing(mut self, timing: Timing) -> Self {
         self.timing = timing;
         self
     }
 
     /// What a camera with no new frame gets in its place. Default: [`Fill::Previous`].
+    ///
+    /// ```
+    /// use gpuring::batch::{Batcher, Fill};
+    /// let b = Batcher::builder("cams", &["cam0"]).fill(Fill::Previous);
+    /// ```
     pub fn fill(mut self, fill: Fill) -> Self {
         self.fill = fill;
         self
@@ -105,8 +135,13 @@ impl BatcherBuilder {
 
     /// The inputs' delivery mode: [`Mode::Latest`] (default: each batch takes a camera's
     /// newest frame) or [`Mode::Lossless`] (every frame goes into a batch, in order; a camera
-    /// faster than the batches slows its producer down). `Queue` is taken as `Lossless` is
-    /// not: it keeps a camera's oldest frames, which a batch of the newest does not want.
+    /// faster than the batches slows its producer down). `Queue` is taken as `Lossless`: a queue
+    /// that loses a lapping camera's oldest frames fits no batch.
+    ///
+    /// ```
+    /// use gpuring::{batch::Batcher, Mode};
+    /// let every_frame = Batcher::builder("cams", &["cam0"]).mode(Mode::Lossless);
+    /// ```
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
@@ -115,12 +150,23 @@ impl BatcherBuilder {
     /// Every camera's frame: its element type and shape. Default: the first frame's tensor
     /// header says it (the output ring is made once one arrives). Frames that differ, or
     /// that carry no tensor header and have another length, are refused.
+    ///
+    /// ```
+    /// use gpuring::batch::Batcher;
+    /// use gpuring::tensor::{DType, TensorHeader};
+    /// let rgb720p = TensorHeader::new(DType::U8, &[720, 1280, 3]);
+    /// let b = Batcher::builder("cams", &["cam0"]).frame(rgb720p);
+    /// ```
     pub fn frame(mut self, frame: TensorHeader) -> Self {
         self.frame = Some(frame);
         self
     }
 
     /// Messages the output ring holds. Default 4.
+    ///
+    /// ```
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0"]).capacity(8);
+    /// ```
     pub fn capacity(mut self, capacity: u32) -> Self {
         self.capacity = capacity;
         self
@@ -129,18 +175,31 @@ impl BatcherBuilder {
     /// The output ring's spare buffers. Default 4, at least 2: the batch being gathered and the
     /// previous one, which [`Fill::Previous`] copies from, are each one. More let consumers
     /// hold batches without the batcher waiting for them.
+    ///
+    /// ```
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0"]).spare_buffers(6);
+    /// ```
     pub fn spare_buffers(mut self, spares: u32) -> Self {
         self.spares = spares;
         self
     }
 
     /// The output ring's policy (default: the ring's default, [`Policy::Block`]).
+    ///
+    /// ```
+    /// use gpuring::{batch::Batcher, Policy};
+    /// let b = Batcher::builder("cams", &["cam0"]).policy(Policy::Overwrite);
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = Some(policy);
         self
     }
 
     /// The folder of the rings, inputs and output (default: the rings' default).
+    ///
+    /// ```
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0"]).dir("/dev/shm");
+    /// ```
     pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.dir = Some(dir.into());
         self
@@ -148,12 +207,24 @@ impl BatcherBuilder {
 
     /// How often each input checks that its producer lives (the consumer's
     /// [`liveness_interval`](crate::ConsumerBuilder::liveness_interval)), and the output ring's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0"]);
+    /// let b = b.liveness_interval(Duration::from_millis(50));
+    /// ```
     pub fn liveness_interval(mut self, every: Duration) -> Self {
         self.liveness = Some(every);
         self
     }
 
     /// Checks the settings.
+    ///
+    /// ```
+    /// use gpuring::batch::{BatchError, Batcher};
+    /// let e = Batcher::builder("cams", &["cam0", "cam0"]).build().unwrap_err();
+    /// assert!(matches!(e, BatchError::DuplicateInput(_)));
+    /// ```
     pub fn build(self) -> Result<Batcher, BatchError> {
         let k = self.inputs.len();
         if k == 0 {
@@ -200,6 +271,14 @@ fn check_frame_fits(f: &TensorHeader, k: usize) -> Result<(), BatchError> {
 }
 
 /// A batcher, ready to run. See the [module docs](self).
+///
+/// ```no_run
+/// use std::sync::atomic::AtomicBool;
+/// let stop = AtomicBool::new(false);
+/// let batcher = gpuring::batch::Batcher::builder("cams", &["cam0", "cam1"]).build()?;
+/// let totals = batcher.run(&stop)?;
+/// # Ok::<(), gpuring::batch::BatchError>(())
+/// ```
 #[derive(Debug)]
 pub struct Batcher {
     b: BatcherBuilder,
@@ -208,6 +287,10 @@ pub struct Batcher {
 impl Batcher {
     /// A batcher from rings `inputs` (camera `k` is `inputs[k]`, the batch tensor's index `k`)
     /// into ring `output`.
+    ///
+    /// ```
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0", "cam1", "cam2"]);
+    /// ```
     pub fn builder<S: AsRef<str>>(output: &str, inputs: &[S]) -> BatcherBuilder {
         BatcherBuilder {
             output: output.to_string(),
@@ -227,6 +310,21 @@ impl Batcher {
     /// Runs until `stop` is set (checked every 50 ms) or something fails that is not a
     /// camera's: one thread per camera and this thread publishing. Dropping the output
     /// producer at the end closes the output ring.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use gpuring::batch::Batcher;
+    /// let stop = AtomicBool::new(false);
+    /// let batcher = Batcher::builder("cams", &["cam0", "cam1"]).build()?;
+    /// std::thread::scope(|s| {
+    ///     let run = s.spawn(|| batcher.run(&stop));
+    ///     std::thread::sleep(std::time::Duration::from_secs(10));
+    ///     stop.store(true, Ordering::Relaxed);
+    ///     println!("{} batches", run.join().unwrap()?.batches);
+    ///     Ok::<(), gpuring::batch::BatchError>(())
+    /// })?;
+    /// # Ok::<(), gpuring::batch::BatchError>(())
+    /// ```
     pub fn run(&self, stop: &AtomicBool) -> Result<Totals, BatchError> {
         let b = &self.b;
         let gather = gather::Gather::new(b.inputs.len(), b.frame.clone());
@@ -270,6 +368,14 @@ impl Batcher {
 }
 
 /// What a run did.
+///
+/// ```no_run
+/// # use std::sync::atomic::AtomicBool;
+/// # let stop = AtomicBool::new(false);
+/// let t = gpuring::batch::Batcher::builder("cams", &["cam0"]).build()?.run(&stop)?;
+/// let [present, stale, absent, refused] = t.cameras[0];
+/// # Ok::<(), gpuring::batch::BatchError>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     /// Batches published.
@@ -279,6 +385,13 @@ pub struct Totals {
 }
 
 /// Why a batcher could not start or go on.
+///
+/// ```
+/// use gpuring::batch::{BatchError, Batcher};
+/// let e = Batcher::builder("cams", &["cam0"]).spare_buffers(1).build().unwrap_err();
+/// assert!(matches!(e, BatchError::TooFewSpares(1)));
+/// println!("{e}"); // 1 spare buffers; a batcher needs 2 (...)
+/// ```
 #[derive(Debug)]
 pub enum BatchError {
     /// No input ring was named.

@@ -23,12 +23,12 @@ struct Previous {
 }
 
 impl<'a> Publisher<'a> {
-    pub fn new(b: &'a BatcherBuilder, gather: &'a Gather) -> Publisher<'a> {
+    pub(super) fn new(b: &'a BatcherBuilder, gather: &'a Gather) -> Publisher<'a> {
         Publisher { b, gather }
     }
 
     /// Publishes batches until `stop` is set.
-    pub fn run(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Totals, BatchError> {
+    pub(super) fn run(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Totals, BatchError> {
         let k = self.b.inputs.len();
         let mut totals = Totals { batches: 0, cameras: vec![[0; 4]; k] };
         let Some(frame) = self.frame(stop) else { return Ok(totals) };

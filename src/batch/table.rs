@@ -27,6 +27,11 @@
 use std::fmt;
 
 /// A camera's place in a batch.
+///
+/// ```
+/// use gpuring::batch::CameraState;
+/// assert_eq!(CameraState::Stale.to_string(), "stale");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CameraState {
     /// No producer: dead, not started yet, or gone. Its place holds zeros, or its last frame
@@ -44,6 +49,10 @@ pub enum CameraState {
 
 impl CameraState {
     /// Its code in the table.
+    ///
+    /// ```
+    /// assert_eq!(gpuring::batch::CameraState::Present.code(), 1);
+    /// ```
     pub fn code(self) -> u32 {
         match self {
             CameraState::Absent => 0,
@@ -54,6 +63,12 @@ impl CameraState {
     }
 
     /// The state of code `code`, if there is one.
+    ///
+    /// ```
+    /// use gpuring::batch::CameraState;
+    /// assert_eq!(CameraState::from_code(3), Some(CameraState::Refused));
+    /// assert_eq!(CameraState::from_code(4), None);
+    /// ```
     pub fn from_code(code: u32) -> Option<CameraState> {
         match code {
             0 => Some(CameraState::Absent),
@@ -65,6 +80,10 @@ impl CameraState {
     }
 
     /// Its name, as `gpuring stat` and the docs say it.
+    ///
+    /// ```
+    /// assert_eq!(gpuring::batch::CameraState::Absent.name(), "absent");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             CameraState::Absent => "absent",
@@ -82,6 +101,12 @@ impl fmt::Display for CameraState {
 }
 
 /// One camera's entry in a batch.
+///
+/// ```
+/// use gpuring::batch::{CameraEntry, CameraState};
+/// let e = CameraEntry { seq: 9, timestamp_ns: 5, skipped: 1, epoch: 2, state: CameraState::Present };
+/// assert!(e.has_frame());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CameraEntry {
     /// The input sequence number of the frame in its place (0 if none).
@@ -99,10 +124,19 @@ pub struct CameraEntry {
 
 impl CameraEntry {
     /// An entry of a camera never seen: absent, nothing in its place.
+    ///
+    /// ```
+    /// use gpuring::batch::{CameraEntry, CameraState};
+    /// assert_eq!(CameraEntry::NONE.state, CameraState::Absent);
+    /// ```
     pub const NONE: CameraEntry =
         CameraEntry { seq: 0, timestamp_ns: 0, skipped: 0, epoch: 0, state: CameraState::Absent };
 
     /// Whether its place holds one of its frames (the one `seq` names).
+    ///
+    /// ```
+    /// assert!(!gpuring::batch::CameraEntry::NONE.has_frame()); // its place holds zeros
+    /// ```
     pub fn has_frame(&self) -> bool {
         self.timestamp_ns != 0
     }
@@ -132,6 +166,12 @@ pub struct BatchTable {
 }
 
 /// Why a batch table could not be written or read.
+///
+/// ```
+/// use gpuring::batch::{BatchTable, BatchTableError};
+/// let t = BatchTable { batch: 0, closed_ns: 0, cameras: vec![] };
+/// assert!(matches!(t.write(&mut [0u8; 16]), Err(BatchTableError::TooSmall { need: 160, have: 16 })));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchTableError {
     /// The user header is shorter than the table.
@@ -175,10 +215,28 @@ impl std::error::Error for BatchTableError {}
 
 impl BatchTable {
     /// The first four bytes of the table.
+    ///
+    /// ```
+    /// use gpuring::batch::BatchTable;
+    /// let mut h = vec![0u8; BatchTable::header_size(1)];
+    /// BatchTable { batch: 0, closed_ns: 0, cameras: vec![gpuring::batch::CameraEntry::NONE] }.write(&mut h)?;
+    /// assert_eq!(h[BatchTable::OFFSET..BatchTable::OFFSET + 4], BatchTable::MAGIC);
+    /// # Ok::<(), gpuring::batch::BatchTableError>(())
+    /// ```
     pub const MAGIC: [u8; 4] = *b"GRBT";
     /// Where the table starts in the user header (the tensor header comes first).
+    ///
+    /// ```
+    /// assert_eq!(gpuring::batch::BatchTable::OFFSET, 128);
+    /// ```
     pub const OFFSET: usize = 128;
     /// The most cameras a batch holds.
+    ///
+    /// ```
+    /// use gpuring::batch::{BatchTable, CameraEntry};
+    /// let t = BatchTable { batch: 0, closed_ns: 0, cameras: vec![CameraEntry::NONE; BatchTable::MAX_CAMERAS + 1] };
+    /// assert!(t.write(&mut vec![0u8; 1 << 20]).is_err());
+    /// ```
     pub const MAX_CAMERAS: usize = 1024;
     const VERSION: u8 = 1;
     const HEAD: usize = 32;
@@ -186,11 +244,22 @@ impl BatchTable {
 
     /// The user header size a batch of `cameras` cameras needs: the tensor header's 128 bytes,
     /// then the table.
+    ///
+    /// ```
+    /// assert_eq!(gpuring::batch::BatchTable::header_size(8), 480);
+    /// ```
     pub fn header_size(cameras: usize) -> usize {
         Self::OFFSET + Self::HEAD + Self::ENTRY * cameras
     }
 
     /// Writes the table into user header `header` (at [`OFFSET`](Self::OFFSET)).
+    ///
+    /// ```
+    /// use gpuring::batch::{BatchTable, CameraEntry};
+    /// let mut h = vec![0u8; BatchTable::header_size(2)];
+    /// BatchTable { batch: 1, closed_ns: 10, cameras: vec![CameraEntry::NONE; 2] }.write(&mut h)?;
+    /// # Ok::<(), gpuring::batch::BatchTableError>(())
+    /// ```
     pub fn write(&self, header: &mut [u8]) -> Result<(), BatchTableError> {
         let k = self.cameras.len();
         if k > Self::MAX_CAMERAS {
@@ -221,6 +290,11 @@ impl BatchTable {
     /// Reads the table of user header `header`: `Ok(None)` if it has none (no magic at
     /// [`OFFSET`](Self::OFFSET)). Everything is checked: a header from shared memory may hold
     /// anything.
+    ///
+    /// ```
+    /// use gpuring::batch::BatchTable;
+    /// assert_eq!(BatchTable::read(&[0u8; 256]), Ok(None)); // a message that is not a batch
+    /// ```
     pub fn read(header: &[u8]) -> Result<Option<BatchTable>, BatchTableError> {
         let Some(t) = header.get(Self::OFFSET..) else { return Ok(None) };
         if t.len() < 4 || t[0..4] != Self::MAGIC {
