@@ -1,29 +1,44 @@
 //! One camera's thread: joins its input ring (again after every restart of its producer),
 //! receives frames and copies each into its place in the open batch, then releases it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::gather::{Gather, Landed, Open, TICK};
+use super::gather::{Gather, Landed, Open, State, TICK};
+use super::memory::BatchMemory;
 use crate::tensor::TensorHeader;
 use crate::{Consumer, ConsumerBuilder, Mode, OpenErrorKind, ReadSlot, RecvTimeoutError};
 
 /// What one camera thread needs.
-pub(super) struct Input<'a> {
+pub(super) struct Input<'a, M: BatchMemory> {
     /// Its index: its place in every batch.
     pub(super) index: usize,
     pub name: &'a str,
     pub builder: ConsumerBuilder,
     pub mode: Mode,
-    pub gather: &'a Gather,
+    /// The device it reads on (CUDA), the output ring's.
+    pub device: i32,
+    pub gather: &'a Gather<M::Lane>,
 }
 
-impl Input<'_> {
+impl<M: BatchMemory> Input<'_, M> {
     /// Runs until the batcher stops.
     pub(super) fn run(&self) {
+        // However this thread ends (a panic included), the camera is no longer live: the
+        // batcher must not wait for its frames.
+        let _leaving = Leaving(self.gather, self.index);
         let mut gone_epoch = None;
         while !self.gather.lock().stop {
             let Some(rx) = self.join(gone_epoch) else { continue };
             let epoch = rx.epoch();
+            let lane = match M::lane(&rx) {
+                Ok(lane) => Arc::new(lane),
+                Err(e) => {
+                    tracing::warn!(camera = self.index, ring = self.name, error = %e, "no lane");
+                    std::thread::sleep(TICK);
+                    continue;
+                }
+            };
             self.gather.change(|s| {
                 let c = &mut s.cameras[self.index];
                 if c.epoch != epoch {
@@ -34,26 +49,38 @@ impl Input<'_> {
                 c.epoch = epoch;
             });
             tracing::info!(camera = self.index, ring = self.name, epoch, "camera joined");
-            let why = self.receive(&rx);
-            self.gather.change(|s| s.cameras[self.index].live = false);
+            let (why, gone) = self.receive(&rx, &lane);
+            self.gather.change(|s| {
+                let c = &mut s.cameras[self.index];
+                c.live = false;
+                // Its place is absent now, not refused: a refusal was of a producer that left.
+                c.refused = None;
+            });
             tracing::info!(camera = self.index, ring = self.name, epoch, why, "camera left");
-            gone_epoch = Some(epoch);
+            // Only a producer that is gone is skipped when joining again; after another
+            // failure (damage it reported) the same one is joined again, after a pause.
+            gone_epoch = gone.then_some(epoch);
+            if !gone {
+                std::thread::sleep(TICK);
+            }
         }
     }
 
     /// Opens the input ring (an instance other than `gone_epoch`), waiting up to a tick.
-    fn join(&self, gone_epoch: Option<u64>) -> Option<Consumer> {
+    fn join(&self, gone_epoch: Option<u64>) -> Option<Consumer<M>> {
         let b = self.builder.clone().mode(self.mode);
-        match b.open_when_ready(gone_epoch, TICK) {
+        match M::open(b, self.device, gone_epoch, TICK) {
             Ok(rx) => Some(rx),
             Err(e) => {
                 match e.kind() {
-                    OpenErrorKind::NotFound
-                    | OpenErrorKind::Disconnected
-                    | OpenErrorKind::TimedOut
-                    | OpenErrorKind::NotInitialized => {}
+                    OpenErrorKind::NotFound | OpenErrorKind::Disconnected => {
+                        // No producer: absent, whatever the last one was.
+                        self.gather.change(|s| s.cameras[self.index].refused = None);
+                    }
+                    OpenErrorKind::TimedOut | OpenErrorKind::NotInitialized => {}
                     OpenErrorKind::WrongMemory { found } => {
-                        let why = format!("its ring holds {found:?} memory, the batch host memory");
+                        let why =
+                            format!("its ring holds {found:?} memory, the batch {:?}", M::KIND);
                         self.refuse(&why);
                         std::thread::sleep(TICK);
                     }
@@ -67,19 +94,26 @@ impl Input<'_> {
         }
     }
 
-    /// Receives until the producer goes away or the batcher stops; says why it returned.
-    fn receive(&self, rx: &Consumer) -> &'static str {
+    /// Receives until the producer goes away or the batcher stops; says why it returned, and
+    /// whether the producer is gone.
+    fn receive(&self, rx: &Consumer<M>, lane: &Arc<M::Lane>) -> (&'static str, bool) {
+        let epoch = rx.epoch();
         loop {
             if self.gather.lock().stop {
-                return "stopped";
+                return ("stopped", false);
             }
-            match rx.recv_timeout(TICK) {
-                Ok(m) => self.land(m),
+            match M::recv(rx, lane, TICK) {
+                Ok(m) => {
+                    if let Err(e) = self.land(m, lane, epoch) {
+                        tracing::warn!(camera = self.index, ring = self.name, error = %e, "copy");
+                        return ("a copy failed", false);
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return "its producer is gone",
+                Err(RecvTimeoutError::Disconnected) => return ("its producer is gone", true),
                 Err(e) => {
                     tracing::warn!(camera = self.index, ring = self.name, error = %e, "receive");
-                    return "a receive failed";
+                    return ("a receive failed", false);
                 }
             }
         }
@@ -100,31 +134,53 @@ impl Input<'_> {
 
     /// Copies frame `m` into its place in the open batch (waiting for one to open), then
     /// releases it.
-    fn land(&self, m: ReadSlot<'_>) {
+    fn land(
+        &self,
+        m: ReadSlot<'_, M>,
+        lane: &Arc<M::Lane>,
+        epoch: u64,
+    ) -> Result<(), super::RunError> {
         let lag = m.lag();
         let mut s = self.gather.lock();
-        if let Err(why) = check_frame(&mut s.layout, m.header(), m.len()) {
-            s.cameras[self.index].skipped += 1 + lag;
-            drop(s);
-            return self.refuse(&why);
+        let cameras = s.cameras.len();
+        match check_frame(&mut s.layout, m.header(), m.len(), cameras) {
+            Err(why) => {
+                s.cameras[self.index].skipped += 1 + lag;
+                drop(s);
+                self.refuse(&why);
+                return Ok(());
+            }
+            // The batch's frame is known now: the publisher makes its ring.
+            Ok(true) => self.gather.notify(),
+            Ok(false) => {}
         }
         if s.cameras[self.index].refused.is_some() {
             s.cameras[self.index].skipped += 1 + lag;
-            return;
+            return Ok(());
+        }
+        // A `Latest` camera holds no frame while no batch is open (the batcher is publishing,
+        // or waits for a buffer): it releases this one, counted as skipped, and takes the
+        // newest once a batch opens. A `Lossless` one keeps it for the next batch.
+        if self.mode != Mode::Lossless && s.open.is_none() {
+            s.cameras[self.index].skipped += 1 + lag;
+            drop(m);
+            let until = Instant::now() + TICK;
+            drop(self.gather.wait_until(s, until, |s| s.open.is_some()));
+            return Ok(());
         }
         // A batch open for this frame: in `Lossless` mode one this camera has no frame in yet
         // (every frame goes into a batch of its own); otherwise the open one, whose older frame
         // of this camera, if any, the newer one replaces.
         let lossless = self.mode == Mode::Lossless;
         let me = self.index;
-        let usable = |s: &super::gather::State| match s.open {
+        let usable = |s: &State<M::Lane>| match s.open {
             Some(o) => !(lossless && s.cameras[me].landed_in(o.number)),
             None => false,
         };
         loop {
             s = self.gather.wait_until(s, Instant::now() + TICK, usable);
             if s.stop {
-                return;
+                return Ok(());
             }
             if usable(&s) {
                 break;
@@ -138,40 +194,54 @@ impl Input<'_> {
         cam.skipped += lag;
         s.copying += 1;
         drop(s);
-        let frame = open.places.frame;
         // SAFETY: the place is `frame` bytes inside the loan `open.places` names (`Places`'
         // invariant); only this camera's thread writes it, and only while counted in
-        // `copying`, which the batcher waits out before it reads, publishes or ends the loan.
-        // `m` holds at least `frame` bytes (`check_frame`).
-        unsafe {
-            let dst = open.places.base.add(frame * me);
-            std::ptr::copy_nonoverlapping(m.as_ptr(), dst, frame);
-        }
-        let landed = Landed { seq: m.seq(), timestamp_ns: m.timestamp_ns() };
-        drop(m); // released only after the copy
+        // `copying`, which the batcher waits out (and then joins this lane) before it reads,
+        // publishes or ends the loan. `m` holds `frame` bytes (`check_frame`).
+        let copied = unsafe { M::copy(lane, open.places.of(me), &m, open.places.frame) };
+        let (seq, timestamp_ns) = (m.seq(), m.timestamp_ns());
+        let landed = Landed { seq, timestamp_ns, epoch, lane: lane.clone() };
+        drop(m); // released after the copy (in CUDA memory, on the lane, after it)
         let mut s = self.gather.lock();
         s.copying -= 1;
-        s.cameras[me].landed = Some((open.number, landed));
-        s.first.get_or_insert_with(Instant::now);
+        if copied.is_ok() {
+            s.cameras[me].landed = Some((open.number, landed));
+            s.first.get_or_insert_with(Instant::now);
+        } else if s.cameras[me].landed_in(open.number) {
+            // Its place may hold part of this frame over the last one: the batcher fills it.
+            s.cameras[me].landed = None;
+        }
         drop(s);
         self.gather.notify();
+        copied
     }
 }
 
-/// Checks a frame against the batch's frame `layout`, which the first frame sets if no one
-/// did: its tensor header (if it has one) must say the same element type and shape, and it
-/// must be as long as that shape. Says what is wrong, naming both.
-fn check_frame(layout: &mut Option<TensorHeader>, header: &[u8], len: usize) -> Result<(), String> {
+/// Checks a frame against the batch's frame `layout`, which the first good frame sets if no
+/// one did: its tensor header (if it has one) must say the same element type and shape, and
+/// it must be as long as that shape; a first frame must also make a batch of `cameras`
+/// ([`super::check_frame_fits`]). Says what is wrong, naming both, or whether it set the layout.
+fn check_frame(
+    layout: &mut Option<TensorHeader>,
+    header: &[u8],
+    len: usize,
+    cameras: usize,
+) -> Result<bool, String> {
     let theirs = match TensorHeader::read(header) {
         Ok(t) => t,
         Err(e) => return Err(format!("its tensor header is damaged: {e}")),
     };
-    let ours = match (&*layout, theirs) {
+    let (ours, new) = match (&*layout, theirs) {
         (Some(ours), Some(t)) if *ours != t => {
             return Err(format!("it sends {}, the batch takes {}", describe(&t), describe(ours)));
         }
-        (Some(ours), _) => ours,
-        (None, Some(t)) => layout.insert(t),
+        (Some(ours), _) => (ours.clone(), false),
+        (None, Some(t)) => {
+            if let Err(e) = super::check_frame_fits(&t, cameras) {
+                return Err(format!("it sends {}: {e}", describe(&t)));
+            }
+            (t, true)
+        }
         (None, None) => {
             return Err(
                 "its frames carry no tensor header and the batch's frame was not given".to_string()
@@ -180,13 +250,25 @@ fn check_frame(layout: &mut Option<TensorHeader>, header: &[u8], len: usize) -> 
     };
     let want = ours.nbytes().unwrap_or(u64::MAX);
     if len as u64 != want {
-        return Err(format!("it sends {len}-byte frames, {} takes {want}", describe(ours)));
+        return Err(format!("it sends {len}-byte frames, {} takes {want}", describe(&ours)));
     }
-    Ok(())
+    if new {
+        *layout = Some(ours);
+    }
+    Ok(new)
 }
 
 /// `uint8[720, 1280, 3]`.
 pub(super) fn describe(t: &TensorHeader) -> String {
     let dims: Vec<String> = t.shape.iter().map(u64::to_string).collect();
     format!("{}[{}]", t.dtype.name(), dims.join(", "))
+}
+
+/// Marks camera `.1` not live when dropped (its thread ends, a panic included).
+struct Leaving<'a, L>(&'a Gather<L>, usize);
+
+impl<L> Drop for Leaving<'_, L> {
+    fn drop(&mut self) {
+        self.0.change(|s| s.cameras[self.1].live = false);
+    }
 }

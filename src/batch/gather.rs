@@ -7,25 +7,29 @@
 //! written while the batch that holds it is filled in for absent cameras, published, or read
 //! by consumers.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::table::{CameraEntry, CameraState};
 use crate::tensor::TensorHeader;
 
-/// Where a batch's places are: the lent buffer's first byte, and the bytes of one frame.
-/// Camera `k`'s place is `frame` bytes at `base + k * frame`.
+/// Where a batch's places are: the lent buffer's first byte (a host address or a device
+/// address, as the producer's `loan_ptr` says), and the bytes of one frame. Camera `k`'s place
+/// is `frame` bytes at `base + k * frame`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Places {
     /// Invariant: the start of a loan of at least `K * frame` bytes, kept by the batcher's
     /// producer while the batch it belongs to is open or being closed.
-    pub base: *mut u8,
+    pub base: u64,
     pub frame: usize,
 }
 
-// SAFETY: `Places` is an address in the producer's mapping, which lives as long as the batcher;
-// the open/copying protocol above says which thread may write which place, and when.
-unsafe impl Send for Places {}
+impl Places {
+    /// Camera `k`'s place.
+    pub(super) fn of(&self, k: usize) -> u64 {
+        self.base + (k * self.frame) as u64
+    }
+}
 
 /// The batch open for frames.
 #[derive(Clone, Copy, Debug)]
@@ -35,9 +39,9 @@ pub(super) struct Open {
     pub places: Places,
 }
 
-/// What the batcher knows of one camera.
-#[derive(Clone, Debug)]
-pub(super) struct Camera {
+/// What the batcher knows of one camera. `L` is the memory kind's lane (`BatchMemory::Lane`).
+#[derive(Debug)]
+pub(super) struct Camera<L> {
     /// Its thread has a consumer on a live producer.
     pub live: bool,
     /// Its producer's frames do not match the batch: until its producer changes, none is used.
@@ -45,21 +49,32 @@ pub(super) struct Camera {
     /// The epoch of the producer it last joined (0 if none yet).
     pub epoch: u64,
     /// The batch its place was last written for, with the frame that landed there.
-    pub landed: Option<(u64, Landed)>,
+    pub landed: Option<(u64, Landed<L>)>,
     /// Frames that no batch carried since the last batch that carried one of its frames.
     pub skipped: u64,
 }
 
 /// A frame copied into its place.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Landed {
+#[derive(Debug)]
+pub(super) struct Landed<L> {
     pub seq: u64,
     pub timestamp_ns: u64,
+    /// The epoch of the producer that sent it.
+    pub epoch: u64,
+    /// The lane that copied it: the batch's publish is ordered after it (a camera that
+    /// rejoins gets a new lane, so the one of the copy is kept here).
+    pub lane: Arc<L>,
 }
 
-impl Camera {
-    fn new() -> Camera {
+impl<L> Camera<L> {
+    fn new() -> Camera<L> {
         Camera { live: false, refused: None, epoch: 0, landed: None, skipped: 0 }
+    }
+
+    /// Whether its frame of the batch before may stand in for a new one: it lives, is not
+    /// refused, and still has the producer that sent that frame (epoch `of`).
+    pub(super) fn keeps(&self, of: u64) -> bool {
+        self.awaited() && self.epoch == of
     }
 
     /// Whether the batcher waits for its frames: it lives and is not refused.
@@ -73,8 +88,8 @@ impl Camera {
     }
 
     /// Its entry in a batch whose place did not get a new frame, `previous` being its entry in
-    /// the batch before (whose frame the place holds if `previous` has one and the batcher
-    /// copied it over).
+    /// the batch before (whose frame, and epoch, the place holds if `kept`: the batcher copied
+    /// it over).
     pub(super) fn idle_entry(&self, previous: &CameraEntry, kept: bool) -> CameraEntry {
         let state = if self.refused.is_some() {
             CameraState::Refused
@@ -90,7 +105,7 @@ impl Camera {
 
 /// Everything the threads share.
 #[derive(Debug)]
-pub(super) struct State {
+pub(super) struct State<L> {
     /// The frame every camera must send, once known: the builder's, or the first frame's.
     pub layout: Option<TensorHeader>,
     /// The batch open for frames, if any.
@@ -99,19 +114,19 @@ pub(super) struct State {
     pub copying: usize,
     /// When the first frame landed in the open batch.
     pub first: Option<Instant>,
-    pub cameras: Vec<Camera>,
+    pub cameras: Vec<Camera<L>>,
     /// Set once: every thread ends.
     pub stop: bool,
 }
 
 /// The shared state and its condition variable, notified at every change a waiter may wait for.
-pub(super) struct Gather {
-    state: Mutex<State>,
+pub(super) struct Gather<L> {
+    state: Mutex<State<L>>,
     changed: Condvar,
 }
 
-impl Gather {
-    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather {
+impl<L> Gather<L> {
+    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather<L> {
         let state = State {
             layout,
             open: None,
@@ -125,12 +140,12 @@ impl Gather {
 
     /// The state, locked. A thread that panicked with it held left it consistent (every
     /// change is made whole under the lock), so a poisoned lock is taken as it is.
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State<L>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Changes the state and wakes every waiter.
-    pub(super) fn change<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+    pub(super) fn change<R>(&self, f: impl FnOnce(&mut State<L>) -> R) -> R {
         let r = f(&mut self.lock());
         self.changed.notify_all();
         r
@@ -139,10 +154,10 @@ impl Gather {
     /// Waits until `done` holds, `stop` is set or `until` passes; returns the guard.
     pub(super) fn wait_until<'a>(
         &'a self,
-        mut s: MutexGuard<'a, State>,
+        mut s: MutexGuard<'a, State<L>>,
         until: Instant,
-        mut done: impl FnMut(&State) -> bool,
-    ) -> MutexGuard<'a, State> {
+        mut done: impl FnMut(&State<L>) -> bool,
+    ) -> MutexGuard<'a, State<L>> {
         while !s.stop && !done(&s) {
             let now = Instant::now();
             if now >= until {
@@ -156,6 +171,30 @@ impl Gather {
     /// Wakes every waiter (after a change made through [`lock`](Self::lock)).
     pub(super) fn notify(&self) {
         self.changed.notify_all();
+    }
+
+    /// Closes the open batch, if any, and waits until no copy into it runs: then no camera
+    /// writes a batch buffer until one is opened again.
+    pub(super) fn close_and_wait(&self) {
+        let mut s = self.lock();
+        s.open = None;
+        self.changed.notify_all();
+        while s.copying > 0 {
+            s = self.changed.wait_timeout(s, TICK).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+}
+
+/// Stops the batcher when dropped, however its thread ends (a panic included): closes the open
+/// batch, waits out the copies into it, and tells the camera threads to stop. The publisher
+/// makes one right after its output ring, so that it is dropped before the ring: no camera
+/// copies into a buffer of a ring that is gone.
+pub(super) struct Stopping<'a, L>(pub &'a Gather<L>);
+
+impl<L> Drop for Stopping<'_, L> {
+    fn drop(&mut self) {
+        self.0.close_and_wait();
+        self.0.change(|s| s.stop = true);
     }
 }
 

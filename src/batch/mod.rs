@@ -28,24 +28,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Host memory only: an input that is a CUDA ring is refused (its camera shows `refused`).
+//! Host rings ([`Batcher::run`]) and CUDA rings ([`Batcher::run_in`]`::<Cuda>`): in CUDA memory
+//! each camera's frames are copied on a stream of its own that waits for the frame's ready
+//! fence, each release is recorded after the copy, and the batch's ready fence after every
+//! copy and fill; no thread waits for the GPU. A camera whose ring holds the other kind of
+//! memory is refused (its camera shows `refused`).
 
 mod camera;
+mod error;
 mod gather;
+mod memory;
 mod publish;
 mod table;
 #[cfg(test)]
 mod tests;
 
-pub use table::{BatchTable, BatchTableError, CameraEntry, CameraState};
+pub use error::{BuildError, RunError};
+pub use memory::BatchMemory;
+pub use table::{BatchTable, CameraEntry, CameraState, TableReadError, TableWriteError};
 
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::tensor::TensorHeader;
-use crate::{Consumer, CreateError, LendError, Mode, Policy, Producer, PublishLoanError};
+use crate::{Consumer, Host, Mode, Policy};
 
 /// When a batch goes out.
 ///
@@ -91,7 +98,7 @@ pub enum Fill {
 /// ```
 /// use gpuring::batch::Batcher;
 /// let batcher = Batcher::builder("cams", &["cam0", "cam1"]).capacity(8).build()?;
-/// # Ok::<(), gpuring::batch::BatchError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct BatcherBuilder {
@@ -106,6 +113,7 @@ pub struct BatcherBuilder {
     policy: Option<Policy>,
     dir: Option<PathBuf>,
     liveness: Option<Duration>,
+    device: i32,
 }
 
 impl BatcherBuilder {
@@ -218,26 +226,49 @@ impl BatcherBuilder {
         self
     }
 
+    /// The GPU of a CUDA batcher ([`Batcher::run_in`]): the batch ring is made there and every
+    /// camera's ring is read there (a camera on another GPU across the link between them,
+    /// as any consumer on another device). Default 0. Host batchers ignore it.
+    ///
+    /// ```
+    /// let b = gpuring::batch::Batcher::builder("cams", &["cam0"]).device(1);
+    /// ```
+    pub fn device(mut self, ordinal: i32) -> Self {
+        self.device = ordinal;
+        self
+    }
+
     /// Checks the settings.
     ///
     /// ```
-    /// use gpuring::batch::{BatchError, Batcher};
+    /// use gpuring::batch::{Batcher, BuildError};
     /// let e = Batcher::builder("cams", &["cam0", "cam0"]).build().unwrap_err();
-    /// assert!(matches!(e, BatchError::DuplicateInput(_)));
+    /// assert!(matches!(e, BuildError::DuplicateInput(_)));
     /// ```
-    pub fn build(self) -> Result<Batcher, BatchError> {
+    pub fn build(self) -> Result<Batcher, BuildError> {
         let k = self.inputs.len();
         if k == 0 {
-            return Err(BatchError::NoInputs);
+            return Err(BuildError::NoInputs);
         }
         if k > BatchTable::MAX_CAMERAS {
-            return Err(BatchError::TooManyCameras(k));
+            return Err(BuildError::TooManyCameras(k));
         }
         if let Some(dup) = (1..k).find(|&i| self.inputs[..i].contains(&self.inputs[i])) {
-            return Err(BatchError::DuplicateInput(self.inputs[dup].clone()));
+            return Err(BuildError::DuplicateInput(self.inputs[dup].clone()));
         }
         if self.spares < 2 {
-            return Err(BatchError::TooFewSpares(self.spares));
+            return Err(BuildError::TooFewSpares(self.spares));
+        }
+        if self.capacity == 0 {
+            return Err(BuildError::Capacity);
+        }
+        let hour = Duration::from_secs(3600);
+        let timing_ok = match self.timing {
+            Timing::AllFresh { max_wait } => max_wait <= hour,
+            Timing::Rate { period } => !period.is_zero() && period <= hour,
+        };
+        if !timing_ok {
+            return Err(BuildError::Timing);
         }
         if let Some(f) = &self.frame {
             check_frame_fits(f, k)?;
@@ -251,22 +282,13 @@ impl BatcherBuilder {
 }
 
 /// Whether a batch of `k` frames `f` has a shape and size a tensor header and a ring hold.
-fn check_frame_fits(f: &TensorHeader, k: usize) -> Result<(), BatchError> {
+fn check_frame_fits(f: &TensorHeader, k: usize) -> Result<(), BuildError> {
     if f.shape.len() + 1 > TensorHeader::MAX_DIMS {
-        return Err(BatchError::Frame(format!(
-            "{} has {} dimensions; with the batch's it must have at most {}",
-            camera::describe(f),
-            f.shape.len(),
-            TensorHeader::MAX_DIMS - 1
-        )));
+        return Err(BuildError::FrameDims(f.shape.len()));
     }
     match f.nbytes().and_then(|n| n.checked_mul(k as u64)) {
-        Some(n) if n > 0 && n <= usize::MAX as u64 => Ok(()),
-        _ => Err(BatchError::Frame(format!(
-            "{} frames of {} make no batch a ring can hold",
-            k,
-            camera::describe(f)
-        ))),
+        Some(n) if n > 0 && n <= isize::MAX as u64 => Ok(()),
+        _ => Err(BuildError::FrameSize),
     }
 }
 
@@ -277,7 +299,7 @@ fn check_frame_fits(f: &TensorHeader, k: usize) -> Result<(), BatchError> {
 /// let stop = AtomicBool::new(false);
 /// let batcher = gpuring::batch::Batcher::builder("cams", &["cam0", "cam1"]).build()?;
 /// let totals = batcher.run(&stop)?;
-/// # Ok::<(), gpuring::batch::BatchError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct Batcher {
@@ -304,12 +326,13 @@ impl Batcher {
             policy: None,
             dir: None,
             liveness: None,
+            device: 0,
         }
     }
 
-    /// Runs until `stop` is set (checked every 50 ms) or something fails that is not a
-    /// camera's: one thread per camera and this thread publishing. Dropping the output
-    /// producer at the end closes the output ring.
+    /// Runs on host rings until `stop` is set (checked every 50 ms) or something fails that is
+    /// not a camera's: one thread per camera and this thread publishing. Dropping the output
+    /// producer at the end closes the output ring. [`run_in`](Self::run_in) for other memory.
     ///
     /// ```no_run
     /// use std::sync::atomic::{AtomicBool, Ordering};
@@ -321,13 +344,29 @@ impl Batcher {
     ///     std::thread::sleep(std::time::Duration::from_secs(10));
     ///     stop.store(true, Ordering::Relaxed);
     ///     println!("{} batches", run.join().unwrap()?.batches);
-    ///     Ok::<(), gpuring::batch::BatchError>(())
+    ///     Ok::<(), gpuring::batch::RunError>(())
     /// })?;
-    /// # Ok::<(), gpuring::batch::BatchError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn run(&self, stop: &AtomicBool) -> Result<Totals, BatchError> {
+    pub fn run(&self, stop: &AtomicBool) -> Result<Totals, RunError> {
+        self.run_in::<Host>(stop)
+    }
+
+    /// [`run`](Self::run) on rings of memory kind `M`: the cameras' rings and the batch ring
+    /// ([`Cuda`](crate::Cuda): all read and written on the builder's
+    /// [`device`](BatcherBuilder::device), each camera's frames copied on a stream of its own,
+    /// with no CPU wait for the GPU). A camera whose ring holds another kind is refused.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::AtomicBool;
+    /// let stop = AtomicBool::new(false);
+    /// let batcher = gpuring::batch::Batcher::builder("cams", &["cam0", "cam1"]).build()?;
+    /// batcher.run_in::<gpuring::Cuda>(&stop)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_in<M: BatchMemory>(&self, stop: &AtomicBool) -> Result<Totals, RunError> {
         let b = &self.b;
-        let gather = gather::Gather::new(b.inputs.len(), b.frame.clone());
+        let gather = gather::Gather::<M::Lane>::new(b.inputs.len(), b.frame.clone());
         let inputs: Vec<_> = (0..b.inputs.len())
             .map(|k| {
                 let mut builder = Consumer::builder(&b.inputs[k]);
@@ -337,32 +376,29 @@ impl Batcher {
                 if let Some(l) = b.liveness {
                     builder = builder.liveness_interval(l);
                 }
-                camera::Input {
+                camera::Input::<M> {
                     index: k,
                     name: &b.inputs[k],
                     builder,
                     mode: b.mode,
+                    device: b.device,
                     gather: &gather,
                 }
             })
             .collect();
         std::thread::scope(|scope| {
-            let threads: Vec<_> = inputs
-                .iter()
-                .map(|input| {
-                    std::thread::Builder::new()
-                        .name(format!("batch-cam{}", input.index))
-                        .spawn_scoped(scope, || input.run())
-                })
-                .collect::<Result<_, _>>()
-                .map_err(BatchError::Thread)?;
-            // The camera threads stop when `stop` does, or when publishing failed.
-            let result = publish::Publisher::new(b, &gather).run(stop);
-            gather.change(|s| s.stop = true);
-            for t in threads {
-                let _ = t.join();
+            // Whatever happens below, a panic included, the camera threads are told to stop
+            // (the scope joins them) once no copy runs into a batch buffer (`Stopping`).
+            let _stopping = gather::Stopping(&gather);
+            let mut threads = Vec::with_capacity(inputs.len());
+            for input in &inputs {
+                let t = std::thread::Builder::new()
+                    .name(format!("batch-cam{}", input.index))
+                    .spawn_scoped(scope, || input.run())
+                    .map_err(RunError::Thread)?;
+                threads.push(t);
             }
-            result
+            publish::Publisher::<M>::new(b, &gather).run(stop)
         })
     }
 }
@@ -374,75 +410,31 @@ impl Batcher {
 /// # let stop = AtomicBool::new(false);
 /// let t = gpuring::batch::Batcher::builder("cams", &["cam0"]).build()?.run(&stop)?;
 /// let [present, stale, absent, refused] = t.cameras[0];
-/// # Ok::<(), gpuring::batch::BatchError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     /// Batches published.
     pub batches: u64,
-    /// Per camera, how many batches it was present, stale, absent and refused in.
+    /// Per camera, how many batches it was present, stale, absent and refused in (in that
+    /// order: [`Totals::index`]).
     pub cameras: Vec<[u64; 4]>,
 }
 
-/// Why a batcher could not start or go on.
-///
-/// ```
-/// use gpuring::batch::{BatchError, Batcher};
-/// let e = Batcher::builder("cams", &["cam0"]).spare_buffers(1).build().unwrap_err();
-/// assert!(matches!(e, BatchError::TooFewSpares(1)));
-/// println!("{e}"); // 1 spare buffers; a batcher needs 2 (...)
-/// ```
-#[derive(Debug)]
-pub enum BatchError {
-    /// No input ring was named.
-    NoInputs,
-    /// More inputs than a batch table holds.
-    TooManyCameras(usize),
-    /// An input ring named twice.
-    DuplicateInput(String),
-    /// Fewer than 2 spare buffers.
-    TooFewSpares(u32),
-    /// The frame cannot be batched (too many dimensions, or too large).
-    Frame(String),
-    /// The output ring could not be made.
-    Create(CreateError),
-    /// A batch buffer could not be lent.
-    Lend(LendError),
-    /// A batch could not be published.
-    Publish(PublishLoanError),
-    /// A thread could not be started.
-    Thread(std::io::Error),
-}
-
-impl fmt::Display for BatchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BatchError::NoInputs => write!(f, "a batcher needs at least one input ring"),
-            BatchError::TooManyCameras(k) => {
-                write!(f, "{k} inputs; a batch holds at most {}", BatchTable::MAX_CAMERAS)
-            }
-            BatchError::DuplicateInput(name) => write!(f, "input ring {name} is named twice"),
-            BatchError::TooFewSpares(n) => write!(
-                f,
-                "{n} spare buffers; a batcher needs 2 (the batch it gathers and the one before)"
-            ),
-            BatchError::Frame(why) => write!(f, "{why}"),
-            BatchError::Create(e) => write!(f, "making the batch ring: {e}"),
-            BatchError::Lend(e) => write!(f, "lending a batch buffer: {e}"),
-            BatchError::Publish(e) => write!(f, "publishing a batch: {e}"),
-            BatchError::Thread(e) => write!(f, "starting a camera thread: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for BatchError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BatchError::Create(e) => Some(e),
-            BatchError::Lend(e) => Some(e),
-            BatchError::Publish(e) => Some(e),
-            BatchError::Thread(e) => Some(e),
-            _ => None,
+impl Totals {
+    /// Where state `s` is counted in each camera's `[u64; 4]`: present 0, stale 1, absent 2,
+    /// refused 3.
+    ///
+    /// ```
+    /// use gpuring::batch::{CameraState, Totals};
+    /// assert_eq!(Totals::index(CameraState::Absent), 2);
+    /// ```
+    pub fn index(s: CameraState) -> usize {
+        match s {
+            CameraState::Present => 0,
+            CameraState::Stale => 1,
+            CameraState::Absent => 2,
+            CameraState::Refused => 3,
         }
     }
 }
@@ -451,6 +443,3 @@ impl std::error::Error for BatchError {
 fn stopped(stop: &AtomicBool) -> bool {
     stop.load(Ordering::Relaxed)
 }
-
-/// The output producer's type (host memory).
-type Output = Producer;

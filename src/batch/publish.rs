@@ -4,15 +4,16 @@
 
 use std::time::Instant;
 
-use super::gather::{Gather, Open, Places, State, TICK};
+use super::gather::{Gather, Open, Places, State, Stopping, TICK};
+use super::memory::BatchMemory;
 use super::table::{BatchTable, CameraEntry, CameraState};
-use super::{check_frame_fits, stopped, BatchError, BatcherBuilder, Fill, Output, Timing, Totals};
+use super::{stopped, BatcherBuilder, Fill, RunError, Timing, Totals};
 use crate::tensor::TensorHeader;
 use crate::{LendError, Loan, Producer, PublishLoanError};
 
-pub(super) struct Publisher<'a> {
+pub(super) struct Publisher<'a, M: BatchMemory> {
     b: &'a BatcherBuilder,
-    gather: &'a Gather,
+    gather: &'a Gather<M::Lane>,
 }
 
 /// The batch before the one being gathered: kept (not ended) so that its frames can be copied
@@ -22,19 +23,21 @@ struct Previous {
     cameras: Vec<CameraEntry>,
 }
 
-impl<'a> Publisher<'a> {
-    pub(super) fn new(b: &'a BatcherBuilder, gather: &'a Gather) -> Publisher<'a> {
+impl<'a, M: BatchMemory> Publisher<'a, M> {
+    pub(super) fn new(b: &'a BatcherBuilder, gather: &'a Gather<M::Lane>) -> Publisher<'a, M> {
         Publisher { b, gather }
     }
 
     /// Publishes batches until `stop` is set.
-    pub(super) fn run(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Totals, BatchError> {
+    pub(super) fn run(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Totals, RunError> {
         let k = self.b.inputs.len();
         let mut totals = Totals { batches: 0, cameras: vec![[0; 4]; k] };
         let Some(frame) = self.frame(stop) else { return Ok(totals) };
-        check_frame_fits(&frame, k)?;
-        let frame_bytes = frame.nbytes().expect("checked") as usize;
+        // Checked before it was taken (`BatcherBuilder::build`, or `camera::check_frame`).
+        let frame_bytes = frame.nbytes().expect("a checked frame") as usize;
         let mut out = self.create(k * frame_bytes)?;
+        // Dropped before `out`: no copy runs into its buffers once it is gone.
+        let _stopping = Stopping(self.gather);
         let mut shape = vec![k as u64];
         shape.extend(&frame.shape);
         let mut header = vec![0u8; BatchTable::header_size(k)];
@@ -50,9 +53,9 @@ impl<'a> Publisher<'a> {
             let mut loan = match out.lend_timeout(TICK) {
                 Ok(l) => l,
                 Err(LendError::Timeout) => continue,
-                Err(e) => break Err(BatchError::Lend(e)),
+                Err(e) => break Err(RunError::Lend(e)),
             };
-            let places = Places { base: out.loan_ptr(&loan) as *mut u8, frame: frame_bytes };
+            let places = Places { base: out.loan_ptr(&loan), frame: frame_bytes };
             self.gather.change(|s| {
                 s.open = Some(Open { number, places });
                 s.first = None;
@@ -61,12 +64,17 @@ impl<'a> Publisher<'a> {
                 next_at = (next_at + period).max(Instant::now());
             }
             if !self.wait_ready(number, next_at, stop) {
-                self.gather.change(|s| s.open = None);
-                self.wait_copies();
+                self.gather.close_and_wait();
                 let _ = out.end_loan(loan);
                 break Ok(());
             }
-            let cameras = self.close(number, places, &out, previous.as_ref());
+            let cameras = match self.close(number, places, &out, previous.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = out.end_loan(loan);
+                    break Err(e);
+                }
+            };
             let table = BatchTable { batch: number, closed_ns: crate::monotonic_ns(), cameras };
             table.write(&mut header).expect("sized above");
             let published = loop {
@@ -74,7 +82,7 @@ impl<'a> Publisher<'a> {
                     Ok(_) => break Ok(()),
                     Err(PublishLoanError::Timeout) if !stopped(stop) => continue,
                     Err(PublishLoanError::Timeout) => break Err(None),
-                    Err(e) => break Err(Some(BatchError::Publish(e))),
+                    Err(e) => break Err(Some(RunError::Publish(e))),
                 }
             };
             if let Err(e) = published {
@@ -82,7 +90,7 @@ impl<'a> Publisher<'a> {
                 break e.map_or(Ok(()), Err);
             }
             for (c, e) in table.cameras.iter().enumerate() {
-                totals.cameras[c][state_index(e.state)] += 1;
+                totals.cameras[c][Totals::index(e.state)] += 1;
             }
             totals.batches += 1;
             number += 1;
@@ -112,7 +120,7 @@ impl<'a> Publisher<'a> {
     }
 
     /// The output ring, with slots of `bytes`.
-    fn create(&self, bytes: usize) -> Result<Output, BatchError> {
+    fn create(&self, bytes: usize) -> Result<Producer<M>, RunError> {
         let b = self.b;
         let header = BatchTable::header_size(b.inputs.len()) as u32;
         let mut p = Producer::builder(&b.output)
@@ -129,7 +137,7 @@ impl<'a> Publisher<'a> {
         if let Some(l) = b.liveness {
             p = p.liveness_interval(l);
         }
-        p.create().map_err(BatchError::Create)
+        M::create(p, b.device).map_err(RunError::Create)
     }
 
     /// Waits until batch `number` may go out (see [`Timing`]): `false` if stopped first.
@@ -157,7 +165,7 @@ impl<'a> Publisher<'a> {
     }
 
     /// Whether batch `number` may go out, and until when to wait if not.
-    fn ready(&self, s: &State, number: u64, next_at: Instant) -> (bool, Instant) {
+    fn ready(&self, s: &State<M::Lane>, number: u64, next_at: Instant) -> (bool, Instant) {
         let now = Instant::now();
         match self.b.timing {
             Timing::Rate { .. } => (now >= next_at, next_at),
@@ -173,36 +181,30 @@ impl<'a> Publisher<'a> {
         }
     }
 
-    /// Waits until no camera copies into the batch (closed, so none starts).
-    fn wait_copies(&self) {
-        let mut s = self.gather.lock();
-        while s.copying > 0 {
-            s = self.gather.wait_until(s, Instant::now() + TICK, |s| s.copying == 0);
-        }
-    }
-
-    /// Closes batch `number`: no camera copies into it any more. Fills the places of the
-    /// cameras that sent nothing new (from `previous`, or zeros) and says what each holds.
+    /// Closes batch `number`: no camera copies into it any more, and what `out` publishes next
+    /// is ordered after the copies. Fills the places of the cameras that sent nothing new
+    /// (from `previous`, or zeros) and says what each holds.
     fn close(
         &self,
         number: u64,
         places: Places,
-        out: &Output,
+        out: &Producer<M>,
         previous: Option<&Previous>,
-    ) -> Vec<CameraEntry> {
-        self.gather.change(|s| s.open = None);
-        self.wait_copies();
+    ) -> Result<Vec<CameraEntry>, RunError> {
+        self.gather.close_and_wait();
+        let prev = previous.map(|p| Places { base: out.loan_ptr(&p.loan), frame: places.frame });
+        let mut fills = Vec::new();
         let mut s = self.gather.lock();
-        let prev_base = previous.map(|p| out.loan_ptr(&p.loan) as *const u8);
         let mut entries = Vec::with_capacity(s.cameras.len());
         for (k, c) in s.cameras.iter_mut().enumerate() {
-            let entry = match c.landed {
-                Some((n, l)) if n == number => {
+            let entry = match &c.landed {
+                Some((n, l)) if *n == number => {
+                    M::join(out, &l.lane)?;
                     let e = CameraEntry {
                         seq: l.seq,
                         timestamp_ns: l.timestamp_ns,
                         skipped: c.skipped,
-                        epoch: c.epoch,
+                        epoch: l.epoch,
                         state: CameraState::Present,
                     };
                     c.skipped = 0;
@@ -211,34 +213,24 @@ impl<'a> Publisher<'a> {
                 _ => {
                     let before = previous.map_or(CameraEntry::NONE, |p| p.cameras[k]);
                     let keep = self.b.fill == Fill::Previous
-                        && c.awaited()
                         && before.has_frame()
-                        && prev_base.is_some();
-                    let at = k * places.frame;
-                    // SAFETY: batch `number` is closed and no copy into it is under way
-                    // (`wait_copies`), so this thread alone writes its places; both loans are
-                    // this producer's (the previous one kept, so nobody writes it) and
-                    // `K * frame` bytes long; they are different buffers.
-                    unsafe {
-                        let dst = places.base.add(at);
-                        match prev_base {
-                            Some(src) if keep => {
-                                std::ptr::copy_nonoverlapping(src.add(at), dst, places.frame)
-                            }
-                            _ => std::ptr::write_bytes(dst, 0, places.frame),
-                        }
-                    }
-                    c.idle_entry(&before, keep)
+                        && c.keeps(before.epoch);
+                    let from = prev.filter(|_| keep).map(|p| p.of(k));
+                    fills.push((k, from));
+                    c.idle_entry(&before, from.is_some())
                 }
             };
             entries.push(entry);
         }
+        // The fills outside the lock: the batch is closed, so no camera writes its places.
         drop(s);
-        entries
+        for (k, from) in fills {
+            // SAFETY: batch `number` is closed and no copy into it is under way
+            // (`close_and_wait`), so this thread alone writes its places; both loans are this
+            // producer's (the previous one published and kept, so nobody writes it) and
+            // `K * frame` bytes long; they are different buffers.
+            unsafe { M::fill(out, places.of(k), from, places.frame) }?;
+        }
+        Ok(entries)
     }
-}
-
-/// A state's index in [`Totals::cameras`].
-fn state_index(s: CameraState) -> usize {
-    s.code() as usize
 }

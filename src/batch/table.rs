@@ -26,6 +26,8 @@
 
 use std::fmt;
 
+use crate::tensor::TensorHeader;
+
 /// A camera's place in a batch.
 ///
 /// ```
@@ -33,9 +35,9 @@ use std::fmt;
 /// assert_eq!(CameraState::Stale.to_string(), "stale");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CameraState {
-    /// No producer: dead, not started yet, or gone. Its place holds zeros, or its last frame
-    /// if the batcher fills with the previous batch and one was ever seen.
+    /// No producer: dead, not started yet, or gone. Its place holds zeros.
     Absent,
     /// A frame that no earlier batch carried.
     Present,
@@ -146,14 +148,16 @@ impl CameraEntry {
 ///
 /// ```
 /// use gpuring::batch::{BatchTable, CameraEntry, CameraState};
+/// use gpuring::tensor::{DType, TensorHeader};
 ///
 /// let mut cams = vec![CameraEntry::NONE; 2];
 /// cams[1] = CameraEntry { seq: 7, timestamp_ns: 1_000, skipped: 0, epoch: 3, state: CameraState::Present };
 /// let table = BatchTable { batch: 5, closed_ns: 2_000, cameras: cams };
 /// let mut header = vec![0u8; BatchTable::header_size(2)];
+/// TensorHeader::new(DType::U8, &[2, 720, 1280, 3]).write(&mut header)?; // [K, frame...]
 /// table.write(&mut header)?;
 /// assert_eq!(BatchTable::read(&header)?, Some(table));
-/// # Ok::<(), gpuring::batch::BatchTableError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchTable {
@@ -165,16 +169,57 @@ pub struct BatchTable {
     pub cameras: Vec<CameraEntry>,
 }
 
-/// Why a batch table could not be written or read.
+/// Why [`BatchTable::write`] could not write a table.
 ///
 /// ```
-/// use gpuring::batch::{BatchTable, BatchTableError};
+/// use gpuring::batch::{BatchTable, TableWriteError};
 /// let t = BatchTable { batch: 0, closed_ns: 0, cameras: vec![] };
-/// assert!(matches!(t.write(&mut [0u8; 16]), Err(BatchTableError::TooSmall { need: 160, have: 16 })));
+/// assert!(matches!(t.write(&mut [0u8; 16]), Err(TableWriteError::TooSmall { need: 160, have: 16 })));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BatchTableError {
+#[non_exhaustive]
+pub enum TableWriteError {
     /// The user header is shorter than the table.
+    TooSmall {
+        /// Bytes the table takes, from the start of the user header.
+        need: usize,
+        /// Bytes there are.
+        have: usize,
+    },
+    /// More cameras than [`BatchTable::MAX_CAMERAS`].
+    TooManyCameras(usize),
+}
+
+impl fmt::Display for TableWriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableWriteError::TooSmall { need, have } => {
+                write!(f, "the batch table needs {need} bytes of user header, there are {have}")
+            }
+            TableWriteError::TooManyCameras(k) => {
+                write!(f, "{k} cameras; a batch holds at most {}", BatchTable::MAX_CAMERAS)
+            }
+        }
+    }
+}
+
+impl std::error::Error for TableWriteError {}
+
+/// Why [`BatchTable::read`] found a table it cannot trust (a user header comes from shared
+/// memory: anything may be there).
+///
+/// ```
+/// use gpuring::batch::{BatchTable, CameraEntry, TableReadError};
+/// let mut h = vec![0u8; BatchTable::header_size(1)];
+/// BatchTable { batch: 0, closed_ns: 0, cameras: vec![CameraEntry::NONE] }.write(&mut h)?;
+/// h[BatchTable::OFFSET + 4] = 9; // a version this reader does not know
+/// assert_eq!(BatchTable::read(&h), Err(TableReadError::Version(9)));
+/// # Ok::<(), gpuring::batch::TableWriteError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TableReadError {
+    /// The user header is shorter than the table it announces.
     TooSmall {
         /// Bytes the table takes, from the start of the user header.
         need: usize,
@@ -183,35 +228,47 @@ pub enum BatchTableError {
     },
     /// A version other than 1.
     Version(u8),
-    /// A camera count over [`BatchTable::MAX_CAMERAS`].
-    TooManyCameras(u32),
-    /// A camera's state code that no version 1 writer writes.
-    State {
+    /// A camera count of 0, or over [`BatchTable::MAX_CAMERAS`].
+    Cameras(u32),
+    /// The tensor header's first dimension is not the camera count.
+    Shape {
+        /// The tensor header's first dimension (0 if it has none).
+        tensor: u64,
+        /// The table's camera count.
+        cameras: u32,
+    },
+    /// A reserved byte is not 0 (at this offset in the user header).
+    Reserved(usize),
+    /// A camera's entry no version 1 writer writes: an unknown state code, or a frame's
+    /// timestamp in the place of an absent or refused camera.
+    Entry {
         /// The camera.
         camera: usize,
-        /// The code found.
-        code: u32,
     },
 }
 
-impl fmt::Display for BatchTableError {
+impl fmt::Display for TableReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BatchTableError::TooSmall { need, have } => {
+            TableReadError::TooSmall { need, have } => {
                 write!(f, "the batch table needs {need} bytes of user header, there are {have}")
             }
-            BatchTableError::Version(v) => write!(f, "batch table version {v}, expected 1"),
-            BatchTableError::TooManyCameras(k) => {
-                write!(f, "{k} cameras; a batch holds at most {}", BatchTable::MAX_CAMERAS)
+            TableReadError::Version(v) => write!(f, "batch table version {v}, expected 1"),
+            TableReadError::Cameras(k) => {
+                write!(f, "{k} cameras; a batch holds 1 to {}", BatchTable::MAX_CAMERAS)
             }
-            BatchTableError::State { camera, code } => {
-                write!(f, "camera {camera} has state code {code}, which is none of 0..=3")
+            TableReadError::Shape { tensor, cameras } => {
+                write!(f, "the tensor is {tensor} frames long, the table names {cameras} cameras")
+            }
+            TableReadError::Reserved(at) => write!(f, "reserved byte {at} is not 0"),
+            TableReadError::Entry { camera } => {
+                write!(f, "camera {camera}'s entry is none a version 1 batcher writes")
             }
         }
     }
 }
 
-impl std::error::Error for BatchTableError {}
+impl std::error::Error for TableReadError {}
 
 impl BatchTable {
     /// The first four bytes of the table.
@@ -221,7 +278,7 @@ impl BatchTable {
     /// let mut h = vec![0u8; BatchTable::header_size(1)];
     /// BatchTable { batch: 0, closed_ns: 0, cameras: vec![gpuring::batch::CameraEntry::NONE] }.write(&mut h)?;
     /// assert_eq!(h[BatchTable::OFFSET..BatchTable::OFFSET + 4], BatchTable::MAGIC);
-    /// # Ok::<(), gpuring::batch::BatchTableError>(())
+    /// # Ok::<(), gpuring::batch::TableWriteError>(())
     /// ```
     pub const MAGIC: [u8; 4] = *b"GRBT";
     /// Where the table starts in the user header (the tensor header comes first).
@@ -258,16 +315,16 @@ impl BatchTable {
     /// use gpuring::batch::{BatchTable, CameraEntry};
     /// let mut h = vec![0u8; BatchTable::header_size(2)];
     /// BatchTable { batch: 1, closed_ns: 10, cameras: vec![CameraEntry::NONE; 2] }.write(&mut h)?;
-    /// # Ok::<(), gpuring::batch::BatchTableError>(())
+    /// # Ok::<(), gpuring::batch::TableWriteError>(())
     /// ```
-    pub fn write(&self, header: &mut [u8]) -> Result<(), BatchTableError> {
+    pub fn write(&self, header: &mut [u8]) -> Result<(), TableWriteError> {
         let k = self.cameras.len();
         if k > Self::MAX_CAMERAS {
-            return Err(BatchTableError::TooManyCameras(k as u32));
+            return Err(TableWriteError::TooManyCameras(k));
         }
         let need = Self::header_size(k);
         let Some(t) = header.get_mut(Self::OFFSET..need) else {
-            return Err(BatchTableError::TooSmall { need, have: header.len() });
+            return Err(TableWriteError::TooSmall { need, have: header.len() });
         };
         t.fill(0);
         t[0..4].copy_from_slice(&Self::MAGIC);
@@ -288,48 +345,67 @@ impl BatchTable {
     }
 
     /// Reads the table of user header `header`: `Ok(None)` if it has none (no magic at
-    /// [`OFFSET`](Self::OFFSET)). Everything is checked: a header from shared memory may hold
-    /// anything.
+    /// [`OFFSET`](Self::OFFSET)). Everything is checked, the tensor header's first dimension
+    /// against the camera count too: a header from shared memory may hold anything.
     ///
     /// ```
     /// use gpuring::batch::BatchTable;
     /// assert_eq!(BatchTable::read(&[0u8; 256]), Ok(None)); // a message that is not a batch
     /// ```
-    pub fn read(header: &[u8]) -> Result<Option<BatchTable>, BatchTableError> {
+    pub fn read(header: &[u8]) -> Result<Option<BatchTable>, TableReadError> {
         let Some(t) = header.get(Self::OFFSET..) else { return Ok(None) };
         if t.len() < 4 || t[0..4] != Self::MAGIC {
             return Ok(None);
         }
         let have = header.len();
         if t.len() < Self::HEAD {
-            return Err(BatchTableError::TooSmall { need: Self::header_size(0), have });
+            return Err(TableReadError::TooSmall { need: Self::header_size(0), have });
         }
         if t[4] != Self::VERSION {
-            return Err(BatchTableError::Version(t[4]));
+            return Err(TableReadError::Version(t[4]));
         }
+        let zeros = |at: std::ops::Range<usize>| match t[at.clone()].iter().position(|&b| b != 0) {
+            Some(i) => Err(TableReadError::Reserved(Self::OFFSET + at.start + i)),
+            None => Ok(()),
+        };
+        zeros(5..8)?;
+        zeros(12..16)?;
         let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
         let k = u32::from_le_bytes(t[8..12].try_into().unwrap());
-        if k as usize > Self::MAX_CAMERAS {
-            return Err(BatchTableError::TooManyCameras(k));
+        if k == 0 || k as usize > Self::MAX_CAMERAS {
+            return Err(TableReadError::Cameras(k));
         }
         let need = Self::header_size(k as usize);
         if have < need {
-            return Err(BatchTableError::TooSmall { need, have });
+            return Err(TableReadError::TooSmall { need, have });
+        }
+        let tensor = match TensorHeader::read(header) {
+            Ok(Some(th)) => th.shape.first().copied().unwrap_or(0),
+            _ => 0,
+        };
+        if tensor != k as u64 {
+            return Err(TableReadError::Shape { tensor, cameras: k });
         }
         let mut cameras = Vec::with_capacity(k as usize);
         for c in 0..k as usize {
             let at = Self::HEAD + Self::ENTRY * c;
             let w = &t[at..at + Self::ENTRY];
+            zeros(at + 36..at + 40)?;
             let code = u32::from_le_bytes(w[32..36].try_into().unwrap());
-            let state =
-                CameraState::from_code(code).ok_or(BatchTableError::State { camera: c, code })?;
-            cameras.push(CameraEntry {
+            let bad = TableReadError::Entry { camera: c };
+            let state = CameraState::from_code(code).ok_or(bad.clone())?;
+            let e = CameraEntry {
                 seq: u64_at(w, 0),
                 timestamp_ns: u64_at(w, 8),
                 skipped: u64_at(w, 16),
                 epoch: u64_at(w, 24),
                 state,
-            });
+            };
+            let no_frame = matches!(state, CameraState::Absent | CameraState::Refused);
+            if (no_frame && e.has_frame()) || (state == CameraState::Present && !e.has_frame()) {
+                return Err(bad);
+            }
+            cameras.push(e);
         }
         Ok(Some(BatchTable { batch: u64_at(t, 16), closed_ns: u64_at(t, 24), cameras }))
     }
@@ -338,54 +414,75 @@ impl BatchTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::DType;
 
     fn sample(k: usize) -> BatchTable {
         let states =
             [CameraState::Absent, CameraState::Present, CameraState::Stale, CameraState::Refused];
         let cameras = (0..k)
-            .map(|c| CameraEntry {
-                seq: c as u64 * 11,
-                timestamp_ns: 1 + c as u64,
-                skipped: c as u64 % 3,
-                epoch: 100 + c as u64,
-                state: states[c % 4],
+            .map(|c| {
+                let state = states[c % 4];
+                let frame = matches!(state, CameraState::Present | CameraState::Stale);
+                CameraEntry {
+                    seq: c as u64 * 11,
+                    timestamp_ns: if frame { 1 + c as u64 } else { 0 },
+                    skipped: c as u64 % 3,
+                    epoch: 100 + c as u64,
+                    state,
+                }
             })
             .collect();
         BatchTable { batch: 42, closed_ns: 77, cameras }
     }
 
+    /// A user header with a `[k, 2, 2]` tensor header and `t` written after it.
+    fn header(t: &BatchTable) -> Vec<u8> {
+        let k = t.cameras.len();
+        let mut h = vec![0u8; BatchTable::header_size(k)];
+        TensorHeader::new(DType::U8, &[k as u64, 2, 2]).write(&mut h).unwrap();
+        t.write(&mut h).unwrap();
+        h
+    }
+
     #[test]
     fn tables_round_trip() {
-        for k in [0, 1, 4, 9] {
+        for k in [1, 4, 9] {
             let t = sample(k);
-            let mut h = vec![0xAAu8; BatchTable::header_size(k)];
-            t.write(&mut h).unwrap();
-            assert_eq!(BatchTable::read(&h).unwrap(), Some(t));
+            assert_eq!(BatchTable::read(&header(&t)).unwrap(), Some(t));
         }
     }
 
     #[test]
     fn damaged_tables_are_refused() {
         let t = sample(4);
-        let mut h = vec![0u8; BatchTable::header_size(4)];
-        assert_eq!(
-            t.write(&mut h[..200]),
-            Err(BatchTableError::TooSmall { need: BatchTable::header_size(4), have: 200 })
-        );
-        t.write(&mut h).unwrap();
+        let mut short = vec![0u8; 200];
+        let need = BatchTable::header_size(4);
+        assert_eq!(t.write(&mut short), Err(TableWriteError::TooSmall { need, have: 200 }));
+        let h = header(&t);
         assert_eq!(BatchTable::read(&h[..100]), Ok(None));
-        assert!(matches!(BatchTable::read(&h[..200]), Err(BatchTableError::TooSmall { .. })));
-        let mut bad = h.clone();
-        bad[BatchTable::OFFSET + 4] = 2;
-        assert_eq!(BatchTable::read(&bad), Err(BatchTableError::Version(2)));
-        let mut bad = h.clone();
-        bad[BatchTable::OFFSET + 8..BatchTable::OFFSET + 12]
-            .copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(BatchTable::read(&bad), Err(BatchTableError::TooManyCameras(u32::MAX)));
-        let mut bad = h.clone();
-        let state = BatchTable::OFFSET + 32 + 40 + 32;
-        bad[state..state + 4].copy_from_slice(&9u32.to_le_bytes());
-        assert_eq!(BatchTable::read(&bad), Err(BatchTableError::State { camera: 1, code: 9 }));
-        assert_eq!(BatchTable::read(&vec![0u8; 400]), Ok(None));
+        assert!(matches!(BatchTable::read(&h[..200]), Err(TableReadError::TooSmall { .. })));
+        let o = BatchTable::OFFSET;
+        let damaged = |at: usize, bytes: &[u8]| {
+            let mut bad = h.clone();
+            bad[at..at + bytes.len()].copy_from_slice(bytes);
+            BatchTable::read(&bad)
+        };
+        assert_eq!(damaged(o + 4, &[2]), Err(TableReadError::Version(2)));
+        assert_eq!(damaged(o + 8, &u32::MAX.to_le_bytes()), Err(TableReadError::Cameras(u32::MAX)));
+        assert_eq!(damaged(o + 8, &0u32.to_le_bytes()), Err(TableReadError::Cameras(0)));
+        let three = damaged(o + 8, &3u32.to_le_bytes());
+        assert_eq!(three, Err(TableReadError::Shape { tensor: 4, cameras: 3 }));
+        assert_eq!(damaged(o + 6, &[1]), Err(TableReadError::Reserved(o + 6)));
+        assert_eq!(
+            damaged(o + 32 + 40 + 37, &[1]),
+            Err(TableReadError::Reserved(o + 32 + 40 + 37))
+        );
+        let state = o + 32 + 40 + 32;
+        assert_eq!(damaged(state, &9u32.to_le_bytes()), Err(TableReadError::Entry { camera: 1 }));
+        // Camera 0 is absent: a frame's timestamp in its place is not a version 1 table.
+        assert_eq!(damaged(o + 32 + 8, &[5]), Err(TableReadError::Entry { camera: 0 }));
+        // Camera 1 is present: it must have one.
+        assert_eq!(damaged(o + 32 + 40 + 8, &[0; 8]), Err(TableReadError::Entry { camera: 1 }));
+        assert_eq!(BatchTable::read(&[0u8; 400]), Ok(None));
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::tensor::DType;
-use crate::{Consumer, Producer, RecvTimeoutError};
+use crate::{Consumer, Mode, Producer, RecvTimeoutError};
 
 /// A ring name no other test (or test run) uses.
 fn unique_name(tag: &str) -> String {
@@ -185,12 +185,147 @@ fn a_camera_of_another_shape_is_refused_by_name() {
 #[test]
 fn settings_that_make_no_batcher_are_refused() {
     let e = Batcher::builder("x", &[] as &[&str]).build().unwrap_err();
-    assert!(matches!(e, BatchError::NoInputs), "{e}");
+    assert_eq!(e, BuildError::NoInputs);
     let e = Batcher::builder("x", &["a", "b", "a"]).build().unwrap_err();
-    assert!(matches!(e, BatchError::DuplicateInput(ref n) if n == "a"), "{e}");
+    assert_eq!(e, BuildError::DuplicateInput("a".into()));
     let e = Batcher::builder("x", &["a"]).spare_buffers(1).build().unwrap_err();
-    assert!(matches!(e, BatchError::TooFewSpares(1)), "{e}");
+    assert_eq!(e, BuildError::TooFewSpares(1));
+    let e = Batcher::builder("x", &["a"]).capacity(0).build().unwrap_err();
+    assert_eq!(e, BuildError::Capacity);
+    let never = Timing::Rate { period: Duration::ZERO };
+    assert_eq!(
+        Batcher::builder("x", &["a"]).timing(never).build().unwrap_err(),
+        BuildError::Timing
+    );
+    let forever = Timing::AllFresh { max_wait: Duration::MAX };
+    assert_eq!(
+        Batcher::builder("x", &["a"]).timing(forever).build().unwrap_err(),
+        BuildError::Timing
+    );
     let deep = TensorHeader::new(DType::U8, &[1; 8]);
     let e = Batcher::builder("x", &["a"]).frame(deep).build().unwrap_err();
+    assert_eq!(e, BuildError::FrameDims(8));
     assert!(e.to_string().contains("at most 7"), "{e}");
+    let empty = TensorHeader::new(DType::U8, &[0, 4]);
+    let e = Batcher::builder("x", &["a"]).frame(empty).build().unwrap_err();
+    assert_eq!(e, BuildError::FrameSize);
+    let huge = TensorHeader::new(DType::U8, &[u64::MAX / 2, 4]);
+    let e = Batcher::builder("x", &["a"]).frame(huge).build().unwrap_err();
+    assert_eq!(e, BuildError::FrameSize);
+}
+
+/// A camera that sends `n` frames as fast as the ring lets it (Block: a `Lossless` batcher
+/// slows it down) once `go` is set, then waits for `stop`. Its first frame waits for `go`
+/// too, so the first batch ring is made then.
+fn burst(name: &str, cam: usize, n: u64, go: &AtomicBool, stop: &AtomicBool) {
+    let b = Producer::builder(name).slot_size(FRAME).user_header_size(64).capacity(4);
+    let mut tx = b.create().unwrap();
+    tx.wait_for_consumers(1, Duration::from_secs(10)).unwrap();
+    while !go.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let h = frame_header();
+    for seq in 0..n {
+        let frame: Vec<u8> = (0..FRAME).map(|i| pattern(cam, seq, i)).collect();
+        tx.send(&frame, &h).unwrap();
+    }
+    while !stop.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn lossless_cameras_put_every_frame_in_a_batch_in_order() {
+    const N: u64 = 200;
+    let out = unique_name("batch-lossless");
+    let names = [unique_name("batch-l0"), unique_name("batch-l1")];
+    let (go, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+    let batcher = Batcher::builder(&out, &names)
+        .mode(Mode::Lossless)
+        .timing(Timing::AllFresh { max_wait: Duration::from_millis(5) })
+        .frame(TensorHeader::new(DType::U8, &SHAPE))
+        .build()
+        .unwrap();
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let run = s.spawn(|| batcher.run(&stop));
+        for (c, name) in names.iter().enumerate() {
+            let (go, stop) = (&go, &stop);
+            s.spawn(move || burst(name, c, N, go, stop));
+        }
+        // The batch ring is made at once (the frame is given): join it before any frame.
+        let rx = Consumer::builder(&out).mode(Mode::Lossless);
+        let rx = rx.open_timeout(Duration::from_secs(10)).unwrap();
+        go.store(true, Relaxed);
+        let mut seen: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen.iter().any(|v| v.len() < N as usize) {
+            assert!(
+                Instant::now() < deadline,
+                "frames batched: {} and {}",
+                seen[0].len(),
+                seen[1].len()
+            );
+            for t in check_batches(&rx, 2, 1) {
+                for (c, e) in t.cameras.iter().enumerate() {
+                    if e.state == CameraState::Present {
+                        assert_eq!(e.skipped, 0, "a lossless camera skips nothing");
+                        seen[c].push(e.seq);
+                    }
+                }
+            }
+        }
+        stop.store(true, Relaxed);
+        let totals = run.join().unwrap().unwrap();
+        for (c, v) in seen.iter().enumerate() {
+            assert_eq!(*v, (0..N).collect::<Vec<_>>(), "camera {c}'s frames, in batches");
+        }
+        for c in 0..2 {
+            assert_eq!(totals.cameras[c].iter().sum::<u64>(), totals.batches);
+            assert_eq!(totals.cameras[c][Totals::index(CameraState::Present)], N);
+        }
+    });
+}
+
+#[test]
+fn a_slow_camera_keeps_its_previous_frame_and_does_not_hold_the_others_up() {
+    let out = unique_name("batch-stale");
+    let names = [unique_name("batch-fast"), unique_name("batch-slow")];
+    let stop = AtomicBool::new(false);
+    let batcher = Batcher::builder(&out, &names)
+        .timing(Timing::AllFresh { max_wait: Duration::from_millis(10) })
+        .fill(Fill::Previous)
+        .build()
+        .unwrap();
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let run = s.spawn(|| batcher.run(&stop));
+        let (fast, slow, stop_ref) = (&names[0], &names[1], &stop);
+        s.spawn(move || camera(fast, 0, Duration::from_millis(2), stop_ref));
+        s.spawn(move || camera(slow, 1, Duration::from_millis(60), stop_ref));
+        let rx = Consumer::builder(&out).mode(Mode::Lossless);
+        let rx = rx.open_timeout(Duration::from_secs(10)).unwrap();
+        let tables = check_batches(&rx, 2, 80);
+        stop.store(true, Relaxed);
+        run.join().unwrap().unwrap();
+        // The slow camera is stale in most batches, its place holding its last frame (the
+        // bytes were checked against the sequence number its entry names).
+        let mut stale = 0;
+        for w in tables.windows(2) {
+            let (before, now) = (&w[0].cameras[1], &w[1].cameras[1]);
+            if now.state == CameraState::Stale {
+                stale += 1;
+                // Before its first frame it has none to keep.
+                if before.has_frame() {
+                    assert!(now.has_frame(), "a stale camera's place keeps its frame");
+                    assert_eq!((now.seq, now.epoch), (before.seq, before.epoch));
+                }
+            }
+        }
+        // Batches went out without it (a batcher that waited for it would have it present in
+        // every batch), and with the fast one in most.
+        assert!(stale > 20, "the slow camera was stale in {stale} of 79 batches");
+        let present = tables.iter().filter(|t| t.cameras[0].state == CameraState::Present);
+        assert!(present.count() > 40);
+    });
 }

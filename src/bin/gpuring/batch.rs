@@ -47,6 +47,12 @@ pub struct Options {
     /// The batch ring's policy: block or overwrite.
     #[arg(long, value_parser = parse_policy)]
     policy: Option<Policy>,
+    /// The rings' memory: host, or cuda (the cameras' rings and the batch ring alike).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    memory: String,
+    /// The GPU of a CUDA batcher: the batch ring is made there, the cameras' rings read there.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
 }
 
 fn parse_fill(s: &str) -> Result<Fill, String> {
@@ -88,7 +94,8 @@ pub fn run(o: &Options) -> ExitCode {
         .fill(o.fill)
         .mode(o.mode)
         .capacity(o.capacity)
-        .spare_buffers(o.spares);
+        .spare_buffers(o.spares)
+        .device(o.device);
     if let Some(p) = o.policy {
         b = b.policy(p);
     }
@@ -99,10 +106,31 @@ pub fn run(o: &Options) -> ExitCode {
         };
         b = b.frame(TensorHeader::new(dtype, shape));
     }
-    let done = b.build().and_then(|batcher| {
-        eprintln!("gpuring batch: {} cameras into ring {:?}", o.inputs.len(), o.ring);
-        batcher.run(stop)
-    });
+    let batcher = match b.build() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("gpuring batch: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let done = {
+        eprintln!(
+            "gpuring batch: {} cameras into ring {:?} ({} memory)",
+            o.inputs.len(),
+            o.ring,
+            o.memory
+        );
+        match o.memory.as_str() {
+            #[cfg(feature = "cuda")]
+            "cuda" => batcher.run_in::<gpuring::Cuda>(stop),
+            #[cfg(not(feature = "cuda"))]
+            "cuda" => {
+                eprintln!("gpuring batch: built without CUDA (feature cuda)");
+                std::process::exit(2);
+            }
+            _ => batcher.run(stop),
+        }
+    };
     if let Ok(t) = &done {
         eprintln!("gpuring batch: stopped, {} batches", t.batches);
         for (k, [present, stale, absent, refused]) in t.cameras.iter().enumerate() {
