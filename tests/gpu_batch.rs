@@ -18,8 +18,8 @@ use gpuring::testing::pattern;
 use gpuring::{Consumer, Mode, PeerPolicy, Producer, RecvTimeoutError, Sharing};
 
 const CAMERAS: usize = 4;
-const SHAPE: [u64; 3] = [64, 64, 4];
-const FRAME: usize = 64 * 64 * 4;
+const SHAPE: [u64; 3] = [512, 512, 4];
+const FRAME: usize = 512 * 512 * 4;
 
 /// The test pattern's number of camera `cam`'s frame `seq`: cameras differ.
 fn pattern_seq(cam: usize, seq: u64) -> u64 {
@@ -69,8 +69,12 @@ fn checker() {
         };
         let table = BatchTable::read(m.header()).unwrap().expect("a batch table");
         assert_eq!(m.len(), CAMERAS * FRAME);
-        // A test may wait for the GPU: the batch's bytes, once its stream has them.
-        m.stream().synchronize().unwrap();
+        // A test may wait for the GPU: the batch's bytes, once its stream has them (a bounded
+        // wait: a stream stuck on a fence that never comes fails the test, not hangs it).
+        while !m.stream().is_idle().unwrap() {
+            assert!(Instant::now() < deadline, "a batch's stream stayed busy");
+            std::thread::sleep(Duration::from_micros(100));
+        }
         let _bound = rx.context().bind().unwrap();
         // SAFETY: the batch is `CAMERAS * FRAME` device bytes of this context, pinned by `m`.
         unsafe { driver::memcpy_dtoh(&mut host, m.ptr()) }.unwrap();
@@ -155,7 +159,14 @@ fn run(
     ];
     kids.0.push(spawn(test, "checker", &env));
     mid(&mut kids, &inputs, &done);
-    let status = kids.0[CAMERAS + 1].wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = kids.0[CAMERAS + 1].try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the checker did not finish in 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(status.success(), "checker: {status}");
     let r = std::fs::read_to_string(&result).unwrap();
     let v: Vec<u64> = r.split_whitespace().map(|x| x.parse().unwrap()).collect();

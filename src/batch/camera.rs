@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::gather::{Gather, Landed, Open, State, TICK};
+use super::gather::{Copying, Gather, Landed, Open, State, TICK};
 use super::memory::BatchMemory;
 use crate::tensor::TensorHeader;
 use crate::{Consumer, ConsumerBuilder, Mode, OpenErrorKind, ReadSlot, RecvTimeoutError};
@@ -18,7 +18,7 @@ pub(super) struct Input<'a, M: BatchMemory> {
     pub mode: Mode,
     /// The device it reads on (CUDA), the output ring's.
     pub device: i32,
-    pub gather: &'a Gather<M::Lane>,
+    pub gather: &'a Gather<M>,
 }
 
 impl<M: BatchMemory> Input<'_, M> {
@@ -78,6 +78,10 @@ impl<M: BatchMemory> Input<'_, M> {
                         self.gather.change(|s| s.cameras[self.index].refused = None);
                     }
                     OpenErrorKind::TimedOut | OpenErrorKind::NotInitialized => {}
+                    OpenErrorKind::NoPeerAccess { .. } => {
+                        self.refuse(&e.to_string());
+                        std::thread::sleep(TICK);
+                    }
                     OpenErrorKind::WrongMemory { found } => {
                         let why =
                             format!("its ring holds {found:?} memory, the batch {:?}", M::KIND);
@@ -158,22 +162,12 @@ impl<M: BatchMemory> Input<'_, M> {
             s.cameras[self.index].skipped += 1 + lag;
             return Ok(());
         }
-        // A `Latest` camera holds no frame while no batch is open (the batcher is publishing,
-        // or waits for a buffer): it releases this one, counted as skipped, and takes the
-        // newest once a batch opens. A `Lossless` one keeps it for the next batch.
-        if self.mode != Mode::Lossless && s.open.is_none() {
-            s.cameras[self.index].skipped += 1 + lag;
-            drop(m);
-            let until = Instant::now() + TICK;
-            drop(self.gather.wait_until(s, until, |s| s.open.is_some()));
-            return Ok(());
-        }
         // A batch open for this frame: in `Lossless` mode one this camera has no frame in yet
         // (every frame goes into a batch of its own); otherwise the open one, whose older frame
         // of this camera, if any, the newer one replaces.
         let lossless = self.mode == Mode::Lossless;
         let me = self.index;
-        let usable = |s: &State<M::Lane>| match s.open {
+        let usable = |s: &State<M>| match &s.open {
             Some(o) => !(lossless && s.cameras[me].landed_in(o.number)),
             None => false,
         };
@@ -185,25 +179,38 @@ impl<M: BatchMemory> Input<'_, M> {
             if usable(&s) {
                 break;
             }
+            // A `Latest` camera holds no frame for longer than a tick while no batch is open
+            // (the batcher waits for a buffer, or for a slow consumer): it releases this one,
+            // counted as skipped, and takes the newest once a batch opens. A `Lossless` one
+            // keeps it for the next batch.
+            if !lossless {
+                s.cameras[me].skipped += 1 + lag;
+                return Ok(());
+            }
         }
-        let open: Open = s.open.expect("usable means open");
+        let open: Open<M> = s.open.clone().expect("usable means open");
         let cam = &mut s.cameras[me];
         if cam.landed_in(open.number) {
             cam.skipped += 1; // the frame it replaces goes into no batch
         }
         cam.skipped += lag;
+        // Noted before the copy, so that the publish is ordered after it even if it fails.
+        cam.copies_on(open.number, lane);
         s.copying += 1;
+        let copying = Copying(self.gather);
         drop(s);
-        // SAFETY: the place is `frame` bytes inside the loan `open.places` names (`Places`'
-        // invariant); only this camera's thread writes it, and only while counted in
-        // `copying`, which the batcher waits out (and then joins this lane) before it reads,
-        // publishes or ends the loan. `m` holds `frame` bytes (`check_frame`).
-        let copied = unsafe { M::copy(lane, open.places.of(me), &m, open.places.frame) };
-        let (seq, timestamp_ns) = (m.seq(), m.timestamp_ns());
-        let landed = Landed { seq, timestamp_ns, epoch, lane: lane.clone() };
+        // The copy waits for the batch ring's work from before the batch opened: reads of the
+        // buffer it writes, by the fill of an earlier batch, are among it.
+        let copied = M::pass(lane, &open.gate).and_then(|()| {
+            // SAFETY: the place is `frame` bytes inside the loan `open.places` names (`Places`'
+            // invariant); only this camera's thread writes it, and only while counted in
+            // `copying`, which the batcher waits out (and then joins this lane) before it
+            // reads, publishes or ends the loan. `m` holds `frame` bytes (`check_frame`).
+            unsafe { M::copy(lane, open.places.of(me), &m, open.places.frame) }
+        });
+        let landed = Landed { seq: m.seq(), timestamp_ns: m.timestamp_ns(), epoch };
         drop(m); // released after the copy (in CUDA memory, on the lane, after it)
         let mut s = self.gather.lock();
-        s.copying -= 1;
         if copied.is_ok() {
             s.cameras[me].landed = Some((open.number, landed));
             s.first.get_or_insert_with(Instant::now);
@@ -212,7 +219,7 @@ impl<M: BatchMemory> Input<'_, M> {
             s.cameras[me].landed = None;
         }
         drop(s);
-        self.gather.notify();
+        drop(copying); // counts the copy done, and wakes the batcher
         copied
     }
 }
@@ -265,9 +272,9 @@ pub(super) fn describe(t: &TensorHeader) -> String {
 }
 
 /// Marks camera `.1` not live when dropped (its thread ends, a panic included).
-struct Leaving<'a, L>(&'a Gather<L>, usize);
+struct Leaving<'a, M: BatchMemory>(&'a Gather<M>, usize);
 
-impl<L> Drop for Leaving<'_, L> {
+impl<M: BatchMemory> Drop for Leaving<'_, M> {
     fn drop(&mut self) {
         self.0.change(|s| s.cameras[self.1].live = false);
     }

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::memory::BatchMemory;
 use super::table::{CameraEntry, CameraState};
 use crate::tensor::TensorHeader;
 
@@ -32,16 +33,23 @@ impl Places {
 }
 
 /// The batch open for frames.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Open {
+pub(super) struct Open<M: BatchMemory> {
     /// Its number.
     pub number: u64,
     pub places: Places,
+    /// What a camera's copy into it waits for first: the batch ring's work before the batch
+    /// opened (in CUDA memory, reads of the previous batch's buffer among it).
+    pub gate: Arc<M::Gate>,
 }
 
-/// What the batcher knows of one camera. `L` is the memory kind's lane (`BatchMemory::Lane`).
-#[derive(Debug)]
-pub(super) struct Camera<L> {
+impl<M: BatchMemory> Clone for Open<M> {
+    fn clone(&self) -> Self {
+        Open { number: self.number, places: self.places, gate: self.gate.clone() }
+    }
+}
+
+/// What the batcher knows of one camera.
+pub(super) struct Camera<M: BatchMemory> {
     /// Its thread has a consumer on a live producer.
     pub live: bool,
     /// Its producer's frames do not match the batch: until its producer changes, none is used.
@@ -49,26 +57,53 @@ pub(super) struct Camera<L> {
     /// The epoch of the producer it last joined (0 if none yet).
     pub epoch: u64,
     /// The batch its place was last written for, with the frame that landed there.
-    pub landed: Option<(u64, Landed<L>)>,
+    pub landed: Option<(u64, Landed)>,
+    /// The lanes that copied (or tried to) into the place of batch `.0`: the publish is
+    /// ordered after every one of them, the lane of a frame that was replaced, or of a copy
+    /// that failed, or of an earlier join of the camera's ring, too.
+    pub lanes: (u64, Vec<Arc<M::Lane>>),
     /// Frames that no batch carried since the last batch that carried one of its frames.
     pub skipped: u64,
 }
 
 /// A frame copied into its place.
-#[derive(Debug)]
-pub(super) struct Landed<L> {
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Landed {
     pub seq: u64,
     pub timestamp_ns: u64,
     /// The epoch of the producer that sent it.
     pub epoch: u64,
-    /// The lane that copied it: the batch's publish is ordered after it (a camera that
-    /// rejoins gets a new lane, so the one of the copy is kept here).
-    pub lane: Arc<L>,
 }
 
-impl<L> Camera<L> {
-    fn new() -> Camera<L> {
-        Camera { live: false, refused: None, epoch: 0, landed: None, skipped: 0 }
+impl<M: BatchMemory> Camera<M> {
+    fn new() -> Camera<M> {
+        Camera {
+            live: false,
+            refused: None,
+            epoch: 0,
+            landed: None,
+            lanes: (u64::MAX, Vec::new()),
+            skipped: 0,
+        }
+    }
+
+    /// Notes that `lane` copies into the place of batch `number`.
+    pub(super) fn copies_on(&mut self, number: u64, lane: &Arc<M::Lane>) {
+        if self.lanes.0 != number {
+            self.lanes = (number, Vec::new());
+        }
+        if !self.lanes.1.iter().any(|l| Arc::ptr_eq(l, lane)) {
+            self.lanes.1.push(lane.clone());
+        }
+    }
+
+    /// The lanes that copied into the place of batch `number`, taken.
+    pub(super) fn take_lanes(&mut self, number: u64) -> Vec<Arc<M::Lane>> {
+        if self.lanes.0 == number {
+            std::mem::take(&mut self.lanes.1)
+        } else {
+            Vec::new()
+        }
     }
 
     /// Whether its frame of the batch before may stand in for a new one: it lives, is not
@@ -104,29 +139,28 @@ impl<L> Camera<L> {
 }
 
 /// Everything the threads share.
-#[derive(Debug)]
-pub(super) struct State<L> {
+pub(super) struct State<M: BatchMemory> {
     /// The frame every camera must send, once known: the builder's, or the first frame's.
     pub layout: Option<TensorHeader>,
     /// The batch open for frames, if any.
-    pub open: Option<Open>,
+    pub open: Option<Open<M>>,
     /// Copies into the open batch's places under way.
     pub copying: usize,
     /// When the first frame landed in the open batch.
     pub first: Option<Instant>,
-    pub cameras: Vec<Camera<L>>,
+    pub cameras: Vec<Camera<M>>,
     /// Set once: every thread ends.
     pub stop: bool,
 }
 
 /// The shared state and its condition variable, notified at every change a waiter may wait for.
-pub(super) struct Gather<L> {
-    state: Mutex<State<L>>,
+pub(super) struct Gather<M: BatchMemory> {
+    state: Mutex<State<M>>,
     changed: Condvar,
 }
 
-impl<L> Gather<L> {
-    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather<L> {
+impl<M: BatchMemory> Gather<M> {
+    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather<M> {
         let state = State {
             layout,
             open: None,
@@ -140,12 +174,12 @@ impl<L> Gather<L> {
 
     /// The state, locked. A thread that panicked with it held left it consistent (every
     /// change is made whole under the lock), so a poisoned lock is taken as it is.
-    pub(super) fn lock(&self) -> MutexGuard<'_, State<L>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State<M>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Changes the state and wakes every waiter.
-    pub(super) fn change<R>(&self, f: impl FnOnce(&mut State<L>) -> R) -> R {
+    pub(super) fn change<R>(&self, f: impl FnOnce(&mut State<M>) -> R) -> R {
         let r = f(&mut self.lock());
         self.changed.notify_all();
         r
@@ -154,10 +188,10 @@ impl<L> Gather<L> {
     /// Waits until `done` holds, `stop` is set or `until` passes; returns the guard.
     pub(super) fn wait_until<'a>(
         &'a self,
-        mut s: MutexGuard<'a, State<L>>,
+        mut s: MutexGuard<'a, State<M>>,
         until: Instant,
-        mut done: impl FnMut(&State<L>) -> bool,
-    ) -> MutexGuard<'a, State<L>> {
+        mut done: impl FnMut(&State<M>) -> bool,
+    ) -> MutexGuard<'a, State<M>> {
         while !s.stop && !done(&s) {
             let now = Instant::now();
             if now >= until {
@@ -189,9 +223,9 @@ impl<L> Gather<L> {
 /// batch, waits out the copies into it, and tells the camera threads to stop. The publisher
 /// makes one right after its output ring, so that it is dropped before the ring: no camera
 /// copies into a buffer of a ring that is gone.
-pub(super) struct Stopping<'a, L>(pub &'a Gather<L>);
+pub(super) struct Stopping<'a, M: BatchMemory>(pub &'a Gather<M>);
 
-impl<L> Drop for Stopping<'_, L> {
+impl<M: BatchMemory> Drop for Stopping<'_, M> {
     fn drop(&mut self) {
         self.0.close_and_wait();
         self.0.change(|s| s.stop = true);
@@ -200,3 +234,13 @@ impl<L> Drop for Stopping<'_, L> {
 
 /// How long a thread waits at most before it looks at `stop` again.
 pub(super) const TICK: Duration = Duration::from_millis(50);
+
+/// A copy into an open batch, counted in `copying` from its making to its drop (a panic in
+/// the copy included), so that the batcher's wait for the copies always ends.
+pub(super) struct Copying<'a, M: BatchMemory>(pub &'a Gather<M>);
+
+impl<M: BatchMemory> Drop for Copying<'_, M> {
+    fn drop(&mut self) {
+        self.0.change(|s| s.copying -= 1);
+    }
+}

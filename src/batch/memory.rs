@@ -31,6 +31,12 @@ pub trait BatchMemory: Memory + sealed::Sealed {
     #[doc(hidden)]
     type Lane: Send + Sync;
 
+    /// The batch ring's work up to a point, for lanes to wait for: nothing in host memory (the
+    /// batcher's thread does it all before it opens a batch), an event of the batch ring's
+    /// stream in CUDA memory.
+    #[doc(hidden)]
+    type Gate: Send + Sync;
+
     /// Makes the output ring.
     #[doc(hidden)]
     fn create(b: ProducerBuilder, device: i32) -> Result<Producer<Self>, CreateError>;
@@ -75,6 +81,19 @@ pub trait BatchMemory: Memory + sealed::Sealed {
     #[doc(hidden)]
     fn join(out: &Producer<Self>, lane: &Self::Lane) -> Result<(), RunError>;
 
+    /// The work `out` was given so far, for [`pass`](Self::pass).
+    #[doc(hidden)]
+    fn gate(out: &Producer<Self>) -> Result<Self::Gate, RunError>;
+
+    /// Orders the copies made on `lane` from now on after `gate`'s work.
+    #[doc(hidden)]
+    fn pass(lane: &Self::Lane, gate: &Self::Gate) -> Result<(), RunError>;
+
+    /// Waits up to `within` for `out`'s work to be done (when the batcher stops: a copy still
+    /// to run must not outlive the buffers it writes). Whether it is.
+    #[doc(hidden)]
+    fn quiesce(out: &Producer<Self>, within: Duration) -> bool;
+
     /// Fills `len` bytes at `dst` with a copy of `src`, or zeros, in `out`'s order (before what
     /// it publishes next).
     ///
@@ -99,6 +118,7 @@ mod sealed {
 
 impl BatchMemory for Host {
     type Lane = ();
+    type Gate = ();
 
     fn create(b: ProducerBuilder, _device: i32) -> Result<Producer, CreateError> {
         b.create()
@@ -136,6 +156,18 @@ impl BatchMemory for Host {
         Ok(())
     }
 
+    fn gate(_out: &Producer) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    fn pass(_lane: &(), _gate: &()) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    fn quiesce(_out: &Producer, _within: Duration) -> bool {
+        true
+    }
+
     unsafe fn fill(
         _out: &Producer,
         dst: u64,
@@ -156,17 +188,46 @@ impl BatchMemory for Host {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::time::Duration;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     use super::{BatchMemory, RunError};
-    use crate::cuda::{driver, Stream};
+    use crate::cuda::{driver, Context, Stream};
     use crate::{
         Consumer, ConsumerBuilder, CreateError, Cuda, OpenError, Producer, ProducerBuilder,
         ReadSlot, RecvTimeoutError,
     };
 
+    /// An event recorded on the batch ring's stream. Invariant: `ev` was created in `ctx` and
+    /// is destroyed only by `drop`.
+    pub struct Gate {
+        ctx: Arc<Context>,
+        ev: driver::CUevent,
+    }
+
+    // SAFETY: an event handle may be used from any thread with its context bound, which every
+    // use here does; the driver API is thread-safe.
+    unsafe impl Send for Gate {}
+    // SAFETY: as above; `&Gate` only records waits on it.
+    unsafe impl Sync for Gate {}
+
+    impl Drop for Gate {
+        fn drop(&mut self) {
+            if let Ok(_bound) = self.ctx.bind() {
+                // SAFETY: `ev` is ours (the invariant) and not used again; destroying an event
+                // that streams still wait on is allowed (the driver frees it after the waits).
+                let _ = unsafe { driver::event_destroy(self.ev) };
+            }
+        }
+    }
+
+    fn cuda(e: driver::DriverError) -> RunError {
+        RunError::Cuda(e.into())
+    }
+
     impl BatchMemory for Cuda {
         type Lane = Stream;
+        type Gate = Gate;
 
         fn create(b: ProducerBuilder, device: i32) -> Result<Producer<Cuda>, CreateError> {
             b.create_gpu(device)
@@ -182,7 +243,7 @@ mod cuda {
         }
 
         fn lane(rx: &Consumer<Cuda>) -> Result<Stream, RunError> {
-            Stream::new(rx.context()).map_err(|e| RunError::Cuda(e.into()))
+            Stream::new(rx.context()).map_err(cuda)
         }
 
         fn recv<'a>(
@@ -208,7 +269,36 @@ mod cuda {
         }
 
         fn join(out: &Producer<Cuda>, lane: &Stream) -> Result<(), RunError> {
-            out.stream().wait_for(lane).map_err(|e| RunError::Cuda(e.into()))
+            out.stream().wait_for(lane).map_err(cuda)
+        }
+
+        fn gate(out: &Producer<Cuda>) -> Result<Gate, RunError> {
+            let s = out.stream();
+            let _bound = s.context().bind().map_err(cuda)?;
+            // SAFETY: the context is current.
+            let ev = unsafe { driver::event_create() }.map_err(cuda)?;
+            let gate = Gate { ctx: s.context().clone(), ev };
+            // SAFETY: `ev` was just created in this context, `s` is live in it.
+            unsafe { driver::event_record(gate.ev, s.raw()) }.map_err(cuda)?;
+            Ok(gate)
+        }
+
+        fn pass(lane: &Stream, gate: &Gate) -> Result<(), RunError> {
+            let _bound = lane.context().bind().map_err(cuda)?;
+            // SAFETY: `lane` is live; `gate.ev` is live (the invariant) and recorded.
+            unsafe { driver::stream_wait_event(lane.raw(), gate.ev) }.map_err(cuda)
+        }
+
+        fn quiesce(out: &Producer<Cuda>, within: Duration) -> bool {
+            let end = Instant::now() + within;
+            loop {
+                match out.stream().is_idle() {
+                    Ok(true) => return true,
+                    Err(_) => return false,
+                    Ok(false) if Instant::now() >= end => return false,
+                    Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
         }
 
         unsafe fn fill(

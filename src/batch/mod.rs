@@ -366,7 +366,7 @@ impl Batcher {
     /// ```
     pub fn run_in<M: BatchMemory>(&self, stop: &AtomicBool) -> Result<Totals, RunError> {
         let b = &self.b;
-        let gather = gather::Gather::<M::Lane>::new(b.inputs.len(), b.frame.clone());
+        let gather = gather::Gather::<M>::new(b.inputs.len(), b.frame.clone());
         let inputs: Vec<_> = (0..b.inputs.len())
             .map(|k| {
                 let mut builder = Consumer::builder(&b.inputs[k]);

@@ -2,7 +2,8 @@
 //! batch, lends a buffer, opens it to the cameras, closes it when [`Timing`] says, fills the
 //! places of the cameras that sent nothing new, writes the table and publishes it.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::gather::{Gather, Open, Places, State, Stopping, TICK};
 use super::memory::BatchMemory;
@@ -13,7 +14,7 @@ use crate::{LendError, Loan, Producer, PublishLoanError};
 
 pub(super) struct Publisher<'a, M: BatchMemory> {
     b: &'a BatcherBuilder,
-    gather: &'a Gather<M::Lane>,
+    gather: &'a Gather<M>,
 }
 
 /// The batch before the one being gathered: kept (not ended) so that its frames can be copied
@@ -24,7 +25,7 @@ struct Previous {
 }
 
 impl<'a, M: BatchMemory> Publisher<'a, M> {
-    pub(super) fn new(b: &'a BatcherBuilder, gather: &'a Gather<M::Lane>) -> Publisher<'a, M> {
+    pub(super) fn new(b: &'a BatcherBuilder, gather: &'a Gather<M>) -> Publisher<'a, M> {
         Publisher { b, gather }
     }
 
@@ -36,8 +37,9 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         // Checked before it was taken (`BatcherBuilder::build`, or `camera::check_frame`).
         let frame_bytes = frame.nbytes().expect("a checked frame") as usize;
         let mut out = self.create(k * frame_bytes)?;
-        // Dropped before `out`: no copy runs into its buffers once it is gone.
-        let _stopping = Stopping(self.gather);
+        // Dropped before `out` (a panic included): no camera copies into its buffers once it
+        // is gone.
+        let stopping = Stopping(self.gather);
         let mut shape = vec![k as u64];
         shape.extend(&frame.shape);
         let mut header = vec![0u8; BatchTable::header_size(k)];
@@ -56,22 +58,29 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
                 Err(e) => break Err(RunError::Lend(e)),
             };
             let places = Places { base: out.loan_ptr(&loan), frame: frame_bytes };
+            // The cameras' copies into this buffer wait for the batch ring's work so far.
+            let gate = match M::gate(&out) {
+                Ok(g) => Arc::new(g),
+                Err(e) => {
+                    let _ = out.end_loan(loan);
+                    break Err(e);
+                }
+            };
             self.gather.change(|s| {
-                s.open = Some(Open { number, places });
+                s.open = Some(Open { number, places, gate });
                 s.first = None;
             });
             if let Timing::Rate { period } = self.b.timing {
                 next_at = (next_at + period).max(Instant::now());
             }
             if !self.wait_ready(number, next_at, stop) {
-                self.gather.close_and_wait();
-                let _ = out.end_loan(loan);
+                self.abandon(&mut out, loan, number);
                 break Ok(());
             }
             let cameras = match self.close(number, places, &out, previous.as_ref()) {
                 Ok(c) => c,
                 Err(e) => {
-                    let _ = out.end_loan(loan);
+                    self.abandon(&mut out, loan, number);
                     break Err(e);
                 }
             };
@@ -86,7 +95,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
                 }
             };
             if let Err(e) = published {
-                let _ = out.end_loan(loan);
+                self.abandon(&mut out, loan, number);
                 break e.map_or(Ok(()), Err);
             }
             for (c, e) in table.cameras.iter().enumerate() {
@@ -101,7 +110,28 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         if let Some(p) = previous {
             let _ = out.end_loan(p.loan);
         }
+        // No camera copies any more; then the batch ring's own work must be done before its
+        // buffers go with it (a copy into a freed buffer could write anything).
+        drop(stopping);
+        if !M::quiesce(&out, Duration::from_secs(5)) {
+            tracing::warn!(ring = %self.b.output, "GPU work still queued after 5 s: the ring's memory is left to the process's exit");
+            std::mem::forget(out);
+        }
         result.map(|()| totals)
+    }
+
+    /// Gives back unpublished batch `number`'s loan after the copies into it: none runs or
+    /// starts, and the batch ring's work is ordered after the ones made.
+    fn abandon(&self, out: &mut Producer<M>, loan: Loan, number: u64) {
+        self.gather.close_and_wait();
+        let mut s = self.gather.lock();
+        for c in s.cameras.iter_mut() {
+            for lane in c.take_lanes(number) {
+                let _ = M::join(out, &lane);
+            }
+        }
+        drop(s);
+        let _ = out.end_loan(loan);
     }
 
     /// The frame: the builder's, or the first frame's, once one arrived. `None` if stopped
@@ -165,7 +195,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
     }
 
     /// Whether batch `number` may go out, and until when to wait if not.
-    fn ready(&self, s: &State<M::Lane>, number: u64, next_at: Instant) -> (bool, Instant) {
+    fn ready(&self, s: &State<M>, number: u64, next_at: Instant) -> (bool, Instant) {
         let now = Instant::now();
         match self.b.timing {
             Timing::Rate { .. } => (now >= next_at, next_at),
@@ -197,9 +227,11 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         let mut s = self.gather.lock();
         let mut entries = Vec::with_capacity(s.cameras.len());
         for (k, c) in s.cameras.iter_mut().enumerate() {
+            for lane in c.take_lanes(number) {
+                M::join(out, &lane)?;
+            }
             let entry = match &c.landed {
                 Some((n, l)) if *n == number => {
-                    M::join(out, &l.lane)?;
                     let e = CameraEntry {
                         seq: l.seq,
                         timestamp_ns: l.timestamp_ns,
