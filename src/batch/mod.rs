@@ -3,8 +3,8 @@
 //!
 //! Each input is an ordinary consumer ([`Mode::Latest`] by default, or [`Mode::Lossless`]) of a
 //! ring whose producer is its own process. Each batch is one loan of the output ring
-//! ([`Producer::lend`]): a camera's frame is copied into its place as it arrives, then released,
-//! so the batch costs one copy per frame and holds no input buffer. The batch goes out as
+//! ([`Producer::lend`](crate::Producer::lend)): a camera's frame is copied into its place as it
+//! arrives, then released, so the batch costs one copy per frame and holds no input buffer. The batch goes out as
 //! [`Timing`] says; a camera with nothing new by then keeps its previous frame or zeros
 //! ([`Fill`]), and the batch's user header says, camera by camera, what its place holds
 //! ([`BatchTable`]).
