@@ -394,7 +394,59 @@ impl Collector for RingCollector {
             Gauge,
             per_consumer(&|c| c.evicted as u64),
         )?;
-        Ok(())
+        self.encode_batches(e, &rings)
+    }
+}
+
+impl RingCollector {
+    /// The cameras of the rings that a batcher publishes (`gpuring::batch`), from its status
+    /// file: each camera's state in the last batch (1 for that state, 0 for the others), and
+    /// the batches it was in, per state.
+    fn encode_batches(
+        &self,
+        e: &mut DescriptorEncoder<'_>,
+        rings: &[&RingStatus],
+    ) -> Result<(), std::fmt::Error> {
+        use crate::batch::{BatchStatus, CameraState, Totals};
+        use MetricType::{Counter, Gauge};
+        let batches: Vec<(&RingStatus, BatchStatus)> = rings
+            .iter()
+            .filter_map(|s| Some((*s, BatchStatus::read(&s.dir, &s.name).ok().flatten()?)))
+            .collect();
+        let states =
+            [CameraState::Present, CameraState::Stale, CameraState::Absent, CameraState::Refused];
+        let mut now = Vec::new();
+        let mut counts = Vec::new();
+        for (s, b) in &batches {
+            for (k, i) in b.inputs.iter().enumerate() {
+                for state in states {
+                    let labels = vec![
+                        ("ring", s.name.clone()),
+                        ("camera", k.to_string()),
+                        ("input", i.ring.clone()),
+                        ("state", state.name().to_owned()),
+                    ];
+                    now.push((labels.clone(), Value::Int((i.state == state) as u64)));
+                    counts.push((labels, Value::Int(i.counts[Totals::index(state)])));
+                }
+            }
+        }
+        family(
+            e,
+            "gpuring_batch_camera_state",
+            "A batcher's camera: 1 for its state in the last batch (present, stale, absent, refused)",
+            None,
+            Gauge,
+            now,
+        )?;
+        family(
+            e,
+            "gpuring_batch_camera_batches",
+            "Batches a batcher's camera was in, per state",
+            None,
+            Counter,
+            counts,
+        )
     }
 }
 

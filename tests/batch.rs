@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env, gpuring_bin, role, spawn, unique_name};
+use common::{env, gpuring_bin, role, run_cli, spawn, unique_name};
 use gpuring::batch::{BatchTable, CameraState};
 use gpuring::tensor::{DType, TensorHeader};
 use gpuring::{Consumer, Mode, Producer, RecvTimeoutError};
@@ -214,6 +214,13 @@ fn cameras_a_batcher_and_consumers_survive_kills_and_restarts() {
         others += t.cameras[..3].iter().all(|c| c.state == CameraState::Present) as u32;
     }
     assert!(others >= 20, "the live cameras were all present in {others} of 30 batches");
+    // `gpuring stat` of the batch ring shows the cameras and their states.
+    let (code, text, err) = run_cli(&["stat", &out]);
+    assert_eq!(code, 0, "{err}");
+    let line = |ring: &str| text.lines().find(|l| l.contains(ring)).map(str::to_owned);
+    let dead = line(&inputs[3]).unwrap_or_else(|| panic!("no camera line in:\n{text}"));
+    assert!(dead.contains("absent"), "{dead}");
+    assert!(line(&inputs[0]).unwrap().contains("present"), "{text}");
 
     // It restarts: back under a new epoch.
     kids.0[3] = spawn_camera(3, &inputs[3], &done);

@@ -39,12 +39,14 @@ mod error;
 mod gather;
 mod memory;
 mod publish;
+mod status;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub use error::{BuildError, RunError};
 pub use memory::BatchMemory;
+pub use status::{BatchStatus, InputStatus};
 pub use table::{BatchTable, CameraEntry, CameraState, TableReadError, TableWriteError};
 
 use std::path::PathBuf;

@@ -2,11 +2,13 @@
 //! batch, lends a buffer, opens it to the cameras, closes it when [`Timing`] says, fills the
 //! places of the cameras that sent nothing new, writes the table and publishes it.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::gather::{Gather, Open, Places, State, Stopping, TICK};
 use super::memory::BatchMemory;
+use super::status::{BatchStatus, InputStatus};
 use super::table::{BatchTable, CameraEntry, CameraState};
 use super::{stopped, BatcherBuilder, Fill, RunError, Timing, Totals};
 use crate::tensor::TensorHeader;
@@ -48,6 +50,9 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         let mut previous: Option<Previous> = None;
         let mut next_at = Instant::now();
         let mut number = 0;
+        let dir = self.b.dir.clone().unwrap_or_else(crate::shm::default_dir);
+        let mut told = None;
+        self.tell(&dir, &totals, &vec![CameraEntry::NONE; k], &mut told);
         let result = loop {
             if stopped(stop) {
                 break Ok(());
@@ -103,6 +108,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
             }
             totals.batches += 1;
             number += 1;
+            self.tell(&dir, &totals, &table.cameras, &mut told);
             if let Some(p) = previous.replace(Previous { loan, cameras: table.cameras }) {
                 let _ = out.end_loan(p.loan);
             }
@@ -110,6 +116,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         if let Some(p) = previous {
             let _ = out.end_loan(p.loan);
         }
+        BatchStatus::remove(&dir, &self.b.output);
         // No camera copies any more; then the batch ring's own work must be done before its
         // buffers go with it (a copy into a freed buffer could write anything).
         drop(stopping);
@@ -118,6 +125,22 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
             std::mem::forget(out);
         }
         result.map(|()| totals)
+    }
+
+    /// Rewrites the status file for tools (`status`), if the last write is 250 ms old.
+    fn tell(&self, dir: &Path, totals: &Totals, last: &[CameraEntry], told: &mut Option<Instant>) {
+        if told.is_some_and(|t| t.elapsed() < Duration::from_millis(250)) {
+            return;
+        }
+        *told = Some(Instant::now());
+        let inputs = (self.b.inputs.iter().zip(last).zip(&totals.cameras))
+            .map(|((ring, e), counts)| InputStatus::new(ring, e, *counts))
+            .collect();
+        let status =
+            BatchStatus { batches: totals.batches, updated_ns: crate::monotonic_ns(), inputs };
+        if let Err(e) = status.write(dir, &self.b.output) {
+            tracing::warn!(ring = %self.b.output, error = %e, "cannot write the batch status file");
+        }
     }
 
     /// Gives back unpublished batch `number`'s loan after the copies into it: none runs or

@@ -307,8 +307,14 @@ fn print_stat(
     let secs = dt.as_secs_f64().max(1e-9);
     let rate = now.published.saturating_sub(before.published) as f64 / secs;
     let blocked = now.blocked_ns.saturating_sub(before.blocked_ns) as f64 / 1e9 / secs;
+    let batch = gpuring::batch::BatchStatus::read(&now.dir, &now.name)
+        .map_err(|e| format!("ring {}'s batch status: {e}", now.name))?;
     if json {
         let j = to_json(now, Some(rate), Some(blocked.min(1.0)));
+        let mut j = serde_json::to_value(&j).map_err(|e| e.to_string())?;
+        if let Some(b) = &batch {
+            j["batch"] = batch_json(b);
+        }
         println!("{}", serde_json::to_string(&j).map_err(|e| e.to_string())?);
         return Ok(());
     }
@@ -395,7 +401,50 @@ fn print_stat(
     if now.consumers.is_empty() {
         println!("(no consumers)");
     }
+    if let Some(b) = &batch {
+        print_batch(b);
+    }
     Ok(())
+}
+
+/// A batcher's cameras (`gpuring batch`), from its status file.
+fn print_batch(b: &gpuring::batch::BatchStatus) {
+    let age = gpuring::monotonic_ns().saturating_sub(b.updated_ns) as f64 / 1e9;
+    println!(
+        "batches of {} cameras: {} published, as of {age:.1} s ago",
+        b.inputs.len(),
+        b.batches
+    );
+    println!(
+        "{:>6} {:<24} {:<8} {:>18} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "CAMERA", "RING", "STATE", "EPOCH", "SEQ", "PRESENT", "STALE", "ABSENT", "REFUSED"
+    );
+    for (k, i) in b.inputs.iter().enumerate() {
+        let [p, s, a, r] = i.counts;
+        println!(
+            "{k:>6} {:<24} {:<8} {:>#18x} {:>10} {p:>9} {s:>9} {a:>9} {r:>9}",
+            i.ring,
+            i.state.name(),
+            i.epoch,
+            i.seq
+        );
+    }
+}
+
+/// The same as JSON.
+fn batch_json(b: &gpuring::batch::BatchStatus) -> serde_json::Value {
+    let inputs: Vec<_> = b
+        .inputs
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "ring": i.ring, "state": i.state.name(), "epoch": i.epoch, "seq": i.seq,
+                "timestamp_ns": i.timestamp_ns, "present": i.counts[0], "stale": i.counts[1],
+                "absent": i.counts[2], "refused": i.counts[3],
+            })
+        })
+        .collect();
+    serde_json::json!({ "batches": b.batches, "updated_ns": b.updated_ns, "cameras": inputs })
 }
 
 fn stat(name: &str, watch: bool, json: bool) -> Result<(), String> {
