@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, Protocol, Self, TypeAlias, final, type_check_only
+from typing import Any, Final, Literal, Protocol, Self, TypeAlias, TypedDict, final, type_check_only
 
 if sys.version_info >= (3, 13):
     from types import CapsuleType as _CapsuleType
@@ -30,6 +30,8 @@ __all__ = [
     "finish_gpu_work",
     "handle_sigterm",
     "tensor_header",
+    "batch_table",
+    "Batcher",
 ]
 
 __version__: str
@@ -117,6 +119,79 @@ def tensor_header(dtype: _DTypeLike, shape: Sequence[int]) -> bytes:
 
     Put it at the start of a message's user header so that consumers' slots take that type
     and shape. `shape`: non-negative ints, at most 8 of them.
+    """
+
+class _BatchCamera(TypedDict):
+    seq: int
+    timestamp_ns: int
+    skipped: int
+    epoch: int
+    state: Literal["present", "stale", "absent", "refused"]
+
+class _BatchTable(TypedDict):
+    batch: int
+    closed_ns: int
+    cameras: list[_BatchCamera]
+
+class _BatchCounts(TypedDict):
+    present: int
+    stale: int
+    absent: int
+    refused: int
+
+class _BatchTotals(TypedDict):
+    batches: int
+    cameras: list[_BatchCounts]
+
+@final
+class Batcher:
+    """Batches camera rings `inputs` into ring `ring` (docs/batching.md), on a thread of its
+    own, until `stop()` or the end of a `with` block: each message of `ring` is a `[K, ...frame]`
+    tensor (the camera's frames, in the order of `inputs`) with a table that says what each
+    camera's place holds (`batch_table`).
+
+    A batch goes out when every live camera has a new frame in it or `max_wait` seconds after
+    its first one, or, with `rate`, that many times a second. A camera with nothing new keeps
+    its last frame (`fill="previous"`) or zeros (`fill="zeros"`). `mode`: "latest" (a batch
+    takes each camera's newest frame) or "lossless" (every frame goes into a batch).
+    `memory`: "host" or "cuda" (the cameras' rings and `ring`, on GPU `device`). `dtype` and
+    `shape`: every camera's frame; default: the first frame's tensor header says. Settings
+    it cannot run with raise `ValueError`.
+    """
+
+    def __new__(
+        cls,
+        ring: str,
+        inputs: Sequence[str],
+        *,
+        max_wait: float = 0.05,
+        rate: float | None = None,
+        fill: Literal["previous", "zeros"] = "previous",
+        mode: Literal["latest", "lossless"] = "latest",
+        memory: Literal["host", "cuda"] = "host",
+        device: int = 0,
+        dtype: _DTypeLike | None = None,
+        shape: Sequence[int] | None = None,
+        capacity: int = 4,
+        spares: int = 4,
+        dir: str | os.PathLike[str] | None = None,
+    ) -> Self: ...
+    def stop(self) -> _BatchTotals | None:
+        """Stops it (within 50 ms) and returns the batches published and, per camera, how
+        many it was present, stale, absent and refused in. Raises `gpuring.Error` if it had
+        stopped on a failure of its own. A second call returns None."""
+    @property
+    def running(self) -> bool:
+        """Whether it still runs."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *args: object) -> Literal[False]: ...
+
+def batch_table(header: bytes | bytearray | memoryview) -> _BatchTable | None:
+    """The table a batcher (`gpuring batch`, docs/batching.md) writes in each batch's user
+    header (`slot.header`), camera by camera: the sequence number and timestamp of the frame
+    in its place (timestamp 0: its place holds zeros), frames skipped since its last batch,
+    its producer's epoch and its state. None if the message is not a batch; `ValueError` if
+    the table is damaged. The batch itself is `slot.torch()`: a `[K, ...frame]` tensor.
     """
 
 @final

@@ -20,6 +20,7 @@
 use pyo3::prelude::*;
 
 mod aio;
+mod batch;
 mod bound;
 mod consumer;
 mod dlpack;
@@ -52,6 +53,7 @@ fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<slot::Slot>()?;
     m.add_class::<producer::Producer>()?;
+    m.add_class::<batch::Batcher>()?;
     m.add("Error", py.get_type::<errors::Error>())?;
     m.add("Disconnected", py.get_type::<errors::Disconnected>())?;
     m.add("ReleasedError", py.get_type::<errors::ReleasedError>())?;
@@ -61,6 +63,7 @@ fn gpuring_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "test-support")]
     m.add_function(wrap_pyfunction!(errors::_lose_context_after, m)?)?;
     m.add_function(wrap_pyfunction!(layout::tensor_header, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::batch_table, m)?)?;
     m.add_function(wrap_pyfunction!(sigterm::handle_sigterm, m)?)?;
     m.add_function(wrap_pyfunction!(sigterm::finish_gpu_work, m)?)?;
     // At import, so that it runs after the `atexit` hooks the application registers later.

@@ -5,6 +5,7 @@ import os
 import pathlib
 import queue
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -881,3 +882,67 @@ def test_recv_async_times_out_and_a_cancelled_one_loses_nothing(ring_name):
             with pytest.raises(ValueError):  # checked at the call, as recv checks it
                 rx.recv_async(timeout=float("nan"))
     asyncio.run(main())
+
+
+def test_batch_tables_read_as_dicts():
+    # A batch's user header as `gpuring batch` writes it (docs/batching.md): the tensor header
+    # [K, frame...] at byte 0, the table at 128.
+    k = 2
+    h = bytearray(128 + 32 + 40 * k)
+    t = gpuring.tensor_header("uint8", (k, 4, 4, 3))
+    h[: len(t)] = t
+    struct.pack_into("<4sB3xI4xQQ", h, 128, b"GRBT", 1, k, 7, 1234)
+    struct.pack_into("<QQQQI", h, 160, 41, 999, 2, 5, 1)  # camera 0: present
+    struct.pack_into("<QQQQI", h, 200, 0, 0, 0, 0, 0)  # camera 1: absent
+    table = gpuring.batch_table(bytes(h))
+    assert (table["batch"], table["closed_ns"]) == (7, 1234)
+    assert table["cameras"][0] == \
+        {"seq": 41, "timestamp_ns": 999, "skipped": 2, "epoch": 5, "state": "present"}
+    assert table["cameras"][1]["state"] == "absent"
+    assert gpuring.batch_table(bytes(64)) is None  # not a batch
+    struct.pack_into("<I", h, 200 + 32, 9)  # a state no batcher writes
+    with pytest.raises(ValueError):
+        gpuring.batch_table(bytes(h))
+
+
+def test_a_batcher_makes_batch_tensors_of_two_cameras(ring_name):
+    cams = [f"{ring_name}-cam{i}" for i in range(2)]
+    out = f"{ring_name}-batch"
+    txs = [gpuring.Producer(c, 48, memory="host", capacity=4) for c in cams]
+    b = gpuring.Batcher(out, cams, max_wait=0.02, dtype="uint8", shape=(4, 4, 3))
+    try:
+        rx = gpuring.Consumer(out, wait=10, start="next")
+        assert b.running
+        seen, seq = 0, 0
+        deadline = time.monotonic() + 20
+        while seen < 20:
+            assert time.monotonic() < deadline, f"{seen} batches"
+            for i, tx in enumerate(txs):
+                tx.send(np.full((4, 4, 3), (i * 100 + seq) % 256, dtype=np.uint8))
+            seq += 1
+            try:
+                slot = rx.recv(timeout=0.05)
+            except TimeoutError:
+                continue
+            with slot:
+                assert slot.shape == (2, 4, 4, 3)  # [K, frame...], from the tensor header
+                batch = np.from_dlpack(slot)
+                table = gpuring.batch_table(slot.header)
+                for i, cam in enumerate(table["cameras"]):
+                    if cam["timestamp_ns"]:
+                        assert (batch[i] == (i * 100 + cam["seq"]) % 256).all()
+                    else:
+                        assert (batch[i] == 0).all()
+                seen += 1
+        rx.close()
+    finally:
+        totals = b.stop()
+    assert totals["batches"] >= 20 and len(totals["cameras"]) == 2
+    assert totals["cameras"][0]["present"] > 0
+    assert not b.running and b.stop() is None
+    for tx in txs:
+        tx.close()
+    with pytest.raises(ValueError):
+        gpuring.Batcher(out, cams, spares=1)
+    with pytest.raises(ValueError):
+        gpuring.Batcher(out, cams, dtype="uint8")  # a dtype without a shape
