@@ -369,3 +369,63 @@ def test_vmm_sharing_round_trips_in_one_process(ring_name):
         gpuring.Producer(ring_name + "-x", 1024, memory="cuda", allow_uids=[65534])
     with pytest.raises(ValueError, match="sharing"):
         gpuring.Producer(ring_name + "-y", 1024, memory="cuda", sharing="ipc")
+
+
+# A camera: `frames` uint8[32, 32, 3] frames of value (cam * 100 + seq) % 256, with their
+# tensor header, 200 a second.
+CAMERA = r"""
+import sys, time, torch, gpuring
+name, cam, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tx = gpuring.Producer(name, 32 * 32 * 3, memory="cuda", capacity=4)
+while tx.consumer_count < 1:
+    time.sleep(0.001)
+for seq in range(frames):
+    tx.send(torch.full((32, 32, 3), (cam * 100 + seq) % 256, dtype=torch.uint8, device="cuda"))
+    time.sleep(0.005)
+tx.close()
+"""
+
+# A consumer of batches: N batches, every byte checked against the table, and ResNet-18
+# (weights=None) run on each as [K, 3, H, W]; prints "batches BAD OUTPUT_SHAPE".
+BATCH_CONSUMER = r"""
+import sys, torch, torchvision, gpuring
+name, want = sys.argv[1], int(sys.argv[2])
+model = torchvision.models.resnet18(weights=None).cuda().eval()
+rx = gpuring.Consumer(name, wait=30, mode="latest", start="next")
+bad, n, shape = 0, 0, None
+while n < want:
+    with rx.recv(timeout=30) as slot:
+        t = slot.torch()
+        for k, cam in enumerate(gpuring.batch_table(slot.header)["cameras"]):
+            want_v = (k * 100 + cam["seq"]) % 256 if cam["timestamp_ns"] else 0
+            bad += int((t[k] != want_v).sum().item())
+        with torch.no_grad():
+            shape = tuple(model(t.permute(0, 3, 1, 2).float() / 255).shape)
+        torch.cuda.current_stream().synchronize()
+    n += 1
+print(n, bad, shape, flush=True)
+"""
+
+
+def test_a_batcher_feeds_a_resnet_with_batches_of_two_cuda_cameras(ring_name):
+    pytest.importorskip("torchvision", reason="needs torchvision")
+    cams = [f"{ring_name}-cam{i}" for i in range(2)]
+    out = f"{ring_name}-batch"
+    cameras = [subprocess.Popen([sys.executable, "-c", CAMERA, c, str(i), "4000"])
+               for i, c in enumerate(cams)]  # 20 s of frames at most: killed when done
+    b = gpuring.Batcher(out, cams, memory="cuda", max_wait=0.02)
+    try:
+        # The consumer runs in a process of its own: a CUDA IPC handle cannot be opened in the
+        # process that made it (the batch ring's, here).
+        got = subprocess.run([sys.executable, "-c", BATCH_CONSUMER, out, "30"],
+                             capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr[-2000:]
+        n, bad, shape = got.stdout.split(" ", 2)
+        assert (int(n), int(bad)) == (30, 0)
+        assert shape.strip() == "(2, 1000)"
+    finally:
+        totals = b.stop()
+        for c in cameras:
+            c.kill()
+            c.wait()
+    assert totals["batches"] >= 30
