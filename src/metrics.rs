@@ -498,6 +498,44 @@ mod tests {
     }
 
     #[test]
+    fn encodes_a_batchers_cameras() {
+        use crate::batch::{BatchStatus, CameraState, InputStatus};
+        let name = format!("metrics-batch-{}", std::process::id());
+        let tx = crate::Producer::builder(&name).capacity(4).create().unwrap();
+        let cam = |ring: &str, state, counts| InputStatus {
+            ring: ring.into(),
+            state,
+            epoch: 1,
+            seq: 2,
+            timestamp_ns: 3,
+            counts,
+        };
+        let inputs = vec![
+            cam("cam0", CameraState::Present, [5, 1, 0, 0]),
+            cam("cam1", CameraState::Absent, [2, 0, 4, 0]),
+        ];
+        let dir = crate::shm::default_dir();
+        BatchStatus { batches: 6, updated_ns: 1, inputs }.write(&dir, &name).unwrap();
+        let mut registry = Registry::default();
+        register(&mut registry, Rings::Names(vec![name.clone()]));
+        let text = encode_text(&registry).unwrap();
+        BatchStatus::remove(&dir, &name);
+        let labels = |k: u32, input: &str, state: &str| {
+            format!("ring=\"{name}\",camera=\"{k}\",input=\"{input}\",state=\"{state}\"")
+        };
+        let value = |m: &str, l: String| {
+            let line = sample(&text, m, &l).unwrap_or_else(|| panic!("no {m}{{{l}: {text}"));
+            line.rsplit(' ').next().unwrap().to_owned()
+        };
+        assert_eq!(value("gpuring_batch_camera_state", labels(0, "cam0", "present")), "1");
+        assert_eq!(value("gpuring_batch_camera_state", labels(0, "cam0", "absent")), "0");
+        assert_eq!(value("gpuring_batch_camera_state", labels(1, "cam1", "absent")), "1");
+        assert_eq!(value("gpuring_batch_camera_batches_total", labels(1, "cam1", "absent")), "4");
+        assert_eq!(value("gpuring_batch_camera_batches_total", labels(0, "cam0", "stale")), "1");
+        drop(tx);
+    }
+
+    #[test]
     fn encodes_a_ring_and_its_consumer() {
         let name = format!("metrics-unit-{}", std::process::id());
         let mut tx = crate::Producer::builder(&name).capacity(4).create().unwrap();
