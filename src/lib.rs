@@ -27,6 +27,7 @@
 //! * Feature `tokio`: `Consumer::recv_async`, `Consumer::messages`, `Producer::acquire_async`
 //!   wait without holding a thread.
 //! * [`any`]: one producer and one consumer type for either memory kind, for bindings.
+//! * [`batch`]: a batcher that turns K camera rings into one ring of `[K, frame…]` tensors.
 //! * [`inspect`]: what the `gpuring` command shows (`list`, `stat`, `rm`), as a library.
 //! * [`service`]: stopping on SIGTERM without faulting the GPU's other processes, and the exit
 //!   status a supervisor restarts on when the GPU context is lost ([`ContextLost`]).
@@ -42,7 +43,8 @@
 //!   producer's and the consumer's questions and never sees their rings;
 //! * the API: [`Producer<M>`] and [`Consumer<M>`], generic over the memory kind, written once
 //!   for blocking and async waits;
-//! * `any`: the bindings' facade over the API.
+//! * `any`: the bindings' facade over the API; [`batch`]: many camera rings into one ring of
+//!   batch tensors, over the API too.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
