@@ -65,19 +65,9 @@ fn parse_fill(s: &str) -> Result<Fill, String> {
 
 /// Runs the batcher until SIGINT or SIGTERM.
 pub fn run(o: &Options) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gpuring=info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let stop = match gpuring::service::Shutdown::install() {
-        Ok(stop) => stop.flag(),
-        Err(e) => {
-            eprintln!("gpuring batch: cannot handle SIGINT and SIGTERM: {e}");
-            return ExitCode::FAILURE;
-        }
+    let stop = match crate::cli::serve("gpuring batch") {
+        Ok(stop) => stop,
+        Err(code) => return code,
     };
     let timing = match o.rate {
         Some(r) if r > 0.0 && r.is_finite() => {

@@ -123,21 +123,11 @@ fn parse_zenoh_mode(s: &str) -> Result<ZenohMode, String> {
 
 /// Runs the bridge until SIGINT or SIGTERM.
 pub fn run(o: &Options) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gpuring=info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     // SIGINT and SIGTERM raise the flag: the bridge stops at its next tick and closes its ring
     // cleanly.
-    let stop = match gpuring::service::Shutdown::install() {
-        Ok(stop) => stop.flag(),
-        Err(e) => {
-            eprintln!("gpuring bridge: cannot handle SIGINT and SIGTERM: {e}");
-            return ExitCode::FAILURE;
-        }
+    let stop = match crate::cli::serve("gpuring bridge") {
+        Ok(stop) => stop,
+        Err(code) => return code,
     };
     let done = match o {
         Options::Export { ring, key, mode, start, zenoh } => {

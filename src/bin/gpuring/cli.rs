@@ -490,6 +490,24 @@ pub(crate) fn parse_mode(s: &str) -> Result<Mode, String> {
     Mode::from_name(s).ok_or_else(|| format!("{s}: expected lossless, queue or latest"))
 }
 
+/// What a command that runs until SIGINT or SIGTERM (`batch`, `bridge`) does first: print the
+/// library's `tracing` events on stderr (filtered by RUST_LOG, default `gpuring=info`) and
+/// install the handler whose flag those signals raise. `Err`: the exit status, the reason
+/// printed (`who` names the command).
+pub(crate) fn serve(who: &str) -> Result<&'static std::sync::atomic::AtomicBool, ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("gpuring=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    gpuring::service::Shutdown::install().map(|s| s.flag()).map_err(|e| {
+        eprintln!("{who}: cannot handle SIGINT and SIGTERM: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// `--policy`: block or overwrite.
 pub(crate) fn parse_policy(s: &str) -> Result<Policy, String> {
     Policy::from_name(s).ok_or_else(|| format!("{s}: expected block or overwrite"))
