@@ -70,6 +70,7 @@ pub mod bridge;
 mod consumer;
 #[cfg(not(loom))]
 mod doorbells;
+pub mod frame;
 #[cfg(not(loom))]
 pub mod inspect;
 #[cfg(not(loom))]

@@ -12,9 +12,7 @@ use gpuring::format::{Params, GPU_POOLS};
 use gpuring::testing::fuzzing;
 use gpuring::{Consumer, MemoryKind, Producer, StartAt};
 
-#[allow(dead_code)]
-#[path = "../../gst/src/header.rs"]
-mod header;
+use gpuring::frame as header;
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -6,18 +6,8 @@ use gpuring::cuda::driver::{self, Rows};
 use crate::header::{FrameHeader, MAX_PLANES};
 
 /// One plane: its offset from the buffer's start, bytes between rows, its pixels' bytes per
-/// row (the rest of a stride is padding) and rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Plane {
-    /// From the buffer's start.
-    pub offset: usize,
-    /// Bytes from one row's start to the next.
-    pub stride: usize,
-    /// Bytes of pixels in a row, at most `stride`.
-    pub row_bytes: usize,
-    /// Rows.
-    pub rows: usize,
-}
+/// row (the rest of a stride is padding) and rows. The frame header's own.
+pub use gpuring::frame::Plane;
 
 /// A frame's planes.
 #[derive(Clone, Debug, PartialEq, Eq)]
