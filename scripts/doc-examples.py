@@ -19,7 +19,8 @@ HIDDEN = ("ring/", "shm/", "format/", "cuda/driver.rs", "cuda/ipc.rs", "cuda/vmm
 # `pub` in private modules, for the sealed trait's associated types: not nameable outside.
 UNNAMEABLE = {("memory/host.rs", "HostTx"), ("memory/host.rs", "HostRx"),
               ("memory/cuda/tx/mod.rs", "CudaTx"), ("memory/cuda/rx/mod.rs", "CudaRx"),
-              ("memory/mod.rs", "Sealed"), ("batch/memory.rs", "Sealed"), ("batch/memory.rs", "Gate")}
+              ("memory/mod.rs", "Sealed"), ("batch/memory.rs", "Sealed"), ("batch/memory.rs", "Gate"),
+              ("batch/memory.rs", "Event"), ("batch/memory.rs", "Lane")}
 ITEM = re.compile(r"^\s*pub (?:async )?(?:unsafe )?(fn|struct|enum|const|trait|type|static) (\w+)")
 
 missing = []

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::frame::check_frame;
 use super::gather::{Copying, Gather, Landed, Open, State, TICK};
 use super::memory::BatchMemory;
-use crate::tensor::TensorHeader;
 use crate::{Consumer, ConsumerBuilder, Mode, OpenErrorKind, ReadSlot, RecvTimeoutError};
 
 /// What one camera thread needs.
@@ -147,17 +147,21 @@ impl<M: BatchMemory> Input<'_, M> {
         let lag = m.lag();
         let mut s = self.gather.lock();
         let cameras = s.cameras.len();
-        match check_frame(&mut s.layout, m.header(), m.len(), cameras) {
+        let planes = match check_frame(&mut s.layout, m.header(), m.len(), cameras) {
             Err(why) => {
                 s.cameras[self.index].skipped += 1 + lag;
                 drop(s);
                 self.refuse(&why);
                 return Ok(());
             }
-            // The batch's frame is known now: the publisher makes its ring.
-            Ok(true) => self.gather.notify(),
-            Ok(false) => {}
-        }
+            Ok((planes, set)) => {
+                if set {
+                    // The batch's frame is known now: the publisher makes its ring.
+                    self.gather.notify();
+                }
+                planes
+            }
+        };
         if s.cameras[self.index].refused.is_some() {
             s.cameras[self.index].skipped += 1 + lag;
             return Ok(());
@@ -195,18 +199,20 @@ impl<M: BatchMemory> Input<'_, M> {
         }
         cam.skipped += lag;
         // Noted before the copy, so that the publish is ordered after it even if it fails.
-        cam.copies_on(open.number, lane);
+        let earlier = cam.copies_on(open.number, lane);
         s.copying += 1;
         let copying = Copying(self.gather);
         drop(s);
         // The copy waits for the batch ring's work from before the batch opened: reads of the
         // buffer it writes, by the fill of an earlier batch, are among it.
-        let copied = M::pass(lane, &open.gate).and_then(|()| {
+        let copied = earlier.iter().try_for_each(|e| M::follow(lane, e));
+        let copied = copied.and_then(|()| M::pass(lane, &open.gate)).and_then(|()| {
             // SAFETY: the place is `frame` bytes inside the loan `open.places` names (`Places`'
-            // invariant); only this camera's thread writes it, and only while counted in
-            // `copying`, which the batcher waits out (and then joins this lane) before it
-            // reads, publishes or ends the loan. `m` holds `frame` bytes (`check_frame`).
-            unsafe { M::copy(lane, open.places.of(me), &m, open.places.frame) }
+            // invariant), and `planes` pack into exactly that many (`check_frame`: they are
+            // the batch's frame); only this camera's thread writes it, and only while counted
+            // in `copying`, which the batcher waits out (and then joins this lane) before it
+            // reads, publishes or ends the loan. `m` holds every plane (`check_frame`).
+            unsafe { M::copy(lane, open.places.of(me), &m, &planes) }
         });
         let landed = Landed { seq: m.seq(), timestamp_ns: m.timestamp_ns(), epoch };
         drop(m); // released after the copy (in CUDA memory, on the lane, after it)
@@ -222,53 +228,6 @@ impl<M: BatchMemory> Input<'_, M> {
         drop(copying); // counts the copy done, and wakes the batcher
         copied
     }
-}
-
-/// Checks a frame against the batch's frame `layout`, which the first good frame sets if no
-/// one did: its tensor header (if it has one) must say the same element type and shape, and
-/// it must be as long as that shape; a first frame must also make a batch of `cameras`
-/// ([`super::check_frame_fits`]). Says what is wrong, naming both, or whether it set the layout.
-fn check_frame(
-    layout: &mut Option<TensorHeader>,
-    header: &[u8],
-    len: usize,
-    cameras: usize,
-) -> Result<bool, String> {
-    let theirs = match TensorHeader::read(header) {
-        Ok(t) => t,
-        Err(e) => return Err(format!("its tensor header is damaged: {e}")),
-    };
-    let (ours, new) = match (&*layout, theirs) {
-        (Some(ours), Some(t)) if *ours != t => {
-            return Err(format!("it sends {}, the batch takes {}", describe(&t), describe(ours)));
-        }
-        (Some(ours), _) => (ours.clone(), false),
-        (None, Some(t)) => {
-            if let Err(e) = super::check_frame_fits(&t, cameras) {
-                return Err(format!("it sends {}: {e}", describe(&t)));
-            }
-            (t, true)
-        }
-        (None, None) => {
-            return Err(
-                "its frames carry no tensor header and the batch's frame was not given".to_string()
-            )
-        }
-    };
-    let want = ours.nbytes().unwrap_or(u64::MAX);
-    if len as u64 != want {
-        return Err(format!("it sends {len}-byte frames, {} takes {want}", describe(&ours)));
-    }
-    if new {
-        *layout = Some(ours);
-    }
-    Ok(new)
-}
-
-/// `uint8[720, 1280, 3]`.
-pub(super) fn describe(t: &TensorHeader) -> String {
-    let dims: Vec<String> = t.shape.iter().map(u64::to_string).collect();
-    format!("{}[{}]", t.dtype.name(), dims.join(", "))
 }
 
 /// Marks camera `.1` not live when dropped (its thread ends, a panic included).

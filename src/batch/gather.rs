@@ -10,9 +10,9 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::frame::Layout;
 use super::memory::BatchMemory;
 use super::table::{CameraEntry, CameraState};
-use crate::tensor::TensorHeader;
 
 /// Where a batch's places are: the lent buffer's first byte (a host address or a device
 /// address, as the producer's `loan_ptr` says), and the bytes of one frame. Camera `k`'s place
@@ -87,14 +87,18 @@ impl<M: BatchMemory> Camera<M> {
         }
     }
 
-    /// Notes that `lane` copies into the place of batch `number`.
-    pub(super) fn copies_on(&mut self, number: u64, lane: &Arc<M::Lane>) {
+    /// Notes that `lane` copies into the place of batch `number`. Returns the other lanes that
+    /// did (the camera's lane before it joined its ring again): the copy must follow theirs,
+    /// or a frame held back by its old producer's fence could land over the newer one.
+    pub(super) fn copies_on(&mut self, number: u64, lane: &Arc<M::Lane>) -> Vec<Arc<M::Lane>> {
         if self.lanes.0 != number {
             self.lanes = (number, Vec::new());
         }
+        let earlier = self.lanes.1.iter().filter(|l| !Arc::ptr_eq(l, lane)).cloned().collect();
         if !self.lanes.1.iter().any(|l| Arc::ptr_eq(l, lane)) {
             self.lanes.1.push(lane.clone());
         }
+        earlier
     }
 
     /// The lanes that copied into the place of batch `number`, taken.
@@ -141,7 +145,7 @@ impl<M: BatchMemory> Camera<M> {
 /// Everything the threads share.
 pub(super) struct State<M: BatchMemory> {
     /// The frame every camera must send, once known: the builder's, or the first frame's.
-    pub layout: Option<TensorHeader>,
+    pub layout: Option<Layout>,
     /// The batch open for frames, if any.
     pub open: Option<Open<M>>,
     /// Copies into the open batch's places under way.
@@ -160,7 +164,7 @@ pub(super) struct Gather<M: BatchMemory> {
 }
 
 impl<M: BatchMemory> Gather<M> {
-    pub(super) fn new(cameras: usize, layout: Option<TensorHeader>) -> Gather<M> {
+    pub(super) fn new(cameras: usize, layout: Option<Layout>) -> Gather<M> {
         let state = State {
             layout,
             open: None,

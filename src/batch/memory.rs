@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::RunError;
+use crate::frame::Plane;
 use crate::{
     Consumer, ConsumerBuilder, CreateError, Host, Memory, OpenError, Producer, ProducerBuilder,
     ReadSlot, RecvTimeoutError,
@@ -62,20 +63,28 @@ pub trait BatchMemory: Memory + sealed::Sealed {
         timeout: Duration,
     ) -> Result<ReadSlot<'a, Self>, RecvTimeoutError>;
 
-    /// Copies the first `len` bytes of `frame` to `dst`, on `lane`; the frame may be released
-    /// once this returns (its release is ordered after the copy).
+    /// Copies `planes` of `frame` to `dst`, packed (one after another, rows without padding),
+    /// on `lane`; the frame may be released once this returns (its release is ordered after
+    /// the copy).
     ///
     /// # Safety
-    /// `dst` must be `len` bytes of a loan of the output producer that nothing else writes or
-    /// reads until the batch is joined ([`join`](Self::join)) and published; `frame` must hold
-    /// `len` bytes.
+    /// `dst` must be the planes' packed bytes (the sum of `row_bytes * rows`) of a loan of the
+    /// output producer that nothing else writes or reads until the batch is joined
+    /// ([`join`](Self::join)) and published; `frame` must hold every plane (each `rows` rows
+    /// `stride` apart, the last ending by its length), and each plane's `stride` be at least its
+    /// `row_bytes`.
     #[doc(hidden)]
     unsafe fn copy(
         lane: &Self::Lane,
         dst: u64,
         frame: &ReadSlot<'_, Self>,
-        len: usize,
+        planes: &[Plane],
     ) -> Result<(), RunError>;
+
+    /// Orders what `lane` does from now on after the copies made on `earlier` so far (the
+    /// camera's lane before it joined its ring again, which copied into the same place).
+    #[doc(hidden)]
+    fn follow(lane: &Self::Lane, earlier: &Self::Lane) -> Result<(), RunError>;
 
     /// Orders what `out` publishes next after the copies made on `lane` so far.
     #[doc(hidden)]
@@ -145,10 +154,35 @@ impl BatchMemory for Host {
         rx.recv_timeout(timeout)
     }
 
-    unsafe fn copy(_lane: &(), dst: u64, frame: &ReadSlot<'_>, len: usize) -> Result<(), RunError> {
-        // SAFETY: the caller's contract: `dst` is `len` writable bytes nobody else touches, and
-        // the frame holds `len` bytes; a loan and a received message are different buffers.
-        unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), dst as *mut u8, len) };
+    unsafe fn copy(
+        _lane: &(),
+        dst: u64,
+        frame: &ReadSlot<'_>,
+        planes: &[Plane],
+    ) -> Result<(), RunError> {
+        let mut to = dst as *mut u8;
+        for p in planes {
+            // A plane without padding is one run of bytes: copied as one row.
+            let (row_bytes, rows) = if p.stride == p.row_bytes {
+                (p.row_bytes * p.rows, 1)
+            } else {
+                (p.row_bytes, p.rows)
+            };
+            for row in 0..rows {
+                // SAFETY: the caller's contract: the row is inside the frame, and `to` inside
+                // the packed bytes at `dst`, writable and touched by nobody else; a loan and a
+                // received message are different buffers.
+                unsafe {
+                    let from = frame.as_ptr().add(p.offset + row * p.stride);
+                    std::ptr::copy_nonoverlapping(from, to, row_bytes);
+                    to = to.add(row_bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn follow(_lane: &(), _earlier: &()) -> Result<(), RunError> {
         Ok(())
     }
 
@@ -188,30 +222,59 @@ impl BatchMemory for Host {
 
 #[cfg(feature = "cuda")]
 mod cuda {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use super::{BatchMemory, RunError};
-    use crate::cuda::{driver, Context, Stream};
+    use crate::cuda::driver::{self, Rows};
+    use crate::cuda::{Context, Stream};
+    use crate::frame::Plane;
     use crate::{
         Consumer, ConsumerBuilder, CreateError, Cuda, OpenError, Producer, ProducerBuilder,
         ReadSlot, RecvTimeoutError,
     };
 
-    /// An event recorded on the batch ring's stream. Invariant: `ev` was created in `ctx` and
-    /// is destroyed only by `drop`.
-    pub struct Gate {
+    /// An event of the batch's context. Invariant: `ev` was created in `ctx` and is destroyed
+    /// only by `drop`.
+    pub struct Event {
         ctx: Arc<Context>,
         ev: driver::CUevent,
     }
 
     // SAFETY: an event handle may be used from any thread with its context bound, which every
     // use here does; the driver API is thread-safe.
-    unsafe impl Send for Gate {}
-    // SAFETY: as above; `&Gate` only records waits on it.
-    unsafe impl Sync for Gate {}
+    unsafe impl Send for Event {}
+    // SAFETY: as above; `&Event` records it or records waits on it, one driver call each.
+    unsafe impl Sync for Event {}
 
-    impl Drop for Gate {
+    impl Event {
+        /// A new event in `ctx`.
+        fn new(ctx: &Arc<Context>) -> Result<Event, RunError> {
+            let _bound = ctx.bind().map_err(cuda)?;
+            // SAFETY: the context is current.
+            let ev = unsafe { driver::event_create() }.map_err(cuda)?;
+            Ok(Event { ctx: ctx.clone(), ev })
+        }
+
+        /// Records the event on `stream`, a stream of its context, which the caller made
+        /// current.
+        fn record(&self, stream: &Stream) -> Result<(), RunError> {
+            // SAFETY: `ev` is live (the invariant); `stream` is live in the event's context,
+            // which is current (the caller's contract).
+            unsafe { driver::event_record(self.ev, stream.raw()) }.map_err(cuda)
+        }
+
+        /// Makes `stream` (of the event's context, current) wait for the event's last record.
+        /// A later record does not change what this wait waits for.
+        fn wait_on(&self, stream: &Stream) -> Result<(), RunError> {
+            // SAFETY: as in `record`.
+            unsafe { driver::stream_wait_event(stream.raw(), self.ev) }.map_err(cuda)
+        }
+    }
+
+    impl Drop for Event {
         fn drop(&mut self) {
             if let Ok(_bound) = self.ctx.bind() {
                 // SAFETY: `ev` is ours (the invariant) and not used again; destroying an event
@@ -221,13 +284,27 @@ mod cuda {
         }
     }
 
+    /// A camera's lane: its stream, and an event recorded after each of its copies, which the
+    /// batch's stream joins. Recorded right after the copy, not when the batch is joined: by
+    /// then the lane may already wait for the fence of the camera's next frame, and the batch
+    /// must not wait for a frame it does not hold.
+    pub struct Lane {
+        stream: Stream,
+        copied: Event,
+        /// Whether `copied` was recorded after the lane's last copy; false after a copy whose
+        /// record failed (then a join records it anew). Relaxed: the camera's thread writes it
+        /// and the batcher's reads it with the batch's lock taken in between (`Gather`'s
+        /// `copying` count), which orders the two.
+        recorded: AtomicBool,
+    }
+
     fn cuda(e: driver::DriverError) -> RunError {
         RunError::Cuda(e.into())
     }
 
     impl BatchMemory for Cuda {
-        type Lane = Stream;
-        type Gate = Gate;
+        type Lane = Lane;
+        type Gate = Event;
 
         fn create(b: ProducerBuilder, device: i32) -> Result<Producer<Cuda>, CreateError> {
             b.create_gpu(device)
@@ -242,51 +319,64 @@ mod cuda {
             b.device(device).open_gpu_when_ready(not_epoch, timeout)
         }
 
-        fn lane(rx: &Consumer<Cuda>) -> Result<Stream, RunError> {
-            Stream::new(rx.context()).map_err(cuda)
+        fn lane(rx: &Consumer<Cuda>) -> Result<Lane, RunError> {
+            let stream = Stream::new(rx.context()).map_err(cuda)?;
+            let copied = Event::new(rx.context())?;
+            Ok(Lane { stream, copied, recorded: AtomicBool::new(false) })
         }
 
         fn recv<'a>(
             rx: &'a Consumer<Cuda>,
-            lane: &'a Stream,
+            lane: &'a Lane,
             timeout: Duration,
         ) -> Result<ReadSlot<'a, Cuda>, RecvTimeoutError> {
-            rx.recv_on_timeout(lane, timeout)
+            rx.recv_on_timeout(&lane.stream, timeout)
         }
 
         unsafe fn copy(
-            lane: &Stream,
+            lane: &Lane,
             dst: u64,
             frame: &ReadSlot<'_, Cuda>,
-            len: usize,
+            planes: &[Plane],
         ) -> Result<(), RunError> {
-            let _bound = lane.context().bind().map_err(|e| RunError::Cuda(e.into()))?;
-            // SAFETY: the caller's contract (both are `len` bytes of device memory of this
-            // context, the frame mapped while `frame` lives, which is past this enqueue; its
-            // release is recorded on `lane` after the copy); `lane` is live and current.
-            unsafe { driver::memcpy_dtod_async(dst, frame.ptr(), len, lane.raw()) }
-                .map_err(|e| RunError::Cuda(e.into()))
+            let _bound = lane.stream.context().bind().map_err(cuda)?;
+            lane.recorded.store(false, Relaxed);
+            // SAFETY: the caller's contract, passed on; the lane's context is current.
+            let copied = unsafe { copy_planes(&lane.stream, dst, frame, planes) };
+            // Recorded after a failed copy too: the join must follow whatever was enqueued.
+            lane.copied.record(&lane.stream)?;
+            lane.recorded.store(true, Relaxed);
+            copied
         }
 
-        fn join(out: &Producer<Cuda>, lane: &Stream) -> Result<(), RunError> {
-            out.stream().wait_for(lane).map_err(cuda)
+        fn follow(lane: &Lane, earlier: &Lane) -> Result<(), RunError> {
+            let _bound = lane.stream.context().bind().map_err(cuda)?;
+            // `earlier` is the same camera thread's old lane: its `recorded` is this thread's.
+            if !earlier.recorded.load(Relaxed) {
+                earlier.copied.record(&earlier.stream)?;
+            }
+            earlier.copied.wait_on(&lane.stream)
         }
 
-        fn gate(out: &Producer<Cuda>) -> Result<Gate, RunError> {
+        fn join(out: &Producer<Cuda>, lane: &Lane) -> Result<(), RunError> {
+            let _bound = out.stream().context().bind().map_err(cuda)?;
+            if !lane.recorded.load(Relaxed) {
+                lane.copied.record(&lane.stream)?;
+            }
+            lane.copied.wait_on(out.stream())
+        }
+
+        fn gate(out: &Producer<Cuda>) -> Result<Event, RunError> {
             let s = out.stream();
+            let gate = Event::new(s.context())?;
             let _bound = s.context().bind().map_err(cuda)?;
-            // SAFETY: the context is current.
-            let ev = unsafe { driver::event_create() }.map_err(cuda)?;
-            let gate = Gate { ctx: s.context().clone(), ev };
-            // SAFETY: `ev` was just created in this context, `s` is live in it.
-            unsafe { driver::event_record(gate.ev, s.raw()) }.map_err(cuda)?;
+            gate.record(s)?;
             Ok(gate)
         }
 
-        fn pass(lane: &Stream, gate: &Gate) -> Result<(), RunError> {
-            let _bound = lane.context().bind().map_err(cuda)?;
-            // SAFETY: `lane` is live; `gate.ev` is live (the invariant) and recorded.
-            unsafe { driver::stream_wait_event(lane.raw(), gate.ev) }.map_err(cuda)
+        fn pass(lane: &Lane, gate: &Event) -> Result<(), RunError> {
+            let _bound = lane.stream.context().bind().map_err(cuda)?;
+            gate.wait_on(&lane.stream)
         }
 
         fn quiesce(out: &Producer<Cuda>, within: Duration) -> bool {
@@ -308,7 +398,7 @@ mod cuda {
             len: usize,
         ) -> Result<(), RunError> {
             let s = out.stream();
-            let _bound = s.context().bind().map_err(|e| RunError::Cuda(e.into()))?;
+            let _bound = s.context().bind().map_err(cuda)?;
             // SAFETY: the caller's contract: device memory of `out`'s context, `dst` written
             // only by this enqueue, `src` (if any) a kept loan nobody writes; both stay mapped
             // while the producer lives, past the copy on its own stream.
@@ -318,7 +408,42 @@ mod cuda {
                     None => driver::memset_async(dst, 0, len, s.raw()),
                 }
             };
-            r.map_err(|e| RunError::Cuda(e.into()))
+            r.map_err(cuda)
         }
+    }
+
+    /// Enqueues on `stream` the copies of `planes` of `frame` to `dst`, packed: one copy per
+    /// plane, a 2-D one where its rows are padded.
+    ///
+    /// # Safety
+    /// As [`BatchMemory::copy`]; `stream`'s context must be current.
+    unsafe fn copy_planes(
+        stream: &Stream,
+        dst: u64,
+        frame: &ReadSlot<'_, Cuda>,
+        planes: &[Plane],
+    ) -> Result<(), RunError> {
+        let ctx = stream.context().raw();
+        let mut to = dst;
+        for p in planes {
+            let from = frame.ptr() + p.offset as u64;
+            let bytes = p.row_bytes * p.rows;
+            // Both copies rely on the caller's contract: the plane is inside the frame, device
+            // memory of this context mapped while `frame` lives, which is past this enqueue
+            // (its release is recorded on the lane after the copy); `to` is inside the packed
+            // bytes at `dst`, device memory of this context that nobody else touches.
+            let r = if p.stride == p.row_bytes {
+                // SAFETY: as above, the plane's `bytes` contiguous; `stream` live and current.
+                unsafe { driver::memcpy_dtod_async(to, from, bytes, stream.raw()) }
+            } else {
+                let src = Rows::Device { ptr: from, pitch: p.stride, ctx };
+                let dst = Rows::Device { ptr: to, pitch: p.row_bytes, ctx };
+                // SAFETY: as above, `rows` rows at each pitch; `stream` live and current.
+                unsafe { driver::memcpy_2d_peer_async(dst, src, p.row_bytes, p.rows, stream.raw()) }
+            };
+            r.map_err(cuda)?;
+            to += bytes as u64;
+        }
+        Ok(())
     }
 }

@@ -36,6 +36,7 @@
 
 mod camera;
 mod error;
+mod frame;
 mod gather;
 mod memory;
 mod publish;
@@ -368,7 +369,8 @@ impl Batcher {
     /// ```
     pub fn run_in<M: BatchMemory>(&self, stop: &AtomicBool) -> Result<Totals, RunError> {
         let b = &self.b;
-        let gather = gather::Gather::<M>::new(b.inputs.len(), b.frame.clone());
+        let layout = b.frame.clone().map(|tensor| frame::Layout { tensor, video: None });
+        let gather = gather::Gather::<M>::new(b.inputs.len(), layout);
         let inputs: Vec<_> = (0..b.inputs.len())
             .map(|k| {
                 let mut builder = Consumer::builder(&b.inputs[k]);

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::frame::Layout;
 use super::gather::{Gather, Open, Places, State, Stopping, TICK};
 use super::memory::BatchMemory;
 use super::status::{BatchStatus, InputStatus};
@@ -37,16 +38,16 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         let mut totals = Totals { batches: 0, cameras: vec![[0; 4]; k] };
         let Some(frame) = self.frame(stop) else { return Ok(totals) };
         // Checked before it was taken (`BatcherBuilder::build`, or `camera::check_frame`).
-        let frame_bytes = frame.nbytes().expect("a checked frame") as usize;
+        let frame_bytes = frame.bytes();
         let mut out = self.create(k * frame_bytes)?;
         // Dropped before `out` (a panic included): no camera copies into its buffers once it
         // is gone.
         let stopping = Stopping(self.gather);
         let mut shape = vec![k as u64];
-        shape.extend(&frame.shape);
+        shape.extend(&frame.tensor.shape);
         let mut header = vec![0u8; BatchTable::header_size(k)];
-        TensorHeader::new(frame.dtype, &shape).write(&mut header).expect("sized above");
-        tracing::info!(ring = %self.b.output, cameras = k, frame = %super::camera::describe(&frame), "batching");
+        TensorHeader::new(frame.tensor.dtype, &shape).write(&mut header).expect("sized above");
+        tracing::info!(ring = %self.b.output, cameras = k, frame = %frame.describe(), "batching");
         let mut previous: Option<Previous> = None;
         let mut next_at = Instant::now();
         let mut number = 0;
@@ -159,7 +160,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
 
     /// The frame: the builder's, or the first frame's, once one arrived. `None` if stopped
     /// first.
-    fn frame(&self, stop: &std::sync::atomic::AtomicBool) -> Option<TensorHeader> {
+    fn frame(&self, stop: &std::sync::atomic::AtomicBool) -> Option<Layout> {
         loop {
             let s = self.gather.lock();
             let s = self.gather.wait_until(s, Instant::now() + TICK, |s| s.layout.is_some());
@@ -249,9 +250,13 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         let mut fills = Vec::new();
         let mut s = self.gather.lock();
         let mut entries = Vec::with_capacity(s.cameras.len());
+        let mut joined = Ok(());
         for (k, c) in s.cameras.iter_mut().enumerate() {
+            // Every lane is joined, even after one failed: a copy left unjoined could outlive
+            // the buffer it writes (the stop waits for the batch ring's stream only).
             for lane in c.take_lanes(number) {
-                M::join(out, &lane)?;
+                let j = M::join(out, &lane);
+                joined = joined.and(j);
             }
             let entry = match &c.landed {
                 Some((n, l)) if *n == number => {
@@ -279,6 +284,7 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         }
         // The fills outside the lock: the batch is closed, so no camera writes its places.
         drop(s);
+        joined?;
         for (k, from) in fills {
             // SAFETY: batch `number` is closed and no copy into it is under way
             // (`close_and_wait`), so this thread alone writes its places; both loans are this

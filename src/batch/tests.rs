@@ -336,3 +336,82 @@ fn a_slow_camera_keeps_its_previous_frame_and_does_not_hold_the_others_up() {
         assert!(present.count() > 40);
     });
 }
+
+/// A camera of NV12 frames, `w` × `h`, rows `pitch` apart and the chroma plane `gap` bytes
+/// after the luma plane's last row; padding holds 0xEE, pixels `pattern` of their packed index.
+fn nv12_camera(name: &str, cam: usize, pitch: usize, gap: usize, stop: &AtomicBool) {
+    let (w, h) = (48, 8);
+    let uv_at = pitch * h + gap;
+    let len = uv_at + pitch * h / 2;
+    let mut tx = Producer::builder(name)
+        .slot_size(len)
+        .user_header_size(crate::frame::USER_HEADER_SIZE as u32)
+        .create()
+        .unwrap();
+    let mut fh = crate::frame::FrameHeader::new("NV12", w as u32, h as u32);
+    fh.planes = 2;
+    fh.offsets = [0, uv_at as u64, 0, 0];
+    fh.strides = [pitch as u32, pitch as u32, 0, 0];
+    let mut header = vec![0u8; crate::frame::USER_HEADER_SIZE];
+    // As `gpuringsink` writes it: the tensor header says only the message's bytes.
+    TensorHeader::new(DType::U8, &[len as u64]).write(&mut header).unwrap();
+    fh.write(&mut header);
+    let mut seq = 0;
+    while !stop.load(Relaxed) {
+        let mut frame = vec![0xEEu8; len];
+        // Luma rows, then chroma rows: packed index `i` runs over both.
+        let rows = (0..h).map(|r| r * pitch).chain((0..h / 2).map(|r| uv_at + r * pitch));
+        for (r, at) in rows.enumerate() {
+            for x in 0..w {
+                frame[at + x] = pattern(cam, seq, r * w + x);
+            }
+        }
+        seq = tx.send(&frame, &header).unwrap() + 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn planar_frames_of_any_pitch_are_packed() {
+    let out = unique_name("batch-nv12");
+    let names = [unique_name("batch-pitch64"), unique_name("batch-pitch80")];
+    let stop = AtomicBool::new(false);
+    let batcher = Batcher::builder(&out, &names)
+        .timing(Timing::AllFresh { max_wait: Duration::from_millis(30) })
+        .build()
+        .unwrap();
+    let packed = 48 * 12;
+    std::thread::scope(|s| {
+        let run = s.spawn(|| batcher.run(&stop));
+        let (a, b, stop_ref) = (&names[0], &names[1], &stop);
+        s.spawn(move || nv12_camera(a, 0, 64, 0, stop_ref));
+        s.spawn(move || nv12_camera(b, 1, 80, 100, stop_ref));
+        let _stop = StopOnDrop(&stop);
+        let rx = Consumer::builder(&out).open_timeout(Duration::from_secs(10)).unwrap();
+        let mut checked = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while checked < 30 {
+            assert!(Instant::now() < deadline, "only {checked} batches in 20 s");
+            let m = match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(e) => panic!("{e}"),
+            };
+            let t = TensorHeader::read(m.header()).unwrap().expect("a tensor header");
+            assert_eq!(t, TensorHeader::new(DType::U8, &[2, 12, 48]));
+            assert_eq!(m.len(), 2 * packed);
+            let table = BatchTable::read(m.header()).unwrap().expect("a batch table");
+            for (c, e) in table.cameras.iter().enumerate() {
+                assert_ne!(e.state, CameraState::Refused, "camera {c}");
+                if e.has_frame() {
+                    let place = &m[c * packed..(c + 1) * packed];
+                    let bad = (0..packed).filter(|&i| place[i] != pattern(c, e.seq, i)).count();
+                    assert_eq!(bad, 0, "batch {} camera {c} ({e:?})", table.batch);
+                    checked += usize::from(c == 1);
+                }
+            }
+        }
+        stop.store(true, Relaxed);
+        run.join().unwrap().unwrap();
+    });
+}
