@@ -420,7 +420,11 @@ pub fn remove_in(dir: &Path, name: &str, force: bool) -> Result<(), RemoveError>
     })?;
     let status = status_in(dir, name);
     match status {
-        Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => return Err(RemoveError::NotFound),
+        Err(e) if matches!(e.kind(), OpenErrorKind::NotFound) => {
+            // A killed batcher's status file may outlive its ring.
+            crate::batch::BatchStatus::remove(dir, name);
+            return Err(RemoveError::NotFound);
+        }
         Ok(s) if s.producer_alive && !s.closed && !force => {
             return Err(RemoveError::ProducerAlive { pid: s.producer_pid })
         }
@@ -437,5 +441,9 @@ pub fn remove_in(dir: &Path, name: &str, force: bool) -> Result<(), RemoveError>
             "another process is replacing or removing it",
         )),
         Refused::Io(e) => RemoveError::Io(e),
-    })
+    })?;
+    // A batch ring's status file (`gpuring stat`'s camera table), left by a batcher that was
+    // killed: it goes with the ring.
+    crate::batch::BatchStatus::remove(dir, name);
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{env, gpuring_bin, role, run_cli, spawn, unique_name};
-use gpuring::batch::{BatchTable, CameraState};
+use gpuring::batch::{BatchStatus, BatchTable, CameraState};
 use gpuring::tensor::{DType, TensorHeader};
 use gpuring::{Consumer, Mode, Producer, RecvTimeoutError};
 
@@ -259,6 +259,13 @@ fn cameras_a_batcher_and_consumers_survive_kills_and_restarts() {
     for cam in &mut kids.0[..CAMERAS] {
         assert!(cam.wait().unwrap().success(), "a camera failed");
     }
+    // Killed, the batcher leaves its status file behind; `gpuring rm` takes it with the ring.
+    kill(&mut kids.0[CAMERAS]);
+    let status = BatchStatus::path(&gpuring::shm::default_dir(), &out);
+    assert!(status.exists(), "a killed batcher's status file");
+    let (code, _, err) = run_cli(&["rm", &out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!status.exists(), "gpuring rm left the batch ring's status file");
     drop(kids);
     let _ = std::fs::remove_dir_all(&dir);
 }
