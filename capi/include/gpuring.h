@@ -52,6 +52,8 @@ typedef enum gpuring_status {
   // that a supervisor restarts the process: under MPS the server takes no new client until
   // every faulted one has exited.
   GPURING_CONTEXT_LOST = 12,
+  // The message carries no batch table (it is not a batch of `gpuring batch`).
+  GPURING_NO_BATCH = 13,
 } gpuring_status;
 
 // Where a ring's payload lives.
@@ -130,6 +132,23 @@ typedef struct gpuring_message gpuring_message;
 // mutably and nothing else may touch them, not even by reborrowing a `Box`. `memory` is the
 // kind of `*tx`, kept apart so that it can be read while a slot is out.
 typedef struct gpuring_producer gpuring_producer;
+
+// One camera's place in a batch.
+typedef struct gpuring_batch_camera {
+  // The input sequence number of the frame in its place (0 if none).
+  uint64_t seq;
+  // That frame's producer timestamp, CLOCK_MONOTONIC nanoseconds (0 if none).
+  uint64_t timestamp_ns;
+  // Frames of this camera that went into no batch since the last one that carried one.
+  uint64_t skipped;
+  // The epoch of the camera's producer instance (0 if none was ever seen).
+  uint64_t epoch;
+  // 0 absent (zeros), 1 present (a new frame), 2 stale (its previous frame, or zeros), 3
+  // refused (zeros: its frames do not fit the batch).
+  uint32_t state;
+  // Whether its place holds a frame (present, or stale with the previous frame kept): 1 or 0.
+  uint32_t has_frame;
+} gpuring_batch_camera;
 
 // How to open a ring. Start from `gpuring_consumer_options_default()`.
 typedef struct gpuring_consumer_options {
@@ -221,6 +240,21 @@ const char *gpuring_last_error(void);
 
 // The C library's version, "MAJOR.MINOR.PATCH" (it is released with gpuring's).
 const char *gpuring_version(void);
+
+// Reads the batch table of a batch's user header `buf` (`len` bytes): the batch's number into
+// `*batch`, when it was closed into `*closed_ns` (CLOCK_MONOTONIC), the number of cameras K
+// into `*cameras`, and camera k's place into `entries[k]` for each k below K. `entries` has
+// room for `capacity` of them: with fewer than K, `*cameras` is still set and the call returns
+// `GPURING_INVALID_ARGUMENT` (call again with room for K). Camera k's frame is bytes
+// `k * len / K` to `(k + 1) * len / K` of the message. `GPURING_NO_BATCH` if the header
+// carries no batch table, `GPURING_CORRUPT` if it is damaged.
+enum gpuring_status gpuring_batch_table_read(const uint8_t *buf,
+                                             size_t len,
+                                             uint64_t *batch,
+                                             uint64_t *closed_ns,
+                                             struct gpuring_batch_camera *entries,
+                                             size_t capacity,
+                                             size_t *cameras);
 
 // The defaults: any memory, the ring's default mode, start at the newest message.
 struct gpuring_consumer_options gpuring_consumer_options_default(void);

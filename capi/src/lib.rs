@@ -9,6 +9,7 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // every unsafe fn's contract is in the C header's docs
 
+mod batch;
 mod consumer;
 mod producer;
 mod tensor;
@@ -18,6 +19,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+pub use batch::*;
 pub use consumer::*;
 pub use producer::*;
 pub use tensor::*;
@@ -59,6 +61,8 @@ pub enum gpuring_status {
     /// that a supervisor restarts the process: under MPS the server takes no new client until
     /// every faulted one has exited.
     GPURING_CONTEXT_LOST = 12,
+    /// The message carries no batch table (it is not a batch of `gpuring batch`).
+    GPURING_NO_BATCH = 13,
 }
 
 /// The exit status for a process whose GPU context is lost (`GPURING_CONTEXT_LOST`):

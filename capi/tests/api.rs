@@ -1,7 +1,7 @@
 //! The C API's error paths, called as C would (through the `extern "C"` functions), in host
 //! memory: null arguments, bad enum values, one slot at a time, a failed publish ending its
-//! slot, a consumer freed with a message out, the tensor header, and option flags read as
-//! "nonzero = true". Where a GPU is usable, also that `fence` reaches a CUDA ring.
+//! slot, a consumer freed with a message out, the tensor header, the batch table, and option
+//! flags read as "nonzero = true". Where a GPU is usable, also that `fence` reaches a CUDA ring.
 
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};
@@ -308,5 +308,70 @@ fn the_fence_reaches_a_cuda_ring() {
         assert_eq!((cuda.sharing, cuda.fence), ("legacy", recorded));
         // SAFETY: made above.
         unsafe { gpuring_producer_free(p) };
+    }
+}
+
+#[test]
+fn the_batch_table_reads_camera_by_camera() {
+    use gpuring::batch::{BatchTable, CameraEntry, CameraState};
+    let present =
+        CameraEntry { seq: 41, timestamp_ns: 7, skipped: 2, epoch: 9, state: CameraState::Present };
+    let absent = CameraEntry::NONE;
+    let table = BatchTable { batch: 5, closed_ns: 123, cameras: vec![present, absent] };
+    let mut header = vec![0u8; BatchTable::header_size(2)];
+    // A batch's tensor header says its K too (the table is checked against it).
+    gpuring::tensor::TensorHeader::new(gpuring::tensor::DType::U8, &[2, 16])
+        .write(&mut header)
+        .unwrap();
+    table.write(&mut header).unwrap();
+    let (mut batch, mut closed, mut k) = (0u64, 0u64, 0usize);
+    let mut cams = [gpuring_batch_camera::default(); 2];
+    // SAFETY: `header` holds its length; the out-pointers are locals, `cams` room for 2.
+    unsafe {
+        let s = gpuring_batch_table_read(
+            header.as_ptr(),
+            header.len(),
+            &mut batch,
+            &mut closed,
+            cams.as_mut_ptr(),
+            1,
+            &mut k,
+        );
+        assert_eq!((s, k), (GPURING_INVALID_ARGUMENT, 2), "room for 1 of 2: K told");
+        let s = gpuring_batch_table_read(
+            header.as_ptr(),
+            header.len(),
+            &mut batch,
+            &mut closed,
+            cams.as_mut_ptr(),
+            2,
+            &mut k,
+        );
+        assert_eq!((s, batch, closed, k), (GPURING_OK, 5, 123, 2));
+        assert_eq!((cams[0].seq, cams[0].timestamp_ns, cams[0].skipped), (41, 7, 2));
+        assert_eq!((cams[0].epoch, cams[0].state, cams[0].has_frame), (9, 1, 1));
+        assert_eq!((cams[1].state, cams[1].has_frame), (0, 0));
+        let plain = [0u8; 256];
+        let s = gpuring_batch_table_read(
+            plain.as_ptr(),
+            plain.len(),
+            &mut batch,
+            &mut closed,
+            cams.as_mut_ptr(),
+            2,
+            &mut k,
+        );
+        assert_eq!(s, GPURING_NO_BATCH);
+        header[128 + 4] = 9; // a version this build does not read
+        let s = gpuring_batch_table_read(
+            header.as_ptr(),
+            header.len(),
+            &mut batch,
+            &mut closed,
+            cams.as_mut_ptr(),
+            2,
+            &mut k,
+        );
+        assert_eq!(s, GPURING_CORRUPT, "{}", last_error());
     }
 }
