@@ -62,7 +62,7 @@ def parse(header):
     (k,) = struct.unpack_from("<I", header, o + 8)
     batch, closed = struct.unpack_from("<QQ", header, o + 16)
     cams = [struct.unpack_from("<QQQQI", header, o + 32 + 40 * i) for i in range(k)]
-    return batch, cams
+    return batch, closed, cams
 
 
 def consumer(j, name, w, h, roofline, stop_at, ready, out):
@@ -77,7 +77,7 @@ def consumer(j, name, w, h, roofline, stop_at, ready, out):
     rx = gpuring.Consumer(name, wait=60, mode="lossless" if roofline else "latest", start="next")
     ready.put(j)
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
-    n, ages, states, infer = 0, [], [0, 0, 0, 0], []
+    n, ages, to_close, states, infer = 0, [], [], [0, 0, 0, 0], []
     start = None
     while time.perf_counter() < stop_at:
         try:
@@ -88,7 +88,7 @@ def consumer(j, name, w, h, roofline, stop_at, ready, out):
             if start is None:
                 start = time.perf_counter()
             t = slot.torch()  # [K, H, W, 3] uint8, no copy
-            _, cams = parse(slot.header)
+            _, closed, cams = parse(slot.header)
             for k, (seq, ts, _skipped, _epoch, state) in enumerate(cams):
                 states[state] += 1
                 if roofline:
@@ -98,6 +98,7 @@ def consumer(j, name, w, h, roofline, stop_at, ready, out):
                     bad += (t[k] != want).sum()
                     if state == 1:
                         ages.append(slot.timestamp_ns - ts)
+                        to_close.append(closed - ts)
                 else:
                     bad += (t[k] != 0).sum()
             if model is not None:
@@ -113,7 +114,7 @@ def consumer(j, name, w, h, roofline, stop_at, ready, out):
         n += 1
     secs = time.perf_counter() - (start or time.perf_counter())
     rx.close()
-    out.put(("consumer", j, n, secs, int(bad.item()), ages, states, infer))
+    out.put(("consumer", j, n, secs, int(bad.item()), ages, to_close, states, infer))
 
 
 def pct(xs, p):
@@ -147,7 +148,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--max-wait-ms", type=int, default=20)
+    ap.add_argument("--spares", type=int, help="the batch ring's spare buffers (default: gpuring's)")
     ap.add_argument("--roofline", action="store_true")
+    ap.add_argument("--warm", type=float, default=15.0,
+                    help="seconds for processes, CUDA contexts and the model to start")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.roofline:
@@ -161,9 +165,10 @@ def main():
     ctx = mp.get_context("spawn")
     out, ready = ctx.Queue(), ctx.Queue()
     batcher = subprocess.Popen([a.gpuring, "batch", "--memory", "cuda", "--ring", ring,
-                                "--max-wait-ms", str(a.max_wait_ms), "--inputs", ",".join(cams)],
+                                "--max-wait-ms", str(a.max_wait_ms), "--inputs", ",".join(cams)]
+                               + (["--spares", str(a.spares)] if a.spares else []),
                                stderr=subprocess.PIPE, text=True)
-    warm = 15.0  # processes start, CUDA contexts, the model
+    warm = a.warm
     stop_at = time.perf_counter() + warm + a.seconds
     consumers = [ctx.Process(target=consumer,
                              args=(j, ring, w, h, a.roofline, stop_at, ready, out))
@@ -181,9 +186,12 @@ def main():
     report = {"cameras": k, "frame": [h, w, 3], "fps": a.fps, "seconds": a.seconds,
               "sent": sent, "consumers": []}
     for r in sorted(x for x in results if x[0] == "consumer"):
-        _, j, n, secs, bad, ages, states, infer = r
+        _, j, n, secs, bad, ages, to_close, states, infer = r
         c = {"batches": n, "batches_per_s": n / secs if secs else 0, "bad_bytes": bad,
              "age_ms_p50": (pct(ages, 50) or 0) / 1e6, "age_ms_p99": (pct(ages, 99) or 0) / 1e6,
+             # Of the age, the part until the batch closed (the rest is the fill and publish).
+             "to_close_ms_p50": (pct(to_close, 50) or 0) / 1e6,
+             "to_close_ms_p99": (pct(to_close, 99) or 0) / 1e6,
              "absent": states[0], "present": states[1], "stale": states[2], "refused": states[3]}
         if infer:
             c["resnet18_ms_p50"] = pct(infer, 50) * 1e3
