@@ -411,14 +411,13 @@ impl FrameHeader {
         let mut planes = Vec::with_capacity(sizes.len());
         for (p, &(row_bytes, rows)) in sizes.iter().enumerate() {
             let past = PlanesError::PastEnd { plane: p, len };
-            let stride = self.strides[p] as usize;
+            // A plane of one row has no next row: its stride says nothing, whatever it is.
+            let stride = if rows == 1 { row_bytes } else { self.strides[p] as usize };
             if stride < row_bytes {
                 let stride = u64::from(self.strides[p]);
                 return Err(PlanesError::Stride { plane: p, stride, row_bytes });
             }
             let offset = usize::try_from(self.offsets[p]).map_err(|_| past.clone())?;
-            // A plane of one row has no next row: its stride says nothing, whatever it is.
-            let stride = if rows == 1 { row_bytes } else { stride };
             let end = stride
                 .checked_mul(rows - 1)
                 .and_then(|b| b.checked_add(row_bytes))
@@ -556,6 +555,8 @@ mod tests {
         // A plane of one row: its stride says nothing (a hostile one is not copied with).
         let mut h = FrameHeader::new("NV12", 8, 2);
         h.planes = 2;
+        h.strides = [8, 0, 0, 0];
+        assert_eq!(h.planes(24).unwrap()[1].stride, 8, "a stride of 0 on one row is no fault");
         h.strides = [8, u32::MAX, 0, 0];
         h.offsets = [0, 16, 0, 0];
         let planes = h.planes(24).unwrap();

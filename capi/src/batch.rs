@@ -63,7 +63,10 @@ pub unsafe extern "C" fn gpuring_batch_table_read(
         *closed_ns = table.closed_ns;
         *cameras = k;
     }
-    if capacity < k || entries.is_null() {
+    if entries.is_null() {
+        return fail(GPURING_INVALID_ARGUMENT, "entries is null");
+    }
+    if capacity < k {
         return fail(
             GPURING_INVALID_ARGUMENT,
             format!("the batch has {k} cameras; entries has room for {capacity}"),

@@ -121,8 +121,14 @@ impl<'a, M: BatchMemory> Publisher<'a, M> {
         // No camera copies any more; then the batch ring's own work must be done before its
         // buffers go with it (a copy into a freed buffer could write anything).
         drop(stopping);
-        if !M::quiesce(&out, Duration::from_secs(5)) {
-            tracing::warn!(ring = %self.b.output, "GPU work still queued after 5 s: the ring's memory is left to the process's exit");
+        // After a failed CUDA call, a camera's copy may be ordered before nothing the batch
+        // ring's stream does (a lane whose join failed): the stream's quiet proves nothing.
+        #[cfg(feature = "cuda")]
+        let unordered = matches!(result, Err(RunError::Cuda(_)));
+        #[cfg(not(feature = "cuda"))]
+        let unordered = false;
+        if unordered || !M::quiesce(&out, Duration::from_secs(5)) {
+            tracing::warn!(ring = %self.b.output, unordered, "GPU work may still be queued: the ring's memory is left to the process's exit");
             std::mem::forget(out);
         }
         result.map(|()| totals)
