@@ -326,52 +326,30 @@ fn the_batch_table_reads_camera_by_camera() {
     table.write(&mut header).unwrap();
     let (mut batch, mut closed, mut k) = (0u64, 0u64, 0usize);
     let mut cams = [gpuring_batch_camera::default(); 2];
-    // SAFETY: `header` holds its length; the out-pointers are locals, `cams` room for 2.
-    unsafe {
-        let s = gpuring_batch_table_read(
-            header.as_ptr(),
-            header.len(),
-            &mut batch,
-            &mut closed,
-            cams.as_mut_ptr(),
-            1,
-            &mut k,
-        );
-        assert_eq!((s, k), (GPURING_INVALID_ARGUMENT, 2), "room for 1 of 2: K told");
-        let s = gpuring_batch_table_read(
-            header.as_ptr(),
-            header.len(),
-            &mut batch,
-            &mut closed,
-            cams.as_mut_ptr(),
-            2,
-            &mut k,
-        );
-        assert_eq!((s, batch, closed, k), (GPURING_OK, 5, 123, 2));
-        assert_eq!((cams[0].seq, cams[0].timestamp_ns, cams[0].skipped), (41, 7, 2));
-        assert_eq!((cams[0].epoch, cams[0].state, cams[0].has_frame), (9, 1, 1));
-        assert_eq!((cams[1].state, cams[1].has_frame), (0, 0));
-        let plain = [0u8; 256];
-        let s = gpuring_batch_table_read(
-            plain.as_ptr(),
-            plain.len(),
-            &mut batch,
-            &mut closed,
-            cams.as_mut_ptr(),
-            2,
-            &mut k,
-        );
-        assert_eq!(s, GPURING_NO_BATCH);
-        header[128 + 4] = 9; // a version this build does not read
-        let s = gpuring_batch_table_read(
-            header.as_ptr(),
-            header.len(),
-            &mut batch,
-            &mut closed,
-            cams.as_mut_ptr(),
-            2,
-            &mut k,
-        );
-        assert_eq!(s, GPURING_CORRUPT, "{}", last_error());
-    }
+    // Reads `header` into the locals above, with room for `room` entries: the status and K.
+    let mut read = |header: &[u8], room: usize| {
+        // SAFETY: `header` holds its length; the out-pointers are locals, `cams` room for 2.
+        let s = unsafe {
+            gpuring_batch_table_read(
+                header.as_ptr(),
+                header.len(),
+                &mut batch,
+                &mut closed,
+                cams.as_mut_ptr(),
+                room,
+                &mut k,
+            )
+        };
+        (s, k)
+    };
+    assert_eq!(read(&header, 1), (GPURING_INVALID_ARGUMENT, 2), "room for 1 of 2: K told");
+    assert_eq!(read(&[0u8; 256], 2).0, GPURING_NO_BATCH);
+    let mut damaged = header.clone();
+    damaged[128 + 4] = 9; // a version this build does not read
+    assert_eq!(read(&damaged, 2).0, GPURING_CORRUPT, "{}", last_error());
+    assert_eq!(read(&header, 2).0, GPURING_OK);
+    assert_eq!((batch, closed, k), (5, 123, 2));
+    assert_eq!((cams[0].seq, cams[0].timestamp_ns, cams[0].skipped), (41, 7, 2));
+    assert_eq!((cams[0].epoch, cams[0].state, cams[0].has_frame), (9, 1, 1));
+    assert_eq!((cams[1].state, cams[1].has_frame), (0, 0));
 }
