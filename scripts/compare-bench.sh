@@ -7,7 +7,9 @@
 # with `cargo build --release --features cuda,test-support --example gpu_bench --bench host`.
 #   hop  - gpu_bench --no-matrix (the floors and the paced hop), MPS off, old then new
 #   peers - NEW/handoff, the iceoryx2 peer bench (benches/peers/iceoryx2, built with
-#          `cargo bench --no-run` there): the floor, gpuring and iceoryx2 in one criterion run
+#          `cargo bench --no-run` there): the floor, gpuring and iceoryx2 in one criterion run;
+#          with OLD/handoff too, old and new alternated ROUNDS times (round trips only). Set
+#          GPURING_BENCH_CPUS to place the processes (benches/peers/iceoryx2/README.md)
 #   gst  - scripts/gst-bench.sh with OLD/gst then NEW/gst (each holding libgstgpuring.so), the
 #          GStreamer of the bundle at $GST_BUNDLE (scripts/gst-bundle.sh): rendered frames, then
 #          a repeated frame with the CUDA rows
@@ -44,8 +46,19 @@ if [[ $what == *hop* ]]; then
 fi
 if [[ $what == *peers* ]]; then
   # Criterion keeps its data under the working directory's target/; the tables go to the log.
-  w=$(mktemp -d); (cd "$w" && timeout 400 "$new/handoff" --bench --quick > "$R/peers.log" 2>&1)
-  echo "peers exit $? ($(date +%T))"; rm -rf "$w"
+  if [ -x "$old/handoff" ]; then
+    for i in $(seq "$rounds"); do
+      for side in old new; do
+        dir=$old; [ $side = new ] && dir=$new
+        w=$(mktemp -d)
+        (cd "$w" && timeout 200 "$dir/handoff" --bench --quick roundtrip > "$R/peers-$side-$i.log" 2>&1)
+        echo "peers $side $i exit $? ($(date +%T))"; rm -rf "$w"
+      done
+    done
+  else
+    w=$(mktemp -d); (cd "$w" && timeout 400 "$new/handoff" --bench --quick > "$R/peers.log" 2>&1)
+    echo "peers exit $? ($(date +%T))"; rm -rf "$w"
+  fi
 fi
 if [[ $what == *gst* ]]; then
   # shellcheck source=/dev/null

@@ -35,6 +35,34 @@ pub fn roundtrip_depth() -> u32 {
     std::env::var("GPURING_BENCH_DEPTH").ok().and_then(|d| d.parse().ok()).unwrap_or(4)
 }
 
+/// Where each process of a case runs: `GPURING_BENCH_CPUS`, a comma-separated list of CPU
+/// numbers, puts the parent on the first and child `i` on entry `i + 1` (wrapping). Unset, the
+/// scheduler places them, and a round trip's time depends on whether two processes landed on
+/// one core's hyperthreads, one socket or two, which moves it by more than the differences
+/// measured. Every peer's case is placed alike.
+pub fn bench_cpus() -> Vec<usize> {
+    let list = std::env::var("GPURING_BENCH_CPUS").unwrap_or_default();
+    list.split(',').filter(|c| !c.trim().is_empty()).map(|c| c.trim().parse().unwrap()).collect()
+}
+
+/// Runs the calling thread on CPU `which` of [`bench_cpus`] (0: the parent, `i + 1`: child
+/// `i`), if a list is set.
+pub fn place(which: usize) {
+    let cpus = bench_cpus();
+    if cpus.is_empty() {
+        return;
+    }
+    let cpu = cpus[which % cpus.len()];
+    // SAFETY: `set` is a plain bit mask, zeroed, then one bit set below its size; the call
+    // reads it and changes only this thread's affinity.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(rc, 0, "cannot run on CPU {cpu}: {}", std::io::Error::last_os_error());
+}
+
 /// The parent side of a case: `run(iters)` does `iters` round trips (or messages) and returns
 /// the time they took.
 pub trait Case {
@@ -52,6 +80,12 @@ pub struct ChildArgs {
 /// Parses [`ROLE`]; `None` in the parent.
 pub fn child_args() -> Option<ChildArgs> {
     let v = std::env::var(ROLE).ok()?;
+    let args = parse_role(&v)?;
+    place(args.index + 1);
+    Some(args)
+}
+
+fn parse_role(v: &str) -> Option<ChildArgs> {
     let mut it = v.splitn(4, ':');
     let role = it.next()?.to_string();
     let name = it.next()?.to_string();
@@ -420,6 +454,7 @@ impl Case for RingSameThread {
 
 /// The criterion settings every host handoff bench uses (command-line flags still apply).
 pub fn criterion() -> criterion::Criterion {
+    place(0);
     criterion::Criterion::default()
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2))
