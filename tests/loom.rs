@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use gpuring::ring::producer::ClaimError;
 use gpuring::ring::{
-    evict, hold, lease, reap, Blocked, ConsumerCore, HeapRing, Leave, Mode, Pinned, Policy,
+    evict, hold, lease, reap, stamp, Blocked, ConsumerCore, HeapRing, Leave, Mode, Pinned, Policy,
     ProducerCore, Recount, StartAt,
 };
 
@@ -330,6 +330,40 @@ fn overwrite_consumer_dies_after_pin_cas() {
 #[test]
 fn block_consumer_dies_after_release_cas() {
     model_dead(Policy::Block, 1, 3, Death::AfterReleaseCas);
+}
+
+/// A consumer whose pin found its message frozen by a recount writes no hold record while it
+/// polls again (a pin's first CAS guesses the stamp and writes its PINNING record before any
+/// check; a poll of a frozen buffer must not, or each poll would make the recount wait). The
+/// recount is a stamp set frozen by hand; a second thread looks at the record after the first
+/// poll.
+#[test]
+fn polls_of_a_frozen_buffer_write_no_record() {
+    builder().check(|| {
+        let shared = Shared::new(1, 0, Policy::Block);
+        let ring = shared.ring.ring();
+        let core = ConsumerCore::join(&ring, StartAt::Next, Mode::Queue, 1, 1).unwrap();
+        let mut w = Writer::new(&shared);
+        let b = w.claim(&shared, |_| panic!("a new ring has a free buffer"));
+        w.publish(&shared, b);
+        let line = &ring.buffers[b];
+        line.stamp.store(line.stamp.load(SeqCst) | stamp::WRITING, SeqCst);
+        let index = core.index();
+        let polled = Arc::new(AtomicBool::new(false));
+        let (s, p) = (shared.clone(), polled.clone());
+        let poller = thread::spawn(move || {
+            let ring = s.ring.ring();
+            assert!(core.try_pin(&ring).unwrap().is_none(), "pinned a frozen message");
+            p.store(true, SeqCst);
+            assert!(core.try_pin(&ring).unwrap().is_none(), "pinned a frozen message");
+        });
+        while !polled.load(SeqCst) {
+            thread::yield_now();
+        }
+        let record = ring.hold(index, b).load(SeqCst);
+        assert_ne!(hold::state(record), hold::PINNING, "a poll of a frozen buffer wrote a record");
+        poller.join().unwrap();
+    });
 }
 
 /// Parking (`ring::park`), the protocol behind async receive and acquire, with the real wake

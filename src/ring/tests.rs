@@ -210,6 +210,29 @@ fn corrupt_stamps_are_reported() {
     assert_eq!(ring.buffers[1].stamp.load(Ordering::Relaxed), stamp::ready(1, 0));
 }
 
+/// A damaged position word that names a buffer the consumer holds an older message in is
+/// reported, and the consumer's hold of that message stays recorded (a pin writes its record
+/// before its first CAS only where its record of the buffer is empty).
+#[test]
+fn a_damaged_word_naming_a_held_buffer_keeps_the_hold() {
+    let heap = HeapRing::new(2, 1, 2, Policy::Overwrite);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new(&ring);
+    let mut payload = [u64::MAX; 3];
+    let c = join(&ring, StartAt::Next, 1);
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(0));
+    let m = pin(&c, &ring);
+    let held = ring.hold(c.index(), m.buffer).load(Ordering::Relaxed);
+    assert_eq!(held, hold::record(0, hold::HELD));
+    // Message 1's word names the buffer that carries message 0.
+    ring.positions[1].store(position::word(1, m.buffer), Ordering::Relaxed);
+    let corrupt = RingCorrupt::BufferTag { buffer: m.buffer as u32 };
+    assert_eq!(c.try_pin(&ring), Err(corrupt));
+    assert_eq!(ring.hold(c.index(), m.buffer).load(Ordering::Relaxed), held);
+    c.release(&ring, m.buffer).unwrap();
+    assert_eq!(ring.buffers[m.buffer].stamp.load(Ordering::Relaxed), stamp::ready(0, 0));
+}
+
 #[test]
 fn sleepers_are_woken() {
     let heap = HeapRing::new(2, 0, 1, Policy::Block);
