@@ -333,10 +333,9 @@ fn block_consumer_dies_after_release_cas() {
 }
 
 /// A consumer whose pin found its message frozen by a recount writes no hold record while it
-/// polls again (a pin's first CAS guesses the stamp and writes its PINNING record before any
-/// check; a poll of a frozen buffer must not, or each poll would make the recount wait). The
-/// recount is a stamp set frozen by hand; a second thread looks at the record after the first
-/// poll.
+/// polls again: a pin writes its PINNING record only after it has seen `READY` (a record
+/// written by each poll of a frozen buffer would make the recount wait it out). The recount is
+/// a stamp set frozen by hand; a second thread looks at the record after the first poll.
 #[test]
 fn polls_of_a_frozen_buffer_write_no_record() {
     builder().check(|| {

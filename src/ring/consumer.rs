@@ -94,10 +94,6 @@ pub struct ConsumerCore {
     /// The producer's count of upstream losses at our last message (`BufferLine::upstream_lost`);
     /// `None` before the first, whose count is where we start.
     upstream_seen: Cell<Option<u64>>,
-    /// Set when a pin finds its message frozen by a recount, cleared by the next pin that
-    /// succeeds: while set, pins load the stamp before they write a record, so that polls of a
-    /// frozen buffer write no PINNING records for the recount to wait out (see `try_pin`).
-    saw_frozen: Cell<bool>,
     /// Whether the producer slept when this consumer joined and must be woken by the caller.
     join_wake: bool,
 }
@@ -194,7 +190,6 @@ impl Joining {
             holding: Cell::new(0),
             lost_lease: Cell::new(None),
             upstream_seen: Cell::new(None),
-            saw_frozen: Cell::new(false),
             join_wake,
         })
     }
@@ -472,23 +467,8 @@ impl ConsumerCore {
             let line = &ring.buffers[buffer];
             let record = ring.hold(self.index, buffer);
             let mut pinning = false;
-            // The first CAS guesses the stamp (`READY(c)`, held by no one), which the checks
-            // below pass, rather than loading it: the producer's publish owns the line, and a
-            // load would fetch it shared before the CAS fetches it again to own it. A wrong
-            // guess fails, and the stamp it returns is checked as a loaded one would be. The
-            // guess writes our record before any check, so it is made only where that record
-            // is ours to overwrite and the buffer is not known frozen: our record of this buffer
-            // is empty (a damaged word naming a buffer we hold must not erase that hold), and
-            // no pin since the last success found its message frozen (polls of a frozen buffer
-            // would each write a record the recount must wait out).
-            // Relaxed: our own record, which only we write while we are active.
-            let guess = !self.saw_frozen.get() && record.load(Ordering::Relaxed) == 0;
-            let mut st = if guess {
-                stamp::ready(c, 0)
-            } else {
-                // Relaxed: the pin CAS below acquires; this load only decides what to try.
-                line.stamp.load(Ordering::Relaxed)
-            };
+            // Relaxed: the pin CAS below acquires; this load only decides what to try.
+            let mut st = line.stamp.load(Ordering::Relaxed);
             loop {
                 let d = stamp::tag_diff(stamp::tag(st), c);
                 let held = stamp::held(st);
@@ -508,7 +488,6 @@ impl ConsumerCore {
                 }
                 if d == 0 && stamp::is_writing(st) {
                     // Frozen by a recount (`super::reclaim`): try again after it.
-                    self.saw_frozen.set(true);
                     return Ok(None);
                 }
                 if d > 0 {
@@ -541,7 +520,6 @@ impl ConsumerCore {
             }
             // Release: a reclaimer that Acquire-loads HELD also sees our CAS on the stamp.
             record.store(hold::record(c, hold::HELD), Ordering::Release);
-            self.saw_frozen.set(false);
             // Evicted (or lease gone): the message is not handed out. An evicted owner still
             // owns its holds: it gives this one back at once; a lost lease leaves the record for
             // the producer's recount.
@@ -623,10 +601,8 @@ impl ConsumerCore {
         let seq = hold::seq(record.load(Ordering::Relaxed));
         // Release: written before the CAS below, for a reclaimer (see `super::hold`).
         record.store(hold::record(seq, hold::RELEASING), Ordering::Release);
-        // The first CAS guesses the stamp (our message, held by us alone) rather than loading
-        // it, so that the line is fetched once, to own it; a wrong guess fails and returns the
-        // stamp, which the loop then checks.
-        let mut st = stamp::ready(seq, 1);
+        // Relaxed: the CAS below orders; this load only seeds it.
+        let mut st = line.stamp.load(Ordering::Relaxed);
         loop {
             if stamp::held(st) == 0 {
                 // Someone else zeroed our hold: report it rather than borrow into the tag.

@@ -173,17 +173,14 @@ impl ProducerCore {
         self.gate(ring)?;
         let p = ring.position_of(self.next);
         let own = self.at[p] as usize;
-        // The position's own buffer is free in the steady state: guess its stamp, unless the
-        // last claim found every buffer held (then a failed CAS would take the line from the
-        // consumers that must write it to let go).
-        if self.take(ring, own, !self.held_wait)? {
+        if self.take(ring, own)? {
             return Ok(self.claimed(own));
         }
         let n = self.spares.len();
         for k in 0..n {
             let i = (self.scan + k) % n;
             let spare = self.spares[i] as usize;
-            if self.take(ring, spare, false)? {
+            if self.take(ring, spare)? {
                 // The held buffer leaves the ring with its message; the spare takes its place.
                 self.spares[i] = own as u32;
                 self.at[p] = spare as u32;
@@ -243,7 +240,7 @@ impl ProducerCore {
         for k in 0..n {
             let i = (self.scan + k) % n;
             let spare = self.spares[i] as usize;
-            if self.take(ring, spare, false)? {
+            if self.take(ring, spare)? {
                 self.spares.swap_remove(i);
                 self.scan = i;
                 self.loans[spare] = LENT;
@@ -338,25 +335,15 @@ impl ProducerCore {
 
     /// Takes buffer `buffer` for the next message (or a loan) if nobody holds it: CAS
     /// `READY(last, held 0) -> WRITING(next)`. `Ok(false)`: it is held, or kept by a loan.
-    ///
-    /// `guess`: try the CAS at once with the stamp a free buffer has, rather than load the
-    /// stamp first. The last consumer to release the buffer owns its line: a load would fetch
-    /// it shared and the CAS fetch it again to own it, two transfers between cores where the
-    /// guess makes one. A wrong guess fails and returns the stamp, which is then checked as a
-    /// loaded one would be (the checks pass the guess itself: a free buffer's stamp).
-    fn take(&self, ring: &Ring<'_>, buffer: usize, guess: bool) -> Result<bool, ClaimError> {
+    fn take(&self, ring: &Ring<'_>, buffer: usize) -> Result<bool, ClaimError> {
         if self.loaned > 0 && self.loans[buffer] != NOT_LENT {
             // Kept: its borrower may still read it. (Lent buffers are in no candidate list.)
             return Ok(false);
         }
         let line = &ring.buffers[buffer];
         let corrupt = |c| Err(ClaimError::Corrupt(c));
-        let mut st = if guess {
-            stamp::ready(self.last[buffer], 0)
-        } else {
-            // Relaxed: this load only decides whether to try; the CAS below acquires.
-            line.stamp.load(Ordering::Relaxed)
-        };
+        // Relaxed: this load only decides whether to try; the CAS below acquires.
+        let mut st = line.stamp.load(Ordering::Relaxed);
         loop {
             if stamp::is_writing(st) || stamp::tag_diff(stamp::tag(st), self.last[buffer]) != 0 {
                 return corrupt(RingCorrupt::BufferTag { buffer: buffer as u32 });

@@ -212,7 +212,7 @@ fn corrupt_stamps_are_reported() {
 
 /// A damaged position word that names a buffer the consumer holds an older message in is
 /// reported, and the consumer's hold of that message stays recorded (a pin writes its record
-/// before its first CAS only where its record of the buffer is empty).
+/// only after it has seen the stamp it expects).
 #[test]
 fn a_damaged_word_naming_a_held_buffer_keeps_the_hold() {
     let heap = HeapRing::new(2, 1, 2, Policy::Overwrite);
