@@ -59,6 +59,7 @@ fn bridge_message_corpus_replays() {
     replay("bridge_message", gpuring::testing::fuzzing::bridge_message);
 }
 
+#[cfg(feature = "cuda")]
 #[test]
 fn vmm_offer_corpus_replays() {
     replay("vmm_offer", gpuring::testing::fuzzing::vmm_offer);

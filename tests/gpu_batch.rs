@@ -4,6 +4,7 @@
 //! sharing and with VMM sharing; then a camera killed mid-stream and restarted. Then pitched
 //! NV12 frames written after their publish (packed, and in order), and a batch that must not
 //! wait for a frame it does not hold.
+#![cfg(feature = "cuda")]
 
 mod common;
 

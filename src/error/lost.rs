@@ -125,6 +125,7 @@ pub fn context_lost() -> Option<ContextLost> {
 /// `Ok` while this process's GPU context is not known to be lost; what every operation asks
 /// first. A relaxed load when nothing was lost (and, with `test-support`, a hook's countdown).
 #[inline]
+#[cfg_attr(loom, allow(dead_code))] // its callers, the public ends, are not built under loom
 pub(crate) fn check() -> Result<(), ContextLost> {
     #[cfg(feature = "test-support")]
     hook::step()?;
@@ -145,6 +146,7 @@ fn from_driver() -> ContextLost {
 
 /// `kind`, or [`ContextLost`] in its place if the context was lost meanwhile (the failure was
 /// most likely the loss itself, seen by a driver call under another name).
+#[cfg_attr(loom, allow(dead_code))] // as `check`
 pub(crate) fn or_lost<E>(kind: E, lost: impl FnOnce(ContextLost) -> E) -> E {
     match context_lost() {
         None => kind,

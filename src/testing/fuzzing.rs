@@ -29,7 +29,9 @@ pub fn bridge_message(data: &[u8]) {
 /// of fds that came with it, bytes 1..9 the ring's epoch (little-endian), the rest the payload.
 /// An accepted offer has one entry per fd, each pool inside the table and named once, and
 /// encodes back to the payload's bytes; the same payload with one fd more or less, or for
-/// another epoch, is refused.
+/// another epoch, is refused. (VMM sharing is CUDA's: without the `cuda` feature there is no
+/// offer to decode.)
+#[cfg(feature = "cuda")]
 pub fn vmm_offer(data: &[u8]) {
     use crate::format::{offer, GPU_POOLS};
     let Some((&fds, rest)) = data.split_first() else { return };
