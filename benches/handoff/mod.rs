@@ -37,9 +37,10 @@ pub fn roundtrip_depth() -> u32 {
 
 /// Where each process of a case runs: `GPURING_BENCH_CPUS`, a comma-separated list of CPU
 /// numbers, puts the parent on the first and child `i` on entry `i + 1` (wrapping). Unset, the
-/// scheduler places them, and a round trip's time depends on whether two processes landed on
-/// one core's hyperthreads, one socket or two, which moves it by more than the differences
-/// measured. Every peer's case is placed alike.
+/// scheduler places them, and where two processes land (one core's hyperthreads, one socket or
+/// two) changes a round trip's time; placed, every peer's case runs on the same cores. (On the
+/// 16-core GPU machine, one socket without hyperthreads, it did not narrow the run-to-run
+/// spread: docs/performance.md.)
 pub fn bench_cpus() -> Vec<usize> {
     let list = std::env::var("GPURING_BENCH_CPUS").unwrap_or_default();
     list.split(',').filter(|c| !c.trim().is_empty()).map(|c| c.trim().parse().unwrap()).collect()
