@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The peer bench (floor, gpuring, iceoryx2 in one criterion run) with each process on its own
-# physical core and without placement, alternated; then 1 MiB round trips at depth 1 and 4
-# (whether the 1 MiB gap is the ring's footprint); then the one-thread cost, placed.
+# physical core and without placement, alternated; then round trips at depth 1 and 4, placed
+# (how much of each gap is the ring's footprint); then the one-thread cost, placed.
 # Usage: run.sh DIR, where DIR holds `handoff` (benches/peers/iceoryx2, `cargo bench --no-run`)
 # and `host` (`cargo bench --bench host --no-default-features --no-run`). Results: $OUT/placed/.
 set -uo pipefail
@@ -23,9 +23,9 @@ for i in $(seq "$N"); do
   bench "placed-$i.log" roundtrip GPURING_BENCH_CPUS="$cpus"
   bench "free-$i.log" roundtrip GPURING_BENCH_CPUS=
 done
-for i in 1 2 3; do
+for i in 1 2 3 4; do
   for d in 1 4; do
-    bench "depth$d-$i.log" 'roundtrip.*1MiB' GPURING_BENCH_CPUS="$cpus" GPURING_BENCH_DEPTH=$d
+    bench "depth$d-$i.log" roundtrip GPURING_BENCH_CPUS="$cpus" GPURING_BENCH_DEPTH=$d
   done
 done
 for i in 1 2 3; do
