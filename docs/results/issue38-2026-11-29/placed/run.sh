@@ -4,6 +4,8 @@
 # (how much of each gap is the ring's footprint); then the one-thread cost, placed.
 # Usage: run.sh DIR, where DIR holds `handoff` (benches/peers/iceoryx2, `cargo bench --no-run`)
 # and `host` (`cargo bench --bench host --no-default-features --no-run`). Results: $OUT/placed/.
+# `FULL=1 run.sh DIR` instead runs ROUNDS placed round-trip runs at criterion's full length
+# (2 s a case, not --quick), to see whether longer runs spread less (full-*.log).
 set -uo pipefail
 D=$(cd "$1" && pwd); R=$OUT/placed; mkdir -p "$R"; N=${ROUNDS:-6}
 lscpu > "$R/lscpu.txt"
@@ -16,9 +18,13 @@ echo "GPURING_BENCH_CPUS=$cpus" | tee "$R/cpus-used.txt"
 bench() { # LOG FILTER [ENV...]
   local log=$1 filter=$2; shift 2
   local w; w=$(mktemp -d)
-  (cd "$w" && env "$@" timeout 200 "$D/handoff" --bench --quick "$filter" > "$R/$log" 2>&1)
+  (cd "$w" && env "$@" timeout 200 "$D/handoff" --bench ${QUICK---quick} "$filter" > "$R/$log" 2>&1)
   echo "$log exit $? ($(date +%T))"; rm -rf "$w"
 }
+if [ "${FULL:-0}" = 1 ]; then
+  for i in $(seq "$N"); do QUICK='' bench "full-$i.log" roundtrip GPURING_BENCH_CPUS="$cpus"; done
+  exit 0
+fi
 for i in $(seq "$N"); do
   bench "placed-$i.log" roundtrip GPURING_BENCH_CPUS="$cpus"
   bench "free-$i.log" roundtrip GPURING_BENCH_CPUS=
