@@ -797,6 +797,47 @@ fn latest_races_a_lap_two_positions() {
     model_latest(2, if deep() { 5 } else { 4 });
 }
 
+/// A Lossless consumer joins while the producer runs, against the gate's refresh from the
+/// entries that gated at its last scan of the table (Block, capacity 1, no spare). The main
+/// thread produces and reads every message itself as a first Lossless consumer, so each claim
+/// after the first refreshes the gate; the joiner must get every message from the one it
+/// starts at, unlapped, and read none under a write. A refresh that kept using the list of
+/// entries made before the join would lap it.
+#[test]
+fn a_lossless_joiner_races_the_cached_gate() {
+    const MESSAGES: u64 = 3;
+    builder().check(|| {
+        let shared = Shared::new(1, 0, Policy::Block);
+        let first =
+            ConsumerCore::join(&shared.ring.ring(), StartAt::Next, Mode::Lossless, 1, 1).unwrap();
+        let s = shared.clone();
+        let joiner = thread::spawn(move || {
+            let ring = s.ring.ring();
+            let core = ConsumerCore::join(&ring, StartAt::Newest, Mode::Lossless, 2, 2).unwrap();
+            s.producer_wait.notify();
+            while core.cursor() < MESSAGES {
+                let before = core.cursor();
+                let m = pin(&core, &s, &s.consumer_wait[1]);
+                assert_eq!((m.seq, m.lag), (before, 0), "the joiner was lapped");
+                s.check(&m);
+                release(&core, &s, &m);
+            }
+            core.leave(&ring, Leave::Free);
+            s.producer_wait.notify();
+        });
+        let mut w = Writer::new(&shared);
+        for _ in 0..MESSAGES {
+            let b = w.claim(&shared, |_| shared.producer_wait.wait());
+            w.publish(&shared, b);
+            let m = pin(&first, &shared, &shared.consumer_wait[0]);
+            shared.check(&m);
+            release(&first, &shared, &m);
+        }
+        first.leave(&shared.ring.ring(), Leave::Free);
+        joiner.join().unwrap();
+    });
+}
+
 /// A Lossless and a Queue consumer on one ring (Block, capacity 1, one spare). The Lossless one
 /// gates the producer: it receives every message, in order, never lapped. The Queue one only
 /// counts what it loses. Both read every pinned buffer against the producer's writes.

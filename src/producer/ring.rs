@@ -91,6 +91,9 @@ fn look_after(
     if r.dead > 0 || r.freed > 0 || r.holds > 0 || lowered {
         core.forget_min_cursor();
     }
+    // Once per look (a liveness tick at least), the gate's next refresh scans the whole table:
+    // a damaged segment that hid a gating entry from one scan hides it for a tick at most.
+    core.rescan_table();
     Ok(r)
 }
 

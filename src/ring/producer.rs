@@ -1,7 +1,7 @@
 //! The producer's side of the protocol: claim a buffer for the next message, publish it.
 
 use super::atomic::{fence, Ordering};
-use super::layout::WakeLine;
+use super::layout::{ConsumerEntry, WakeLine};
 use super::lease;
 use super::{position, stamp};
 use super::{Mode, Ring, RingCorrupt};
@@ -89,6 +89,16 @@ pub struct ProducerCore {
     min_cursor: u64,
     /// The last `joins` value seen.
     joins_seen: u64,
+    /// The entries that gated the producer (active, and `Lossless` or of no valid mode) at the
+    /// last scan of the whole table; `None` when the next refresh must scan the whole table
+    /// again. Between peers that follow the protocol, an entry starts to gate only by joining,
+    /// which bumps `joins` (after its CAS to ACTIVE) and so empties this; a joiner whose bump
+    /// a claim has not seen yet is covered by the join's fence, as it was before there was
+    /// this list (see `ConsumerCore::join`). One that left since is skipped by the lease check
+    /// of the next refresh. So a refresh with `joins` unchanged reads these entries alone.
+    /// Emptied at every look after the table too ([`rescan_table`](Self::rescan_table)), so
+    /// that an entry a damaged segment hid from one scan is not left out for long.
+    gating: Option<Vec<u32>>,
     /// Each buffer's loan state: `NOT_LENT`, `LENT` or `KEPT`.
     loans: Vec<u8>,
     /// How many buffers are `LENT` or `KEPT` (so that rings without loans skip the checks).
@@ -121,6 +131,7 @@ impl ProducerCore {
             held_wait: false,
             min_cursor: 0,
             joins_seen: 0,
+            gating: None,
             upstream_lost: 0,
             upstream_published: 0,
         }
@@ -204,8 +215,19 @@ impl ProducerCore {
             // load follows the SeqCst fence of our previous publish; see `ConsumerCore::join`.
             let joins = ring.producer.joins.load(Ordering::Acquire);
             if joins != self.joins_seen || self.min_cursor <= prev {
+                if joins != self.joins_seen {
+                    self.gating = None;
+                }
                 self.joins_seen = joins;
-                self.min_cursor = min_lossless_cursor(ring, s);
+                self.min_cursor = match &self.gating {
+                    Some(gating) => min_cursor_of(ring, s, gating.iter().map(|&e| e as usize)),
+                    None => {
+                        let gating = gating_entries(ring);
+                        let min = min_cursor_of(ring, s, gating.iter().map(|&e| e as usize));
+                        self.gating = Some(gating);
+                        min
+                    }
+                };
                 if self.min_cursor <= prev {
                     return Err(ClaimError::Blocked(Blocked::Consumers));
                 }
@@ -402,10 +424,16 @@ impl ProducerCore {
         (s, wants_wake(ring.consumer_wake))
     }
 
+    /// Makes the gate's next refresh scan the whole consumer table (see `gating`).
+    pub fn rescan_table(&mut self) {
+        self.gating = None;
+    }
+
     /// Sets `min_cursor` so that the next claim rescans the consumer table (used after a
     /// consumer was removed by someone other than itself).
     pub fn forget_min_cursor(&mut self) {
         self.min_cursor = 0;
+        self.gating = None;
     }
 }
 
@@ -414,16 +442,32 @@ impl ProducerCore {
 /// (a damaged entry) counts as `head`; an entry whose mode is not valid counts as `Lossless`,
 /// the safe reading.
 pub fn min_lossless_cursor(ring: &Ring<'_>, head: u64) -> u64 {
+    min_cursor_of(ring, head, 0..ring.consumers.len())
+}
+
+/// The entries of the table that gate the producer now (see [`min_cursor_of`]).
+fn gating_entries(ring: &Ring<'_>) -> Vec<u32> {
+    (0..ring.consumers.len()).filter(|&e| gates(&ring.consumers[e])).map(|e| e as u32).collect()
+}
+
+/// Whether `entry` gates the producer: active, and `Lossless` (or of no valid mode).
+fn gates(entry: &ConsumerEntry) -> bool {
+    // Acquire: pairs with the consumer's Release CAS to ACTIVE, so its initial cursor and its
+    // mode are seen.
+    if lease::state(entry.lease.load(Ordering::Acquire)) != lease::ACTIVE {
+        return false;
+    }
+    // Relaxed: written before the Release CAS to ACTIVE we acquired, and never after.
+    let mode = Mode::from_raw(entry.mode.load(Ordering::Relaxed));
+    !matches!(mode, Some(Mode::Queue | Mode::Latest))
+}
+
+/// [`min_lossless_cursor`] over the table entries `entries` alone.
+fn min_cursor_of(ring: &Ring<'_>, head: u64, entries: impl Iterator<Item = usize>) -> u64 {
     let mut min = u64::MAX;
-    for entry in ring.consumers {
-        // Acquire: pairs with the consumer's Release CAS to ACTIVE, so its initial cursor and
-        // its mode are seen.
-        if lease::state(entry.lease.load(Ordering::Acquire)) != lease::ACTIVE {
-            continue;
-        }
-        // Relaxed: written before the Release CAS to ACTIVE we acquired, and never after.
-        let mode = Mode::from_raw(entry.mode.load(Ordering::Relaxed));
-        if matches!(mode, Some(Mode::Queue | Mode::Latest)) {
+    for e in entries {
+        let entry = &ring.consumers[e];
+        if !gates(entry) {
             continue;
         }
         // Acquire: pairs with the consumer's Release cursor store, which follows its pin

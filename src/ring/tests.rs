@@ -453,6 +453,45 @@ fn declared_upstream_losses_add_to_the_lag_of_the_next_message_taken() {
     assert_eq!(take(&every, &ring, &payload), (4, 0));
 }
 
+/// The gate refreshes its bound from the entries that gated at its last scan of the whole
+/// table until a consumer joins: a Lossless consumer that joins after that scan gates at once
+/// (its join moves `joins`), and consumers that leave stop gating.
+#[test]
+fn a_lossless_consumer_that_joins_after_the_gate_scanned_gates_at_once() {
+    let heap = HeapRing::new(2, 0, 4, Policy::Block);
+    let ring = heap.ring();
+    let mut p = ProducerCore::new(&ring);
+    let mut payload = [u64::MAX; 2];
+    let read = |c: &ConsumerCore| {
+        let m = pin(c, &ring);
+        c.release(&ring, m.buffer).unwrap();
+        m.seq
+    };
+    let a = join(&ring, StartAt::Next, 1);
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(0));
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(1));
+    // The gate of message 2 scans the table: `a` is at 0.
+    assert_eq!(publish(&mut p, &ring, &mut payload), BLOCKED_CONSUMERS);
+    assert_eq!(read(&a), 0);
+    // Refreshed from `a`'s entry alone.
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(2));
+    // `b` joins at the oldest message a Lossless joiner may take: 2.
+    let b = join(&ring, StartAt::Oldest, 2);
+    assert_eq!(b.cursor(), 2);
+    assert_eq!((read(&a), read(&a)), (1, 2));
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(3));
+    // Message 4 would overwrite 2, which `b` has not read.
+    assert_eq!(publish(&mut p, &ring, &mut payload), BLOCKED_CONSUMERS);
+    assert_eq!(read(&b), 2);
+    assert_eq!(publish(&mut p, &ring, &mut payload), Ok(4));
+    // Gone, neither gates any more.
+    a.leave(&ring, Leave::Free);
+    b.leave(&ring, Leave::Free);
+    for s in 5..9 {
+        assert_eq!(publish(&mut p, &ring, &mut payload), Ok(s));
+    }
+}
+
 /// Lossless, Queue and Latest consumers on one ring: only the Lossless one's cursor gates the
 /// producer; the others make it wait only for the buffers they hold.
 #[test]
