@@ -219,15 +219,8 @@ impl ProducerCore {
                     self.gating = None;
                 }
                 self.joins_seen = joins;
-                self.min_cursor = match &self.gating {
-                    Some(gating) => min_cursor_of(ring, s, gating.iter().map(|&e| e as usize)),
-                    None => {
-                        let gating = gating_entries(ring);
-                        let min = min_cursor_of(ring, s, gating.iter().map(|&e| e as usize));
-                        self.gating = Some(gating);
-                        min
-                    }
-                };
+                let gating = self.gating.get_or_insert_with(|| gating_entries(ring));
+                self.min_cursor = min_cursor_of(ring, s, gating.iter().map(|&e| e as usize));
                 if self.min_cursor <= prev {
                     return Err(ClaimError::Blocked(Blocked::Consumers));
                 }
